@@ -1,0 +1,151 @@
+"""Ahead-of-time builds: compile every catalog family for an arch, on any machine.
+
+``triton.compile`` with an explicit ``GPUTarget`` produces real machine code without a GPU, so a
+CPU-only CI proves every kernel compiles and uses the instructions we expect (wgmma on sm_90).
+Each family is built at its canonical specialization (``families.family_spec``) with the config
+the planner would choose for a representative shape of its pipeline. The manifest records name,
+config, registers, shared memory, spills, instruction checks and the Triton version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import triton
+
+from ..errors import UnsupportedError
+from .arch import ArchInfo, check_types, get_arch
+from .families import catalog, family_spec
+from .heuristic import choose_pipeline, heuristic_config
+from .names import KernelFamily, KernelInstance, parse_family
+
+# Representative shapes: a Qwen3-14B projection (N = K = 5120) at prefill and decode sizes.
+PREFILL_SHAPE = (4096, 5120, 5120)
+DECODE_SHAPE = (1, 5120, 5120)
+
+
+@dataclass
+class BuildResult:
+    name: str
+    family: str
+    config: str
+    ok: bool
+    seconds: float
+    registers: int | None = None
+    spills: int | None = None
+    shared_bytes: int | None = None
+    mma: str | None = None  # 'wgmma', 'mma' or None
+    error: str | None = None
+    binary: str | None = None
+
+
+def instance_for(fam: KernelFamily, arch: ArchInfo) -> tuple[KernelInstance, object]:
+    m, n, k = DECODE_SHAPE if fam.pipeline == "decode" else PREFILL_SHAPE
+    spec = family_spec(fam, m, n, k)
+    assert choose_pipeline(spec) == fam.pipeline, (fam.name, choose_pipeline(spec))
+    check_types(arch, spec.a_type, spec.b_type)
+    cfg = heuristic_config(spec, arch, fam.pipeline, arch.typical_sms)
+    return KernelInstance(fam, cfg, arch.name), spec
+
+
+def _tool(name: str) -> str:
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def _resource_usage(cubin_path: Path) -> tuple[int | None, int | None]:
+    """(registers, spill bytes) from cuobjdump's resource report."""
+    try:
+        out = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(cubin_path)],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None
+    regs = re.search(r"REG:(\d+)", out)
+    stack = re.search(r"STACK:(\d+)", out)
+    local = re.search(r"LOCAL:(\d+)", out)
+    spill = (int(stack.group(1)) if stack else 0) + (int(local.group(1)) if local else 0)
+    return (int(regs.group(1)) if regs else None), spill
+
+
+def compile_one(family_name: str, arch_name: str, out_dir: str | None) -> BuildResult:
+    """Compile one family (runs in a worker process)."""
+    from triton.backends.compiler import GPUTarget
+
+    from ..kernels.gemm_kernel import _gemm_kernel
+    from ..kernels.launch import signature
+
+    fam = parse_family(family_name)
+    arch = get_arch(arch_name)
+    t0 = time.time()
+    try:
+        inst, spec = instance_for(fam, arch)
+    except Exception as e:  # an illegal family for this arch is a build failure, said loudly
+        return BuildResult(f"{family_name}__?_{arch.tag}", family_name, "?", False, 0.0,
+                           error=f"{type(e).__name__}: {e}")
+    sig, consts, attrs = signature(spec, inst.config)
+    try:
+        src = triton.compiler.ASTSource(fn=_gemm_kernel, signature=sig, constexprs=consts, attrs=attrs)
+        major, minor = arch.capability
+        compiled = triton.compile(
+            src, target=GPUTarget("cuda", major * 10 + minor, 32),
+            options={"num_warps": inst.config.num_warps, "num_stages": inst.config.num_stages},
+        )
+    except Exception as e:
+        msg = str(e).strip().splitlines()
+        return BuildResult(inst.name, family_name, inst.config.tag, False, time.time() - t0,
+                           error=f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500])
+    ptx = compiled.asm.get("ptx", "")
+    mma = "wgmma" if "wgmma.mma_async" in ptx else ("mma" if re.search(r"\bmma\.sync", ptx) else None)
+    res = BuildResult(inst.name, family_name, inst.config.tag, True, time.time() - t0,
+                      shared_bytes=int(compiled.metadata.shared), mma=mma)
+    if out_dir:
+        path = Path(out_dir) / f"{inst.name}.cubin"
+        path.write_bytes(compiled.asm["cubin"])
+        res.binary = path.name
+        res.registers, res.spills = _resource_usage(path)
+    return res
+
+
+def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = None,
+                  families: list[str] | None = None, progress=None) -> list[BuildResult]:
+    from ..plan import interpreter_active
+
+    if interpreter_active():
+        raise UnsupportedError("tileq build: TRITON_INTERPRET=1 is set; unset it to compile kernels")
+    arch = get_arch(arch_name)
+    names = families or [f.name for f in catalog()]
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    jobs = jobs or max(1, os.cpu_count() or 1)
+    results: list[BuildResult] = []
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(compile_one, n, arch.name, out_dir) for n in names]
+        for i, fut in enumerate(futures, 1):
+            r = fut.result()
+            results.append(r)
+            if progress:
+                progress(i, len(names), r)
+    if out_dir:
+        write_manifest(Path(out_dir) / "manifest.json", arch, results)
+    return results
+
+
+def write_manifest(path: Path, arch: ArchInfo, results: list[BuildResult]) -> None:
+    import torch
+
+    doc = {
+        "arch": arch.name,
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "kernels": [r.__dict__ for r in results],
+    }
+    path.write_text(json.dumps(doc, indent=1))

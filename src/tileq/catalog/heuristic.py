@@ -1,0 +1,82 @@
+"""The deterministic default: pipeline from the logical M, config from the arch's table.
+
+Decode (M <= 64) is memory-bound: a narrow M tile and, when the output has too few tiles to
+keep every multiprocessor streaming weights, a split over K. Prefill is compute-bound: the
+arch's large tile. Every result passes ``config.config_problem`` (the shared legality predicate)
+or the planner raises; there is no silent default.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from importlib import resources
+
+from ..dtypes import OperandType, compute_type
+from ..errors import ArchError, UnsupportedError, expect
+from ..problem import ProblemSpec, ScaleLayout
+from .arch import ArchInfo
+from .config import TileConfig, config_problem
+
+DECODE_MAX_M = 64
+
+
+@lru_cache(maxsize=1)
+def default_table() -> dict:
+    text = resources.files("tileq.catalog").joinpath("data/defaults.json").read_text()
+    return json.loads(text)
+
+
+def choose_pipeline(spec: ProblemSpec) -> str:
+    """'decode' for M <= 64 (logical M, after transposes), else prefill or preshufflequant."""
+    if spec.m <= DECODE_MAX_M:
+        return "decode"
+    if spec.scheme.a_grouped and spec.a_scale_layout is ScaleLayout.PRESHUFFLED:
+        return "preshufflequant"
+    return "prefill"
+
+
+def _width(spec: ProblemSpec) -> str:
+    ct = compute_type(spec.a_type, spec.b_type)
+    return "16bit" if ct in (OperandType.BF16, OperandType.FP16) else "8bit"
+
+
+def base_config(spec: ProblemSpec, arch: ArchInfo, pipeline: str) -> TileConfig:
+    table = default_table()
+    if arch.name not in table:
+        raise ArchError(expect("arch", f"one of {', '.join(k for k in table if not k.startswith('_'))}", arch.name))
+    kind = "decode" if pipeline == "decode" else "prefill"
+    bm, bn, bk, w, s = table[arch.name][kind][_width(spec)]
+    return TileConfig(bm, bn, bk, w, s)
+
+
+def heuristic_config(spec: ProblemSpec, arch: ArchInfo, pipeline: str, num_sms: int) -> TileConfig:
+    cfg = base_config(spec, arch, pipeline)
+    bm, bn, bk, w, s, sk = cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, 1
+    if spec.scheme.grouped:
+        while spec.group_k % bk:  # a K tile must sit inside one group
+            bk //= 2
+        # Promotion keeps a second fp32 tile (the K-tile partial) live: 128x256 x2 spills on
+        # sm_90 (232 B of spills seen in the AOT build), 128x128 x2 fits.
+        bn = min(bn, 128)
+    if OperandType.I4 in (spec.a_type, spec.b_type):
+        bn = min(bn, 128)  # the unpacked copy of the int4 tile needs registers too
+    if pipeline == "decode":
+        bm = 16 if spec.m <= 16 else (32 if spec.m <= 32 else 64)
+        tiles = math.ceil(spec.m / bm) * math.ceil(spec.n / bn)
+        k_tiles = max(math.ceil(spec.k / bk), 1)
+        # Enough programs to keep every SM streaming (about 2 per SM), each with >= 4 K tiles.
+        want = math.ceil(2 * num_sms / max(tiles, 1))
+        sk = max(1, min(want, k_tiles // 4, 16))
+    else:
+        # Skinny or small problems: halve the tile until the grid covers the SMs once.
+        while bn > 64 and math.ceil(spec.m / bm) * math.ceil(spec.n / bn) < num_sms:
+            bn //= 2
+        while bm > 64 and math.ceil(spec.m / bm) * math.ceil(spec.n / bn) < num_sms:
+            bm //= 2
+    cfg = TileConfig(bm, bn, bk, w, s, sk)
+    why = config_problem(spec, cfg, arch)
+    if why is not None:
+        raise UnsupportedError(f"no legal default config for {arch.name}: {why}")
+    return cfg

@@ -1,0 +1,223 @@
+"""The tile GEMM kernel: one Triton source specialized (constexpr) on the plan.
+
+A and B tiles are loaded in their stored layout, int4 is unpacked in registers and converted
+(exactly) to the partner's type, the product runs on the matrix units, group scales are
+promoted inside the K loop, and the epilogue follows DESIGN.md's order:
+``acc_in + mainloop -> fp32 -> * a_scale rows -> * b_scale columns -> + bias -> cast``.
+
+With SPLIT_K > 1 each program reduces a strided share of the K tiles and writes its fp32 partial
+(already scaled: every stage after the sum is linear except bias, which split 0 adds) to a
+workspace [SPLIT_K, M, N]; ``_splitk_reduce_kernel`` sums the splits in a fixed order, so the
+result is bit-identical run to run (no atomics).
+
+Modes are constexpr strings, never integers:
+  A_TYPE / B_TYPE: storage type 'i8' 'fp8' 'bf8' 'i4' 'bf16' 'fp16'
+  A_CT / B_CT:     the type each operand is converted to before the dot
+  A_LAYOUT:        'r' (K contiguous) or 'c' (M contiguous); B_LAYOUT 'r' (N contig.) or 'c' (K)
+  A_SCALE:         'none' 'scalar' 'vector' (rows) 'group' ([M, Gk]); B_SCALE likewise (columns,
+                   [Gk, Gn])
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _unpack_int4(x):
+    """uint8 [R, C] -> int8 [R, 2C]: element 2j is the high nibble, value = nibble - 8."""
+    hi = (x >> 4).to(tl.int8) - 8
+    lo = (x & 15).to(tl.int8) - 8
+    return tl.reshape(tl.join(hi, lo), (x.shape[0], 2 * x.shape[1]))
+
+
+@triton.jit
+def _convert(x, CT: tl.constexpr):
+    """Convert a loaded tile to the compute type; every conversion used here is exact."""
+    if CT == "fp8":
+        if x.dtype != tl.float8e4nv:
+            x = x.to(tl.float16).to(tl.float8e4nv)
+    elif CT == "bf8":
+        if x.dtype != tl.float8e5:
+            x = x.to(tl.float16).to(tl.float8e5)
+    elif CT == "bf16":
+        x = x.to(tl.bfloat16)
+    elif CT == "fp16":
+        x = x.to(tl.float16)
+    return x
+
+
+@triton.jit
+def _gemm_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr,
+    M, N, K,
+    lda, ldb, ldc, ld_acc,
+    stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
+    A_TYPE: tl.constexpr, B_TYPE: tl.constexpr, A_CT: tl.constexpr, B_CT: tl.constexpr,
+    A_LAYOUT: tl.constexpr, B_LAYOUT: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, SA_PRESHUFFLED: tl.constexpr,
+    GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+    INT_DOT: tl.constexpr, GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ACC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    # Grouped ordering of output tiles: GROUP_M row-tiles share B tiles while they sit in L2.
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_n = tl.cdiv(N, BN)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    m_ok = rm < M
+    n_ok = rn < N
+    rm64 = rm.to(tl.int64)
+    rn64 = rn.to(tl.int64)
+
+    # Base pointers of this program's first K tile; advanced by a fixed step per iteration.
+    k_first = pid_k * BK
+    k_step = BK * SPLIT_K
+    if A_TYPE == "i4":
+        if A_LAYOUT == "r":  # packed along K: bytes [BM, BK/2]
+            rkh = k_first // 2 + tl.arange(0, BK // 2)
+            a_ptrs = a_ptr + rm64[:, None] * lda + rkh[None, :]
+            a_step = k_step // 2
+        else:  # packed along M: bytes [BK, BM/2]
+            rmh = pid_m * (BM // 2) + tl.arange(0, BM // 2)
+            a_ptrs = a_ptr + (k_first + rk)[:, None].to(tl.int64) * lda + rmh[None, :]
+            a_step = k_step * lda
+    else:
+        if A_LAYOUT == "r":
+            a_ptrs = a_ptr + rm64[:, None] * lda + (k_first + rk)[None, :]
+            a_step = k_step
+        else:
+            a_ptrs = a_ptr + (k_first + rk)[None, :].to(tl.int64) * lda + rm64[:, None]
+            a_step = k_step * lda
+    if B_TYPE == "i4":
+        if B_LAYOUT == "r":  # packed along N: bytes [BK, BN/2]
+            rnh = pid_n * (BN // 2) + tl.arange(0, BN // 2)
+            b_ptrs = b_ptr + (k_first + rk)[:, None].to(tl.int64) * ldb + rnh[None, :]
+            b_step = k_step * ldb
+        else:  # packed along K: bytes [BN, BK/2]
+            rkh_b = k_first // 2 + tl.arange(0, BK // 2)
+            b_ptrs = b_ptr + rn64[:, None] * ldb + rkh_b[None, :]
+            b_step = k_step // 2
+    else:
+        if B_LAYOUT == "r":
+            b_ptrs = b_ptr + (k_first + rk)[:, None].to(tl.int64) * ldb + rn64[None, :]
+            b_step = k_step * ldb
+        else:
+            b_ptrs = b_ptr + rn64[None, :] * ldb + (k_first + rk)[:, None]
+            b_step = k_step
+
+    if INT_DOT and not GROUPED:
+        acc = tl.zeros((BM, BN), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+
+    for k0 in range(k_first, K, k_step):
+        k_left = K - k0
+        # ---- A tile [BM, BK] ----
+        if A_TYPE == "i4":
+            if A_LAYOUT == "r":
+                kh_ok = tl.arange(0, BK // 2) < k_left // 2
+                # Masked bytes read 0x88, which unpacks to two zeros.
+                a_raw = tl.load(a_ptrs, mask=m_ok[:, None] & kh_ok[None, :], other=136)
+                a = _unpack_int4(a_raw)
+            else:
+                mh_ok = rmh < M // 2
+                a_raw = tl.load(a_ptrs, mask=(rk < k_left)[:, None] & mh_ok[None, :], other=136)
+                a = tl.trans(_unpack_int4(a_raw))
+        elif A_TYPE == "fp8" or A_TYPE == "bf8" or A_TYPE == "bf16" or A_TYPE == "fp16":
+            a = tl.load(a_ptrs, mask=m_ok[:, None] & (rk < k_left)[None, :], other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=m_ok[:, None] & (rk < k_left)[None, :], other=0)
+        # ---- B tile [BK, BN] ----
+        if B_TYPE == "i4":
+            if B_LAYOUT == "r":
+                nh_ok = rnh < N // 2
+                b_raw = tl.load(b_ptrs, mask=(rk < k_left)[:, None] & nh_ok[None, :], other=136)
+                b = _unpack_int4(b_raw)
+            else:
+                kh_ok_b = tl.arange(0, BK // 2) < k_left // 2
+                b_raw = tl.load(b_ptrs, mask=n_ok[:, None] & kh_ok_b[None, :], other=136)
+                b = tl.trans(_unpack_int4(b_raw))
+        elif B_TYPE == "fp8" or B_TYPE == "bf8" or B_TYPE == "bf16" or B_TYPE == "fp16":
+            b = tl.load(b_ptrs, mask=(rk < k_left)[:, None] & n_ok[None, :], other=0.0)
+        else:
+            b = tl.load(b_ptrs, mask=(rk < k_left)[:, None] & n_ok[None, :], other=0)
+        a = _convert(a, A_CT)
+        b = _convert(b, B_CT)
+
+        if GROUPED:
+            # Promotion: this K tile lies inside one K-group (BK divides GROUP_K), so its exact
+            # (int32) or fp32 partial sum is scaled by that group's scales and added in fp32.
+            if INT_DOT:
+                part = tl.dot(a, b, out_dtype=tl.int32).to(tl.float32)
+            else:
+                part = tl.dot(a, b)
+            g = k0 // GROUP_K
+            if A_SCALE == "group":
+                if SA_PRESHUFFLED:
+                    sa = tl.load(sa_ptr + g * stride_sa_g + rm, mask=m_ok, other=0.0)
+                else:
+                    sa = tl.load(sa_ptr + rm * stride_sa_m + g, mask=m_ok, other=0.0)
+                part = part * sa[:, None]
+            if B_SCALE == "group":
+                sb = tl.load(sb_ptr + g * stride_sb_g + (rn // GROUP_N) * stride_sb_n, mask=n_ok,
+                             other=0.0)
+                part = part * sb[None, :]
+            acc += part
+        else:
+            acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+        a_ptrs += a_step
+        b_ptrs += b_step
+
+    # ---- epilogue ----
+    c_mask = m_ok[:, None] & n_ok[None, :]
+    if HAS_ACC:
+        if SPLIT_K == 1 or pid_k == 0:
+            acc_in = tl.load(acc_ptr + rm64[:, None] * ld_acc + rn[None, :], mask=c_mask, other=0)
+            acc += acc_in
+    y = acc.to(tl.float32)
+    if A_SCALE == "scalar":
+        y = y * tl.load(sa_ptr)
+    elif A_SCALE == "vector":
+        sa_row = tl.load(sa_ptr + rm * stride_sa_m, mask=m_ok, other=0.0)
+        y = y * sa_row[:, None]
+    if B_SCALE == "scalar":
+        y = y * tl.load(sb_ptr)
+    elif B_SCALE == "vector":
+        sb_col = tl.load(sb_ptr + rn * stride_sb_n, mask=n_ok, other=0.0)
+        y = y * sb_col[None, :]
+    if HAS_BIAS:
+        if SPLIT_K == 1 or pid_k == 0:
+            bias = tl.load(bias_ptr + rn, mask=n_ok, other=0.0)
+            y = y + bias[None, :]
+    if SPLIT_K == 1:
+        c_ptrs = c_ptr + rm64[:, None] * ldc + rn[None, :]
+        tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty), mask=c_mask)
+    else:
+        # Workspace [SPLIT_K, M, N] fp32, contiguous; ldc is N here.
+        w_ptrs = c_ptr + pid_k.to(tl.int64) * M * N + rm64[:, None] * N + rn[None, :]
+        tl.store(w_ptrs, y, mask=c_mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(w_ptr, c_ptr, total, N, ldc, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum the SPLIT_K fp32 partials in a fixed order (deterministic) and cast to the output."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < total
+    s = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i in tl.static_range(SPLIT_K):
+        s += tl.load(w_ptr + i * total + offs, mask=ok, other=0.0)
+    row = offs // N
+    col = offs % N
+    tl.store(c_ptr + row * ldc + col, s.to(c_ptr.dtype.element_ty), mask=ok)

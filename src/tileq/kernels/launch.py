@@ -1,0 +1,130 @@
+"""Launch the tile GEMM kernel for a Plan, and describe its specialization for AOT builds.
+
+``specialization`` is the single mapping from (ProblemSpec, TileConfig) to the kernel's
+constexprs: the launcher and ``tileq build`` both use it, so what is built is what runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..catalog.config import TileConfig
+from ..dtypes import OperandType, PackedInt4, compute_type
+from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
+from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel
+
+REDUCE_BLOCK = 1024
+
+
+def _compute_types(spec: ProblemSpec) -> tuple[str, str]:
+    if spec.a_type.is_float8 and spec.b_type.is_float8:
+        return spec.a_type.value, spec.b_type.value  # the mma takes e4m3 x e5m2 directly
+    ct = compute_type(spec.a_type, spec.b_type).value
+    return ct, ct
+
+
+def specialization(spec: ProblemSpec, cfg: TileConfig) -> dict:
+    """The constexpr arguments of ``_gemm_kernel`` for this problem and config."""
+    a_ct, b_ct = _compute_types(spec)
+    a_group = spec.a_scale_kind is ScaleKind.GROUP
+    b_group = spec.b_scale_kind is ScaleKind.GROUP
+    return dict(
+        A_TYPE=spec.a_type.value, B_TYPE=spec.b_type.value, A_CT=a_ct, B_CT=b_ct,
+        A_LAYOUT=spec.layout[0], B_LAYOUT=spec.layout[1],
+        A_SCALE=spec.a_scale_kind.value, B_SCALE=spec.b_scale_kind.value,
+        SA_PRESHUFFLED=a_group and spec.a_scale_layout is ScaleLayout.PRESHUFFLED,
+        # Constant when unused so unrelated values never cause a recompile.
+        GROUP_K=spec.group_k if spec.scheme.grouped else 1,
+        GROUP_N=spec.group_n if b_group else 1,
+        INT_DOT=spec.integer_mainloop, GROUPED=spec.scheme.grouped,
+        HAS_BIAS=spec.has_bias, HAS_ACC=spec.has_acc,
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k,
+    )
+
+
+_PTR = {
+    OperandType.I8: "*i8", OperandType.FP8: "*fp8e4nv", OperandType.BF8: "*fp8e5",
+    OperandType.I4: "*u8", OperandType.BF16: "*bf16", OperandType.FP16: "*fp16",
+}
+_OUT_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+
+
+def signature(spec: ProblemSpec, cfg: TileConfig) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attrs) for ``triton.compile`` of this specialization (AOT).
+
+    attrs mark pointers and N, K and the leading dimensions as multiples of 16, as the JIT does
+    for aligned tensors: without them loads are not vectorized and the K loop is not pipelined.
+    """
+    consts = specialization(spec, cfg)
+    sig = {
+        "a_ptr": _PTR[spec.a_type], "b_ptr": _PTR[spec.b_type],
+        "c_ptr": "*fp32" if cfg.split_k > 1 else _OUT_PTR[spec.out_dtype],
+        "sa_ptr": "*fp32" if spec.a_scale_kind is not ScaleKind.NONE else "constexpr",
+        "sb_ptr": "*fp32" if spec.b_scale_kind is not ScaleKind.NONE else "constexpr",
+        "bias_ptr": "*fp32" if spec.has_bias else "constexpr",
+        "acc_ptr": ("*i32" if spec.acc_dtype == torch.int32 else "*fp32") if spec.has_acc else "constexpr",
+    }
+    for name in ("M", "N", "K", "lda", "ldb", "ldc", "ld_acc",
+                 "stride_sa_m", "stride_sa_g", "stride_sb_g", "stride_sb_n"):
+        sig[name] = "i32"
+    for name in consts:
+        sig[name] = "constexpr"
+    for name in ("sa_ptr", "sb_ptr", "bias_ptr", "acc_ptr"):
+        if sig[name] == "constexpr":
+            consts[name] = None
+    aligned = [name for name, ty in sig.items() if ty.startswith("*")]
+    aligned += ["N", "K", "lda", "ldb", "ldc"] + (["ld_acc"] if spec.has_acc else [])
+    order = list(sig)
+    attrs = {(order.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    return sig, consts, attrs
+
+
+def _storage(x) -> torch.Tensor:
+    return x.data if isinstance(x, PackedInt4) else x
+
+
+def _leading_dim(t: torch.Tensor, layout_char: str) -> int:
+    """The non-unit stride: dim 0's for 'r' storage, dim 1's for 'c'."""
+    return t.stride(0) if layout_char == "r" else t.stride(1)
+
+
+def launch_gemm(problem: Problem, plan) -> torch.Tensor:
+    spec, cfg = problem.spec, plan.config
+    a, b = _storage(problem.a), _storage(problem.b)
+    m, n, k = spec.m, spec.n, spec.k
+    out = problem.out
+    if out is None:
+        out = torch.empty(m, n, dtype=spec.out_dtype, device=problem.device)
+    sa, sb = problem.a_scale, problem.b_scale
+    stride_sa_m = stride_sa_g = stride_sb_g = stride_sb_n = 0
+    if spec.a_scale_kind is ScaleKind.VECTOR:
+        stride_sa_m = sa.stride(0)
+    elif spec.a_scale_kind is ScaleKind.GROUP:
+        stride_sa_m, stride_sa_g = sa.stride(0), sa.stride(1)
+    if spec.b_scale_kind is ScaleKind.VECTOR:
+        stride_sb_n = sb.stride(1)
+    elif spec.b_scale_kind is ScaleKind.GROUP:
+        stride_sb_g, stride_sb_n = sb.stride(0), sb.stride(1)
+    acc = problem.acc
+    ld_acc = acc.stride(0) if acc is not None else 0
+
+    target = out
+    if cfg.split_k > 1:
+        target = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=problem.device)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
+    _gemm_kernel[grid](
+        a, b, target, sa, sb, problem.bias, acc,
+        m, n, k,
+        _leading_dim(a, spec.layout[0]), _leading_dim(b, spec.layout[1]), out.stride(0), ld_acc,
+        stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **specialization(spec, cfg),
+    )
+    if cfg.split_k > 1:
+        total = m * n
+        _splitk_reduce_kernel[(triton.cdiv(total, REDUCE_BLOCK),)](
+            target, out, total, n, out.stride(0), SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK,
+            num_warps=4,
+        )
+    return out

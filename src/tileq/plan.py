@@ -1,0 +1,214 @@
+"""The plan: which executor, pipeline, kernel instance and config run a ProblemSpec, and the
+lowering as tile stages. One plan, two executors: the Triton kernel is specialized on it and the
+torch reference interprets the same problem, so ``tileq explain`` shows what either would do.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from .catalog.arch import ARCHS, ArchInfo, arch_of_capability, check_types, get_arch
+from .catalog.config import TileConfig
+from .catalog.heuristic import choose_pipeline, heuristic_config
+from .catalog.names import KernelFamily, KernelInstance
+from .dtypes import compute_type
+from .errors import UnsupportedError, expect
+from .problem import Problem, ProblemSpec, ScaleKind
+
+BACKENDS = ("auto", "triton", "reference")
+
+_DTYPE_SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f32", torch.int32: "i32"}
+
+
+def interpreter_active() -> bool:
+    """Triton's interpreter is chosen when TRITON_INTERPRET=1 is set before Triton is imported."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> tuple[str, bool]:
+    """(executor, interpreted) for a requested backend and the operands' device."""
+    requested = backend if backend is not None else os.environ.get("TILEQ_BACKEND", "auto")
+    requested = str(requested).lower()
+    if requested not in BACKENDS:
+        src = "backend" if backend is not None else "TILEQ_BACKEND"
+        raise UnsupportedError(expect(src, f"one of {', '.join(BACKENDS)}", repr(requested)))
+    if requested == "reference":
+        return "reference", False
+    if device.type == "cuda":
+        return "triton", interpreter_active()
+    if requested == "auto":
+        return "reference", False
+    if device.type == "cpu" and interpreter_active():
+        return "triton", True
+    raise UnsupportedError(
+        expect(
+            "backend",
+            "CUDA tensors for 'triton', or CPU tensors with TRITON_INTERPRET=1 set before tileq and "
+            "triton are imported (Triton's interpreter)",
+            f"'triton' on {device.type} tensors without TRITON_INTERPRET=1",
+        )
+    )
+
+
+def deterministic_requested(flag: bool | None) -> bool:
+    if flag is not None:
+        return bool(flag)
+    return os.environ.get("TILEQ_DETERMINISTIC", "0") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: ProblemSpec
+    executor: str  # 'triton' | 'reference'
+    interpreted: bool
+    arch: ArchInfo | None
+    family: KernelFamily
+    config: TileConfig | None
+    config_source: str  # 'heuristic' | 'table: <file>' | 'n/a'
+    deterministic: bool
+
+    @property
+    def pipeline(self) -> str:
+        return self.family.pipeline
+
+    @property
+    def instance(self) -> KernelInstance | None:
+        if self.config is None or self.arch is None:
+            return None
+        return KernelInstance(self.family, self.config, self.arch.name)
+
+    def stages(self) -> list[str]:
+        return lowering(self.spec)
+
+    def describe(self) -> str:
+        s = self.spec
+        where = self.executor + (" (Triton interpreter)" if self.interpreted else "")
+        lines = [
+            f"problem   : {s.scheme} {s.a_type}x{s.b_type} {s.layout}  M={s.m} N={s.n} K={s.k}"
+            + (f"  group_k={s.group_k} group_n={s.group_n}" if s.scheme.grouped else ""),
+            f"executor  : {where}",
+            f"pipeline  : {self.pipeline} (M={s.m} {'<=' if s.m <= 64 else '>'} 64)",
+            f"family    : {self.family.name}",
+        ]
+        if self.instance is not None:
+            lines.append(f"instance  : {self.instance.name}")
+            c = self.config
+            lines.append(
+                f"config    : BM={c.block_m} BN={c.block_n} BK={c.block_k} warps={c.num_warps} "
+                f"stages={c.num_stages} split_k={c.split_k}  [{self.config_source}]"
+            )
+        else:
+            lines.append("config    : n/a (the reference runs the same lowering in torch)")
+        lines.append("reduction : fixed order, no atomics (bit-identical run to run)")
+        lines.append("lowering  : " + " -> ".join(self.stages()))
+        return "\n".join(lines)
+
+
+def lowering(spec: ProblemSpec) -> list[str]:
+    """The tile stages in DESIGN.md's epilogue order."""
+    st: list[str] = []
+    ct = compute_type(spec.a_type, spec.b_type)
+    for side, t in (("a", spec.a_type), ("b", spec.b_type)):
+        if t is not ct:
+            st.append(f"convert {side}({t}->{ct})" if t.value != "i4" else f"unpack {side}(i4->{ct})")
+    acc_short = "i32" if spec.integer_mainloop else "f32"
+    if spec.a_type.is_float8 and spec.b_type.is_float8:
+        mma = f"mma({spec.a_type}x{spec.b_type}->{acc_short})"  # mixed fp8 stays mixed
+    else:
+        mma = f"mma({ct}x{ct}->{acc_short})"
+    if spec.scheme.grouped:
+        scales = []
+        if spec.a_scale_kind is ScaleKind.GROUP:
+            scales.append(f"a_scale[M,Gk]({spec.a_scale_layout})")
+        if spec.b_scale_kind is ScaleKind.GROUP:
+            scales.append(f"b_scale[Gk,Gn](group_n={spec.group_n})")
+        st.append(f"{mma} per K-group of {spec.group_k}")
+        st.append("promote(" + " x ".join(scales) + ") += f32")
+    else:
+        st.append(mma)
+    if spec.has_acc:
+        st.append(f"+ acc_in({_DTYPE_SHORT[spec.acc_dtype]})")
+    st.append("cast f32" if spec.acc_dtype == torch.int32 else "f32")
+    if spec.a_scale_kind is ScaleKind.SCALAR:
+        st.append("row_scale(scalar)")
+    elif spec.a_scale_kind is ScaleKind.VECTOR:
+        st.append("row_scale[M]")
+    if spec.b_scale_kind is ScaleKind.SCALAR:
+        st.append("col_scale(scalar)")
+    elif spec.b_scale_kind is ScaleKind.VECTOR:
+        st.append("col_scale[N]")
+    if spec.has_bias:
+        st.append("+ bias[N]")
+    st.append(f"cast {_DTYPE_SHORT[spec.out_dtype]}")
+    return st
+
+
+@lru_cache(maxsize=64)
+def _device_arch(index: int) -> tuple[ArchInfo, int]:
+    """Queried lazily (never at import) and cached per device."""
+    cap = torch.cuda.get_device_capability(index)
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    return arch_of_capability(cap), sms
+
+
+def family_of(spec: ProblemSpec, pipeline: str) -> KernelFamily:
+    return KernelFamily(spec.scheme, spec.a_type, spec.b_type, spec.layout, pipeline)
+
+
+@lru_cache(maxsize=4096)
+def _plan_cached(spec: ProblemSpec, executor: str, interpreted: bool, arch_name: str | None,
+                 num_sms: int, deterministic: bool) -> Plan:
+    pipeline = choose_pipeline(spec)
+    family = family_of(spec, pipeline)
+    if executor == "reference":
+        return Plan(spec, executor, False, None, family, None, "n/a", deterministic)
+    arch = ARCHS[arch_name]
+    check_types(arch, spec.a_type, spec.b_type)
+    from .catalog import tuned
+
+    hit = tuned.lookup(spec, arch, pipeline)
+    if hit is not None:
+        cfg, source = hit
+    else:
+        cfg, source = heuristic_config(spec, arch, pipeline, num_sms), "heuristic"
+    return Plan(spec, executor, interpreted, arch, family, cfg, source, deterministic)
+
+
+def make_plan(spec: ProblemSpec, device: torch.device, *, backend=None, deterministic=None,
+              arch: str | None = None) -> Plan:
+    """Plan a problem for tensors on ``device`` (or, with ``arch``, for a described problem)."""
+    executor, interpreted = resolve_backend(backend, device)
+    det = deterministic_requested(deterministic)
+    arch_name, sms = None, 0
+    if executor == "triton":
+        if arch is not None:
+            info = get_arch(arch)
+            arch_name, sms = info.name, info.typical_sms
+        elif device.type == "cuda" and not interpreted:
+            info, sms = _device_arch(device.index if device.index is not None else torch.cuda.current_device())
+            arch_name = info.name
+        else:
+            # The interpreter has no arch: it runs the sm_90 plan (the reference target).
+            info = ARCHS["sm_90"]
+            arch_name, sms = info.name, info.typical_sms
+    return _plan_cached(spec, executor, interpreted, arch_name, sms, det)
+
+
+def execute(plan: Plan, problem: Problem) -> torch.Tensor:
+    spec = plan.spec
+    if spec.m == 0 or spec.n == 0:
+        # Nothing to compute: no launch. An empty out= is returned as is.
+        if problem.out is not None:
+            return problem.out
+        return torch.empty(spec.m, spec.n, dtype=spec.out_dtype, device=problem.device)
+    if plan.executor == "reference":
+        from .reference import gemm_ref
+
+        return gemm_ref(problem)
+    from .kernels.launch import launch_gemm
+
+    return launch_gemm(problem, plan)
