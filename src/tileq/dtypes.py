@@ -79,6 +79,8 @@ def parse_operand_type(name: str | OperandType) -> OperandType:
     """Accept a short name (``i8``), a long one (``int8``, ``fp8_e4m3``, ``pk_int4``) or the enum."""
     if isinstance(name, OperandType):
         return name
+    if isinstance(name, torch.dtype) and name in _OF_TORCH:
+        return _OF_TORCH[name]
     key = str(name).lower()
     if key in _ALIASES:
         return _ALIASES[key]
@@ -136,9 +138,9 @@ def compute_type(a: OperandType, b: OperandType) -> OperandType:
         return b
     if b is OperandType.I4:
         return a
-    if a.is_wide_float:
-        return a
-    return a  # i8xi8 and fp8/bf8 pairs (mixed fp8 stays mixed: the mma takes both)
+    # i8xi8, bf16/fp16 x i8/fp8 (the narrow side widens), and fp8/bf8 pairs, where this is A's
+    # type: a mixed e4m3 x e5m2 pair keeps both types (launch._compute_types), the mma takes both.
+    return a
 
 
 def integer_mainloop(a: OperandType, b: OperandType) -> bool:
@@ -152,7 +154,7 @@ def check_pair(a: OperandType, b: OperandType) -> None:
         raise DTypeError(expect("a, b", f"a legal operand pair ({legal})", f"{a}x{b}"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PackedInt4:
     """A logical int4 matrix stored two values per byte.
 

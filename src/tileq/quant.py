@@ -168,7 +168,7 @@ def _group(g, arg: str) -> int:
 
 
 def _quantize_as(x, dtype, granularity, blocks: dict, pack_dim, arg):
-    if granularity not in blocks:
+    if not isinstance(granularity, str) or granularity not in blocks:
         valid = ", ".join(repr(g) for g in blocks)
         raise ScaleError(expect("granularity", f"one of {valid}", repr(granularity)))
     q, scale = _quantize(x, dtype, blocks[granularity], _EPS, pack_dim, arg)
