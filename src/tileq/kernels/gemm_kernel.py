@@ -31,8 +31,11 @@ def _unpack_int4(x):
 
 
 @triton.jit
-def _convert(x, CT: tl.constexpr):
+def _convert(x, CT: tl.constexpr, INTERPRETED: tl.constexpr):
     """Convert a loaded tile to the compute type; every conversion used here is exact."""
+    if INTERPRETED and CT == "bf16":
+        # Triton 3.6's interpreter turns int8 -> bf16 into NaN; via fp32 it is right.
+        x = x.to(tl.float32)
     if CT == "fp8":
         if x.dtype != tl.float8e4nv:
             x = x.to(tl.float16).to(tl.float8e4nv)
@@ -47,6 +50,22 @@ def _convert(x, CT: tl.constexpr):
 
 
 @triton.jit
+def _dot(a, b, acc, OUT_DTYPE: tl.constexpr, INTERPRETED: tl.constexpr, CT: tl.constexpr):
+    """a @ b (+ acc) on the matrix units."""
+    if INTERPRETED and CT == "bf16":
+        # Triton 3.6's interpreter computes bf16 dots wrongly (numpy has no bf16); fp32 inputs
+        # holding the same bf16 values give the exact products the GPU's bf16 mma forms.
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+        if acc is None:
+            return tl.dot(a, b, input_precision="ieee", out_dtype=OUT_DTYPE)
+        return tl.dot(a, b, acc, input_precision="ieee", out_dtype=OUT_DTYPE)
+    if acc is None:
+        return tl.dot(a, b, out_dtype=OUT_DTYPE)
+    return tl.dot(a, b, acc, out_dtype=OUT_DTYPE)
+
+
+@triton.jit
 def _gemm_kernel(
     a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr,
     M, N, K,
@@ -58,7 +77,7 @@ def _gemm_kernel(
     GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     INT_DOT: tl.constexpr, GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ACC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     # Grouped ordering of output tiles: GROUP_M row-tiles share B tiles while they sit in L2.
     pid = tl.program_id(0)
@@ -100,7 +119,14 @@ def _gemm_kernel(
             a_ptrs = a_ptr + (k_first + rk)[None, :].to(tl.int64) * lda + rm64[:, None]
             a_step = k_step * lda
     if B_TYPE == "i4":
-        if B_LAYOUT == "r":  # packed along N: bytes [BK, BN/2]
+        if B_LAYOUT == "r" and B_CT == "i8":
+            # Packed along N feeding an int8 mma: read each byte once per nibble ([BK, BN]
+            # addresses n // 2) instead of join+reshape, which Triton 3.6's dot-operand pass
+            # rejects for int8 ("Illegal shared layout" in TritonGPUOptimizeDotOperands).
+            rnh = rn // 2
+            b_ptrs = b_ptr + (k_first + rk)[:, None].to(tl.int64) * ldb + rnh[None, :]
+            b_step = k_step * ldb
+        elif B_LAYOUT == "r":  # packed along N: bytes [BK, BN/2]
             rnh = pid_n * (BN // 2) + tl.arange(0, BN // 2)
             b_ptrs = b_ptr + (k_first + rk)[:, None].to(tl.int64) * ldb + rnh[None, :]
             b_step = k_step * ldb
@@ -140,7 +166,11 @@ def _gemm_kernel(
             a = tl.load(a_ptrs, mask=m_ok[:, None] & (rk < k_left)[None, :], other=0)
         # ---- B tile [BK, BN] ----
         if B_TYPE == "i4":
-            if B_LAYOUT == "r":
+            if B_LAYOUT == "r" and B_CT == "i8":
+                b_raw = tl.load(b_ptrs, mask=(rk < k_left)[:, None] & n_ok[None, :], other=136)
+                shift = (1 - (rn % 2)) * 4  # even n: high nibble
+                b = ((b_raw >> shift[None, :].to(tl.uint8)) & 15).to(tl.int8) - 8
+            elif B_LAYOUT == "r":
                 nh_ok = rnh < N // 2
                 b_raw = tl.load(b_ptrs, mask=(rk < k_left)[:, None] & nh_ok[None, :], other=136)
                 b = _unpack_int4(b_raw)
@@ -152,16 +182,16 @@ def _gemm_kernel(
             b = tl.load(b_ptrs, mask=(rk < k_left)[:, None] & n_ok[None, :], other=0.0)
         else:
             b = tl.load(b_ptrs, mask=(rk < k_left)[:, None] & n_ok[None, :], other=0)
-        a = _convert(a, A_CT)
-        b = _convert(b, B_CT)
+        a = _convert(a, A_CT, INTERPRETED)
+        b = _convert(b, B_CT, INTERPRETED)
 
         if GROUPED:
             # Promotion: this K tile lies inside one K-group (BK divides GROUP_K), so its exact
             # (int32) or fp32 partial sum is scaled by that group's scales and added in fp32.
             if INT_DOT:
-                part = tl.dot(a, b, out_dtype=tl.int32).to(tl.float32)
+                part = _dot(a, b, None, tl.int32, INTERPRETED, A_CT).to(tl.float32)
             else:
-                part = tl.dot(a, b)
+                part = _dot(a, b, None, tl.float32, INTERPRETED, A_CT)
             g = k0 // GROUP_K
             if A_SCALE == "group":
                 if SA_PRESHUFFLED:
@@ -175,7 +205,7 @@ def _gemm_kernel(
                 part = part * sb[None, :]
             acc += part
         else:
-            acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+            acc = _dot(a, b, acc, acc.dtype, INTERPRETED, A_CT)
         a_ptrs += a_step
         b_ptrs += b_step
 

@@ -24,7 +24,7 @@ def _compute_types(spec: ProblemSpec) -> tuple[str, str]:
     return ct, ct
 
 
-def specialization(spec: ProblemSpec, cfg: TileConfig) -> dict:
+def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False) -> dict:
     """The constexpr arguments of ``_gemm_kernel`` for this problem and config."""
     a_ct, b_ct = _compute_types(spec)
     a_group = spec.a_scale_kind is ScaleKind.GROUP
@@ -40,6 +40,7 @@ def specialization(spec: ProblemSpec, cfg: TileConfig) -> dict:
         INT_DOT=spec.integer_mainloop, GROUPED=spec.scheme.grouped,
         HAS_BIAS=spec.has_bias, HAS_ACC=spec.has_acc,
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k,
+        INTERPRETED=interpreted,
     )
 
 
@@ -119,7 +120,7 @@ def launch_gemm(problem: Problem, plan) -> torch.Tensor:
         _leading_dim(a, spec.layout[0]), _leading_dim(b, spec.layout[1]), out.stride(0), ld_acc,
         stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **specialization(spec, cfg),
+        **specialization(spec, cfg, plan.interpreted),
     )
     if cfg.split_k > 1:
         total = m * n

@@ -1,0 +1,22 @@
+"""The benchmark harness behind ``tileq bench`` and ``tileq demo``.
+
+    suites     shape lists as CSV data files (built-in: smoke, llm, llm-decode, llm-prefill,
+               square, ck28; or a user's path)
+    cases      what is measured per shape: (scheme, A dtype, B dtype, layout, A-scale storage),
+               and the seeded operands each case is built from
+    baselines  ONE registry of implementations (tileq, torch baselines, optional peers), each
+               applicable or N/A with a reason
+    gate       the correctness gate every implementation passes before it is timed
+    timing     CUDA-event timing with L2 flushing, optional CUDA graphs; environment and ceilings
+    harness    the sweep (shape by shape, implementations interleaved), with a progress bar
+    results    the CSV row, writing / reading, ``--compare``
+    report     the markdown report;  plots: the PNG plots (matplotlib, optional)
+
+Nothing here imports Triton at import time: the CLI decides first whether Triton's interpreter
+must be switched on (no CUDA), which has to happen before ``tileq.kernels`` is imported.
+"""
+
+from .gate import GateResult, gate
+from .suites import BUILTIN_SUITES, Shape, SuiteError, load_suite
+
+__all__ = ["BUILTIN_SUITES", "GateResult", "Shape", "SuiteError", "gate", "load_suite"]

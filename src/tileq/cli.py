@@ -1,0 +1,32 @@
+"""The ``tileq`` command: list, build, explain, selftest, tune, bench, demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="tileq", description="Quantized GEMMs with fused dequantization.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    from . import commands
+
+    commands.register(sub)
+    try:
+        from .demo import register_cli as register_demo
+
+        register_demo(sub)
+    except ImportError:
+        pass
+    try:
+        from .bench.cli import register_cli as register_bench
+
+        register_bench(sub)
+    except ImportError:
+        pass
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Catalog commands of the ``tileq`` CLI: list, build, explain, selftest."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+from .catalog.arch import ARCHS, check_types, get_arch
+from .catalog.families import catalog, family_spec
+from .catalog.names import KernelFamily
+from .dtypes import parse_operand_type
+from .errors import TileqError
+from .problem import LAYOUTS, ProblemSpec, ScaleKind, ScaleLayout, Scheme, parse_scheme
+
+_OUT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("list", help="the kernel catalog, one family per line")
+    p.add_argument("--scheme", choices=[s.value for s in Scheme])
+    p.add_argument("--pipeline", choices=["prefill", "decode", "preshufflequant"])
+    p.add_argument("--arch", help="only families this arch can run, e.g. sm_90")
+    p.add_argument("--names", action="store_true",
+                   help="names only (regenerates tests/golden_kernel_names.txt)")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("build", help="compile every catalog kernel ahead of time for an arch")
+    p.add_argument("--arch", required=True, help=f"one of {', '.join(ARCHS)}")
+    p.add_argument("--out", default="build/kernels", help="folder for binaries and manifest.json")
+    p.add_argument("--jobs", type=int, default=None, help="parallel compiler processes (default: all cores)")
+    p.add_argument("--family", action="append", help="build only this family (repeatable)")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("explain", help="print the plan for a problem described without tensors")
+    p.add_argument("--scheme", required=True, choices=[s.value for s in Scheme])
+    p.add_argument("--a", required=True, help="A's type: int8, fp8, bf8, int4, bf16, fp16")
+    p.add_argument("--b", required=True, help="B's type")
+    p.add_argument("--layout", default="rcr", choices=LAYOUTS)
+    p.add_argument("--m", type=int, required=True)
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--k", type=int, required=True)
+    p.add_argument("--group-k", type=int, default=128)
+    p.add_argument("--group-n", type=int, default=None, help="1 or 128 (bquant/abquant)")
+    p.add_argument("--preshuffled", action="store_true", help="a_scale stored K-group-major")
+    p.add_argument("--bias", action="store_true")
+    p.add_argument("--acc", action="store_true")
+    p.add_argument("--out-dtype", default="bf16", choices=list(_OUT))
+    p.add_argument("--arch", default=None, help="plan for this arch (default: the local GPU, else sm_90)")
+    p.add_argument("--backend", default="triton", choices=["triton", "reference"])
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("selftest", help="name parity, catalog build and a correctness pass")
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--skip-build", action="store_true")
+    p.add_argument("--jobs", type=int, default=None)
+    p.set_defaults(func=cmd_selftest)
+
+
+def _arch_ok(fam: KernelFamily, arch) -> bool:
+    try:
+        check_types(arch, fam.a, fam.b)
+        return True
+    except TileqError:
+        return False
+
+
+def _supports(fam: KernelFamily) -> str:
+    from .catalog.families import canonical_scale_kinds
+
+    sa, sb, gn = canonical_scale_kinds(fam.scheme, fam.a, fam.b)
+    scales = f"a_scale={sa.value} b_scale={sb.value}" + (f" group_n={gn}" if fam.scheme.b_grouped else "")
+    archs = ",".join(n for n, a in ARCHS.items() if _arch_ok(fam, a))
+    return f"{scales}  archs={archs}"
+
+
+def cmd_list(args) -> int:
+    arch = get_arch(args.arch) if args.arch else None
+    shown = 0
+    for fam in catalog():
+        if args.scheme and fam.scheme.value != args.scheme:
+            continue
+        if args.pipeline and fam.pipeline != args.pipeline:
+            continue
+        if arch is not None and not _arch_ok(fam, arch):
+            continue
+        print(fam.name if args.names else f"{fam.name:<44} {_supports(fam)}")
+        shown += 1
+    print(f"{shown} families", file=sys.stderr)
+    return 0
+
+
+def _progress(i: int, total: int, r) -> None:
+    width = 30
+    done = int(width * i / total)
+    state = "ok" if r.ok else "FAILED"
+    line = f"\r[{'#' * done}{'.' * (width - done)}] {i}/{total} {state:<6} {r.name[:70]:<70}"
+    sys.stderr.write(line)
+    if not r.ok:
+        sys.stderr.write(f"\n  {r.error}\n")
+    if i == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def cmd_build(args) -> int:
+    from .catalog.build import build_catalog
+
+    t0 = time.time()
+    results = build_catalog(args.arch, args.out, jobs=args.jobs, families=args.family, progress=_progress)
+    failed = [r for r in results if not r.ok]
+    spilled = [r for r in results if r.ok and r.spills]
+    print(f"built {len(results) - len(failed)}/{len(results)} kernels for {args.arch} in "
+          f"{time.time() - t0:.0f} s -> {args.out}/manifest.json")
+    for r in spilled:
+        print(f"  spills: {r.name}: {r.spills} B of local memory, {r.registers} registers")
+    for r in failed:
+        print(f"  FAILED: {r.name}: {r.error}")
+    return 1 if failed else 0
+
+
+def spec_from_args(args) -> ProblemSpec:
+    from .catalog.families import canonical_scale_kinds
+
+    scheme = parse_scheme(args.scheme)
+    a, b = parse_operand_type(args.a), parse_operand_type(args.b)
+    from .dtypes import check_pair
+
+    check_pair(a, b)
+    sa, sb, gn = canonical_scale_kinds(scheme, a, b)
+    return ProblemSpec(
+        m=args.m, n=args.n, k=args.k, a_type=a, b_type=b, layout=args.layout, scheme=scheme,
+        a_scale_kind=sa, b_scale_kind=sb, out_dtype=_OUT[args.out_dtype], group_k=args.group_k,
+        group_n=args.group_n or gn,
+        a_scale_layout=ScaleLayout.PRESHUFFLED if args.preshuffled else ScaleLayout.ROWMAJOR,
+        has_bias=args.bias, has_acc=args.acc,
+    )
+
+
+def cmd_explain(args) -> int:
+    from .plan import make_plan
+
+    spec = spec_from_args(args)
+    arch = args.arch
+    if arch is None and not torch.cuda.is_available():
+        arch = "sm_90"
+        print("(no GPU here: planning for sm_90; pass --arch to choose)")
+    plan = make_plan(spec, torch.device("cuda"), backend=args.backend, arch=arch)
+    print(plan.describe())
+    return 0
+
+
+# Small odd shapes for the correctness pass: M, N, K off every tile multiple, a K tail inside a
+# group; even where int4 is packed along that dimension.
+SELFTEST_SHAPES = {"prefill": (69, 38, 300), "preshufflequant": (69, 38, 300), "decode": (3, 38, 300)}
+
+
+def selftest_shape(fam: KernelFamily) -> tuple[int, int, int]:
+    m, n, k = SELFTEST_SHAPES[fam.pipeline]
+    if fam.a.value == "i4" and fam.layout[0] == "c":
+        m += 1  # int4 packed along M needs an even M
+    return m, n, k
+
+
+def selftest_family(fam: KernelFamily, device: str, seed: int = 0) -> dict:
+    """Run one family on a small odd shape with backend='triton' and compare with the reference."""
+    import tileq
+    from .testing import check_close, make_args
+
+    m, n, k = selftest_shape(fam)
+    spec = family_spec(fam, m, n, k, out_dtype=torch.float32)
+    args = make_args(spec, seed=seed, device=device, bias=True)
+    out = torch.full((m, n), float("nan"), dtype=torch.float32, device=device)
+    got = args.call(tileq.gemm, backend="triton", out=out)
+    want = args.call(tileq.gemm, backend="reference")
+    return check_close(got, want, torch.float32)
+
+
+def cmd_selftest(args) -> int:
+    from .catalog.names import format_family, parse_family
+
+    failures = 0
+    fams = catalog()
+    bad_names = [f.name for f in fams if parse_family(format_family(f)) != f]
+    print(f"name parity: {len(fams) - len(bad_names)}/{len(fams)} families round-trip")
+    failures += len(bad_names)
+    if not args.skip_build:
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        cmd = [sys.executable, "-m", "tileq", "build", "--arch", args.arch, "--out", "build/selftest"]
+        if args.jobs:
+            cmd += ["--jobs", str(args.jobs)]
+        rc = subprocess.call(cmd, env=env)
+        print(f"build: {'ok' if rc == 0 else 'FAILED'}")
+        failures += rc != 0
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        # The interpreter must be chosen before Triton is imported: rerun this pass in a child.
+        import subprocess
+
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        code = "import sys, tileq.commands as c; sys.exit(c.correctness_pass('cpu'))"
+        rc = subprocess.call([sys.executable, "-c", code], env=env)
+    else:
+        rc = correctness_pass(device)
+    failures += rc != 0
+    print("selftest:", "PASSED" if failures == 0 else f"FAILED ({failures} problems)")
+    return 1 if failures else 0
+
+
+def correctness_pass(device: str) -> int:
+    fams = catalog()
+    failed = 0
+    t0 = time.time()
+    for i, fam in enumerate(fams, 1):
+        try:
+            selftest_family(fam, device, seed=i)
+            state = "ok"
+        except (AssertionError, TileqError, RuntimeError) as e:
+            failed += 1
+            state = f"FAILED: {str(e).splitlines()[0][:200]}"
+        if state != "ok" or i == len(fams) or i % 20 == 0:
+            print(f"[{i}/{len(fams)}] {fam.name}: {state}", flush=True)
+    where = "GPU" if device == "cuda" else "CPU (Triton interpreter)"
+    print(f"correctness on {where}: {len(fams) - failed}/{len(fams)} families match the reference "
+          f"({time.time() - t0:.0f} s)")
+    return 1 if failed else 0

@@ -1,0 +1,117 @@
+"""Kernel names (golden list, round trip), the AQuant matrix, arch table, legality, AOT build."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tileq.catalog.arch import ARCHS, get_arch
+from tileq.catalog.config import TileConfig, config_problem
+from tileq.catalog.families import aquant_matrix, catalog, family_spec
+from tileq.catalog.heuristic import heuristic_config
+from tileq.catalog.names import (KernelInstance, format_family, format_instance, parse_family,
+                                 parse_instance)
+from tileq.errors import ArchError
+
+GOLDEN = Path(__file__).with_name("golden_kernel_names.txt")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_golden_names_match_the_catalog():
+    # A rename changes this file: regenerate with `tileq list --names > tests/golden_kernel_names.txt`
+    assert GOLDEN.read_text().split() == [f.name for f in catalog()]
+
+
+def test_names_round_trip():
+    for fam in catalog():
+        assert parse_family(format_family(fam)) == fam
+        cfg = TileConfig(128, 64, 128, 8, 3, 4)
+        inst = KernelInstance(fam, cfg, "sm_90")
+        assert parse_instance(format_instance(inst)) == inst
+    assert parse_instance("rowcol_i8xi8_rcr_prefill__m128n128k128_w8_s4_sm90").config == TileConfig(128, 128, 128, 8, 4)
+
+
+@pytest.mark.parametrize("bad", ["rowcol_i8xi8_rcx_prefill", "rowcol_i8i8_rcr_prefill",
+                                 "foo_i8xi8_rcr_prefill", "rowcol_i8xi8_rcr_fast",
+                                 "rowcol_i8xi8_rcr_prefill__m1n1_sm90"])
+def test_bad_names_are_refused(bad):
+    with pytest.raises(ValueError):
+        parse_instance(bad) if "__" in bad else parse_family(bad)
+
+
+def test_aquant_matrix_is_ck_floor():
+    names = {f.name for f in aquant_matrix()}
+    assert len(names) == 28
+    for a in ("fp8xfp8", "bf8xbf8", "i4xfp8", "i4xbf8"):
+        for layout in ("rcr", "rrr", "crr", "ccr"):
+            assert f"aquant_{a}_{layout}_decode" in names
+        for layout in ("rcr", "rrr", "crr"):
+            assert f"aquant_{a}_{layout}_preshufflequant" in names
+    assert "aquant_i4xfp8_crr_preshufflequant" in names
+
+
+def test_catalog_covers_every_scheme_in_all_layouts():
+    fams = catalog()
+    for scheme in ("tensor", "rowcol", "aquant", "bquant", "abquant"):
+        layouts = {f.layout for f in fams if f.scheme.value == scheme}
+        assert layouts == {"rcr", "rrr", "crr", "ccr"}
+    assert any(f.b.value == "i4" and f.scheme.value == "bquant" for f in fams)
+
+
+def test_unknown_arch():
+    with pytest.raises(ArchError, match=r"arch: expected one of sm_80, sm_89, sm_90, sm_100, sm_120, got 'sm_75'"):
+        get_arch("sm_75")
+    assert get_arch("90").name == "sm_90" and get_arch("sm90").name == "sm_90"
+
+
+def test_heuristic_configs_are_legal_for_every_family_and_arch():
+    for arch in ARCHS.values():
+        for fam in catalog():
+            if (fam.a.is_float8 or fam.b.is_float8) and not arch.fp8_mma:
+                continue
+            for m in (1, 17, 64, 65, 4096):
+                if fam.pipeline == "decode" and m > 64 or fam.pipeline != "decode" and m <= 64:
+                    continue
+                spec = family_spec(fam, m, 5120, 5120)
+                cfg = heuristic_config(spec, arch, fam.pipeline, arch.typical_sms)
+                assert config_problem(spec, cfg, arch) is None
+
+
+def test_legality_predicate_refuses():
+    fam = parse_family("abquant_fp8xfp8_rcr_prefill")
+    spec = family_spec(fam, 256, 256, 1024, group_k=64)
+    arch = get_arch("sm_90")
+    assert "must divide group_k=64" in config_problem(spec, TileConfig(128, 128, 128, 8, 3), arch)
+    assert "block_k >= 32" in config_problem(spec, TileConfig(128, 128, 16, 8, 3), arch)
+    assert "shared memory" in config_problem(spec, TileConfig(256, 256, 64, 8, 8), get_arch("sm_89"))
+    assert config_problem(spec, TileConfig(128, 128, 64, 8, 3), arch) is None
+
+
+@pytest.mark.slow
+def test_build_whole_catalog_for_sm90(tmp_path):
+    """Real sm_90 code for every family, on a CPU: wgmma in 8-bit prefill kernels, no failure."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    out = tmp_path / "kernels"
+    proc = subprocess.run([sys.executable, "-m", "tileq", "build", "--arch", "sm_90", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    kernels = manifest["kernels"]
+    assert len(kernels) == len(catalog()) and all(k["ok"] for k in kernels)
+    assert manifest["triton"] and manifest["arch"] == "sm_90"
+    for k in kernels:
+        assert (out / k["binary"]).stat().st_size > 0
+        fam = parse_family(k["family"])
+        eight_bit = {fam.a.value, fam.b.value} <= {"i8", "fp8", "bf8", "i4"}
+        if fam.pipeline != "decode" and eight_bit:
+            assert k["mma"] == "wgmma", k["name"]
+        assert k["registers"] and k["registers"] <= 255
+    # Spills are reported, and allowed only where the manifest lists them (printed by build).
+    spilled = [k["name"] for k in kernels if k["spills"]]
+    for name in spilled:
+        assert name in proc.stdout
