@@ -14,8 +14,9 @@ from .errors import DTypeError, ShapeError, expect
 from .problem import Problem, Scheme, build_problem
 
 
-def _run(problem: Problem, backend, deterministic) -> torch.Tensor:
-    p = _plan.make_plan(problem.spec, problem.device, backend=backend, deterministic=deterministic)
+def _run(problem: Problem, backend, deterministic, pipeline) -> torch.Tensor:
+    p = _plan.make_plan(problem.spec, problem.device, backend=backend, deterministic=deterministic,
+                        pipeline=pipeline)
     return _plan.execute(p, problem)
 
 
@@ -34,6 +35,7 @@ def gemm(
     out=None,
     backend: str | None = None,
     deterministic: bool | None = None,
+    pipeline: str | None = None,
 ) -> torch.Tensor:
     """C = dequant(A) @ dequant(B) with the dequantization fused, per DESIGN.md section 1.
 
@@ -41,12 +43,14 @@ def gemm(
     ('tensor', 'rowcol', 'aquant', 'bquant', 'abquant'): it is never guessed from shapes.
     ``backend``: 'auto' (default, or $TILEQ_BACKEND): Triton kernels for CUDA tensors, the
     reference for CPU ones; 'triton' (the interpreter on CPU tensors); 'reference'.
+    ``pipeline``: None lets the planner choose from the logical M (decode for M <= 64);
+    'prefill' or 'decode' forces one (benchmarks, experiments).
     """
     problem = build_problem(
         a, b, a_scale, b_scale, scheme=scheme, out_dtype=out_dtype, bias=bias, acc=acc,
         group_k=group_k, group_n=group_n, out=out,
     )
-    return _run(problem, backend, deterministic)
+    return _run(problem, backend, deterministic, pipeline)
 
 
 def explain(
@@ -64,13 +68,15 @@ def explain(
     out=None,
     backend: str | None = None,
     deterministic: bool | None = None,
+    pipeline: str | None = None,
 ) -> str:
     """The plan ``gemm`` would run for these arguments, as text (nothing is launched)."""
     problem = build_problem(
         a, b, a_scale, b_scale, scheme=scheme, out_dtype=out_dtype, bias=bias, acc=acc,
         group_k=group_k, group_n=group_n, out=out,
     )
-    p = _plan.make_plan(problem.spec, problem.device, backend=backend, deterministic=deterministic)
+    p = _plan.make_plan(problem.spec, problem.device, backend=backend, deterministic=deterministic,
+                        pipeline=pipeline)
     return p.describe()
 
 
@@ -88,6 +94,7 @@ def linear(
     out=None,
     backend: str | None = None,
     deterministic: bool | None = None,
+    pipeline: str | None = None,
 ) -> torch.Tensor:
     """y = x @ w.t() (nn.Linear convention): x [..., K], w [N, K] (tensor or PackedInt4).
 
@@ -121,6 +128,7 @@ def linear(
     y = gemm(
         x2, w.t(), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype, bias=bias,
         group_k=group_k, group_n=group_n, out=out2, backend=backend, deterministic=deterministic,
+        pipeline=pipeline,
     )
     if out is not None:
         return out

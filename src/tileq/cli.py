@@ -12,6 +12,9 @@ def main(argv=None) -> int:
     from . import commands
 
     commands.register(sub)
+    from .tune import register_cli as register_tune
+
+    register_tune(sub)
     try:
         from .demo import register_cli as register_demo
 
@@ -25,7 +28,13 @@ def main(argv=None) -> int:
     except ImportError:
         pass
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    from .errors import TileqError
+
+    try:
+        return int(args.func(args) or 0)
+    except TileqError as e:
+        print(f"tileq {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

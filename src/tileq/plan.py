@@ -70,6 +70,7 @@ class Plan:
     config: TileConfig | None
     config_source: str  # 'heuristic' | 'table: <file>' | 'n/a'
     deterministic: bool
+    pipeline_reason: str = ""
 
     @property
     def pipeline(self) -> str:
@@ -91,7 +92,7 @@ class Plan:
             f"problem   : {s.scheme} {s.a_type}x{s.b_type} {s.layout}  M={s.m} N={s.n} K={s.k}"
             + (f"  group_k={s.group_k} group_n={s.group_n}" if s.scheme.grouped else ""),
             f"executor  : {where}",
-            f"pipeline  : {self.pipeline} (M={s.m} {'<=' if s.m <= 64 else '>'} 64)",
+            f"pipeline  : {self.pipeline} ({self.pipeline_reason})",
             f"family    : {self.family.name}",
         ]
         if self.instance is not None:
@@ -148,11 +149,11 @@ def lowering(spec: ProblemSpec) -> list[str]:
 
 
 @lru_cache(maxsize=64)
-def _device_arch(index: int) -> tuple[ArchInfo, int]:
-    """Queried lazily (never at import) and cached per device."""
+def _device_arch(index: int) -> tuple[ArchInfo, int, str]:
+    """Queried lazily (never at import) and cached per device: arch, SM count, GPU name."""
     cap = torch.cuda.get_device_capability(index)
-    sms = torch.cuda.get_device_properties(index).multi_processor_count
-    return arch_of_capability(cap), sms
+    props = torch.cuda.get_device_properties(index)
+    return arch_of_capability(cap), props.multi_processor_count, props.name
 
 
 def family_of(spec: ProblemSpec, pipeline: str) -> KernelFamily:
@@ -161,41 +162,75 @@ def family_of(spec: ProblemSpec, pipeline: str) -> KernelFamily:
 
 @lru_cache(maxsize=4096)
 def _plan_cached(spec: ProblemSpec, executor: str, interpreted: bool, arch_name: str | None,
-                 num_sms: int, deterministic: bool) -> Plan:
-    pipeline = choose_pipeline(spec)
+                 num_sms: int, deterministic: bool, forced_pipeline: str | None = None,
+                 device_name: str | None = None) -> Plan:
+    pipeline = forced_pipeline or choose_pipeline(spec)
+    if forced_pipeline:
+        why = "forced by the caller"
+    else:
+        why = f"logical M={spec.m} {'<=' if spec.m <= 64 else '>'} 64"
+        if pipeline == "preshufflequant":
+            why += ", a_scale preshuffled"
     family = family_of(spec, pipeline)
     if executor == "reference":
-        return Plan(spec, executor, False, None, family, None, "n/a", deterministic)
+        return Plan(spec, executor, False, None, family, None, "n/a", deterministic, why)
     arch = ARCHS[arch_name]
     check_types(arch, spec.a_type, spec.b_type)
     from .catalog import tuned
 
-    hit = tuned.lookup(spec, arch, pipeline)
+    hit = tuned.lookup(spec, arch, pipeline, device_name)
     if hit is not None:
         cfg, source = hit
     else:
         cfg, source = heuristic_config(spec, arch, pipeline, num_sms), "heuristic"
-    return Plan(spec, executor, interpreted, arch, family, cfg, source, deterministic)
+    return Plan(spec, executor, interpreted, arch, family, cfg, source, deterministic, why)
+
+
+def _check_pipeline(pipeline: str | None, spec: ProblemSpec) -> str | None:
+    if pipeline is None:
+        return None
+    allowed = ["prefill", "decode"]
+    if spec.scheme.a_grouped and spec.a_scale_layout.value == "preshuffled":
+        allowed.append("preshufflequant")
+    if pipeline not in allowed:
+        raise UnsupportedError(expect("pipeline", f"None or one of {', '.join(allowed)}", repr(pipeline)))
+    return pipeline
 
 
 def make_plan(spec: ProblemSpec, device: torch.device, *, backend=None, deterministic=None,
-              arch: str | None = None) -> Plan:
+              arch: str | None = None, pipeline: str | None = None) -> Plan:
     """Plan a problem for tensors on ``device`` (or, with ``arch``, for a described problem)."""
+    forced = _check_pipeline(pipeline, spec)
     executor, interpreted = resolve_backend(backend, device)
     det = deterministic_requested(deterministic)
-    arch_name, sms = None, 0
+    arch_name, sms, device_name = None, 0, None
     if executor == "triton":
         if arch is not None:
             info = get_arch(arch)
             arch_name, sms = info.name, info.typical_sms
         elif device.type == "cuda" and not interpreted:
-            info, sms = _device_arch(device.index if device.index is not None else torch.cuda.current_device())
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            info, sms, device_name = _device_arch(index)
             arch_name = info.name
         else:
             # The interpreter has no arch: it runs the sm_90 plan (the reference target).
             info = ARCHS["sm_90"]
             arch_name, sms = info.name, info.typical_sms
-    return _plan_cached(spec, executor, interpreted, arch_name, sms, det)
+    return _plan_cached(spec, executor, interpreted, arch_name, sms, det, forced, device_name)
+
+
+def with_config(plan: Plan, cfg: TileConfig, source: str = "forced") -> Plan:
+    """The same plan running ``cfg`` instead (tuner, experiments); the legality predicate rules."""
+    from dataclasses import replace
+
+    from .catalog.config import config_problem
+
+    if plan.executor != "triton":
+        raise UnsupportedError(expect("config", "a plan for the 'triton' executor", plan.executor))
+    why = config_problem(plan.spec, cfg, plan.arch)
+    if why is not None:
+        raise UnsupportedError(expect("config", f"a legal config for {plan.arch.name}", why))
+    return replace(plan, config=cfg, config_source=source)
 
 
 def execute(plan: Plan, problem: Problem) -> torch.Tensor:

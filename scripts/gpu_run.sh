@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One GPU call: environment, GPU tests, tuning sweeps and benchmarks, logs and CSV under $OUT.
+#   bash scripts/gpu_run.sh [tests] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode] [demo]
+# Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=src PYTHONUNBUFFERED=1 TILEQ_TEST_GPU=1
+unset TRITON_INTERPRET
+OUT="${OUT:-/tmp/tileq-out}"
+mkdir -p "$OUT"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests)
+status=0
+{
+  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+} | tee "$OUT/env.txt"
+for step in "${steps[@]}"; do
+  t0=$(date +%s)
+  case "$step" in
+    tests)
+      python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu.py tests/test_kernels.py 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
+    tune-prefill)
+      python3 -m tileq tune --out "$OUT/tuned_prefill.json" --m 4096 --max-seconds "${TUNE_SECONDS:-240}" 2>&1 | tail -5 | tee "$OUT/tune_prefill.log" ;;
+    tune-decode)
+      python3 -m tileq tune --out "$OUT/tuned_decode.json" --m 1,2,4,8,16,32,64 --max-seconds "${TUNE_SECONDS:-240}" 2>&1 | tail -5 | tee "$OUT/tune_decode.log" ;;
+    bench-prefill)
+      python3 -m tileq bench --suite prefill --out "$OUT/prefill" 2>&1 | tail -60 | tee "$OUT/bench_prefill.log" ;;
+    bench-decode)
+      python3 -m tileq bench --suite decode --out "$OUT/decode" 2>&1 | tail -60 | tee "$OUT/bench_decode.log" ;;
+    demo)
+      python3 -m tileq demo 2>&1 | tail -40 | tee "$OUT/demo.log" ;;
+    *) echo "unknown step $step"; status=1 ;;
+  esac
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -ne 0 ] && status=$rc
+  echo "== step $step: rc=$rc, $(( $(date +%s) - t0 )) s"
+done
+exit $status

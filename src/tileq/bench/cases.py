@@ -1,0 +1,280 @@
+"""Cases: what is measured per shape, and the seeded operands each case is built from.
+
+A case is (scheme, A dtype, B dtype, layout, A-scale storage), written ``scheme:AxB:layout`` with
+an optional ``:preshuffled`` (K-group-major A scales), e.g. ``rowcol:i8xi8:rcr`` or
+``aquant:i4xfp8:crr:preshuffled``. Named sets: ``headline`` (the default) and ``aquant28`` (CK's
+AQuant parity matrix, from ``catalog.aquant_matrix()``).
+
+Operands: seeded bf16 activations X [M, K] and weights W [N, K] are drawn on the device and
+quantized with ``tileq.quant`` at each scheme's canonical granularity (the one the catalog builds
+and tests with). Drawing floats and quantizing them, rather than drawing quantized values, gives
+every case the same underlying product, so the SQNR against the bf16 product X @ W.t() compares
+schemes, and the torch baselines get the same quantized tensors tileq gets.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from ..dtypes import OperandType, PackedInt4, check_pair, parse_operand_type
+from ..errors import LayoutError, ShapeError, UnsupportedError, expect
+from ..problem import LAYOUTS, ScaleLayout, Scheme, parse_scheme
+
+GROUP_K = 128  # DESIGN.md's default group_k; the block-wise torch baseline assumes it too
+
+
+@dataclass(frozen=True)
+class Case:
+    scheme: Scheme
+    a: OperandType
+    b: OperandType
+    layout: str = "rcr"
+    a_scale_layout: ScaleLayout = ScaleLayout.ROWMAJOR
+
+    @property
+    def name(self) -> str:
+        base = f"{self.scheme.value}:{self.a.value}x{self.b.value}:{self.layout}"
+        return base + (":preshuffled" if self.a_scale_layout is ScaleLayout.PRESHUFFLED else "")
+
+    @property
+    def dtypes(self) -> str:
+        return f"{self.a.value}x{self.b.value}"
+
+    @property
+    def group_n(self) -> int:
+        # abquant is DeepSeek's 1x128 x 128x128; bquant scales every column (group_n = 1).
+        return 128 if self.scheme is Scheme.ABQUANT else 1
+
+    @property
+    def slug(self) -> str:
+        """File-name-safe form of the name (plots)."""
+        return self.name.replace(":", "_")
+
+    def unsupported_reason(self, m: int, n: int, k: int) -> str | None:
+        """Why this case cannot run an (m, n, k) shape, or None."""
+        # int4 packs pairs along the operand's unit-stride dimension (DESIGN.md pk_int4).
+        if self.a is OperandType.I4:
+            dim, extent = ("K", k) if self.layout[0] == "r" else ("M", m)
+            if extent % 2:
+                return f"int4 A in layout '{self.layout[0]}' packs pairs along {dim}: {dim}={extent} is odd"
+        if self.b is OperandType.I4:
+            dim, extent = ("N", n) if self.layout[1] == "r" else ("K", k)
+            if extent % 2:
+                return f"int4 B in layout '{self.layout[1]}' packs pairs along {dim}: {dim}={extent} is odd"
+        if self.a.is_integer and self.b.is_integer and not self.scheme.grouped:
+            limit = int((2**31 - 1) // (self.a.max_abs * self.b.max_abs))
+            if k > limit:
+                return f"K={k} exceeds the int32-safe accumulation span {limit}"
+        return None
+
+
+def parse_case(text: str) -> Case:
+    """``scheme:AxB:layout[:preshuffled]`` -> Case (refused with the expected form named)."""
+    form = "scheme:AxB:layout[:preshuffled], e.g. 'rowcol:i8xi8:rcr'"
+    parts = str(text).strip().split(":")
+    if len(parts) not in (3, 4) or "x" not in parts[1]:
+        raise ShapeError(expect("case", form, repr(text)))
+    scheme = parse_scheme(parts[0])
+    a_name, _, b_name = parts[1].partition("x")
+    a, b = parse_operand_type(a_name), parse_operand_type(b_name)
+    check_pair(a, b)
+    layout = parts[2].lower()
+    if layout not in LAYOUTS:
+        raise LayoutError(expect("case layout", f"one of {', '.join(LAYOUTS)}", repr(parts[2])))
+    a_scale_layout = ScaleLayout.ROWMAJOR
+    if len(parts) == 4:
+        if parts[3].lower() != "preshuffled":
+            raise ShapeError(expect("case", form, repr(text)))
+        if not scheme.a_grouped:
+            raise UnsupportedError(
+                expect("case", "':preshuffled' only with aquant or abquant (group A scales)", repr(text))
+            )
+        a_scale_layout = ScaleLayout.PRESHUFFLED
+    return Case(scheme, a, b, layout, a_scale_layout)
+
+
+T = OperandType
+# The headline set: the schemes users reach for today, in the nn.Linear layout.
+HEADLINE: tuple[Case, ...] = (
+    Case(Scheme.ROWCOL, T.I8, T.I8),
+    Case(Scheme.TENSOR, T.FP8, T.FP8),
+    Case(Scheme.ROWCOL, T.FP8, T.FP8),
+    Case(Scheme.AQUANT, T.FP8, T.FP8),
+    Case(Scheme.ABQUANT, T.FP8, T.FP8),
+    Case(Scheme.BQUANT, T.FP8, T.I4),
+    Case(Scheme.BQUANT, T.BF16, T.I4),
+)
+
+
+def aquant28() -> tuple[Case, ...]:
+    """CK's AQuant matrix as cases: 16 decode families (row-major A scales) + 12 preshufflequant."""
+    from ..catalog.families import aquant_matrix
+
+    cases = []
+    for fam in aquant_matrix():
+        pre = fam.pipeline == "preshufflequant"
+        cases.append(
+            Case(fam.scheme, fam.a, fam.b, fam.layout,
+                 ScaleLayout.PRESHUFFLED if pre else ScaleLayout.ROWMAJOR)
+        )
+    return tuple(dict.fromkeys(cases))
+
+
+CASE_SETS = {"headline": lambda: HEADLINE, "aquant28": aquant28}
+
+
+def parse_case_list(text: str, sep: str = ",") -> tuple[Case, ...]:
+    """A list of case names and/or set names ('headline', 'aquant28'), in order, deduplicated."""
+    out: list[Case] = []
+    for item in (t.strip() for t in str(text).split(sep)):
+        if not item:
+            continue
+        if item.lower() in CASE_SETS:
+            out.extend(CASE_SETS[item.lower()]())
+        else:
+            out.append(parse_case(item))
+    if not out:
+        raise ShapeError(expect("cases", f"case names or sets ({', '.join(CASE_SETS)})", repr(text)))
+    return tuple(dict.fromkeys(out))
+
+
+# ----------------------------------------------------------------------------- operands
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def draw_activation(m: int, k: int, seed: int, device) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(_seed(seed, "x", m, k))
+    return torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
+
+
+def draw_weight(n: int, k: int, seed: int, device) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(_seed(seed, "w", n, k))
+    # 1/sqrt(K) keeps the outputs O(1), as in an initialized layer.
+    return (torch.randn(n, k, generator=gen, device=device) * k**-0.5).to(torch.bfloat16)
+
+
+def _in_layout(t: torch.Tensor, char: str) -> torch.Tensor:
+    """'r': row-major; 'c': column-major (a copy only when the strides differ)."""
+    if char == "r":
+        return t.contiguous()
+    return t if t.t().is_contiguous() else t.t().contiguous().t()
+
+
+def _storage_bytes(x) -> int:
+    if x is None:
+        return 0
+    if isinstance(x, PackedInt4):
+        return x.data.numel()
+    return x.numel() * x.element_size()
+
+
+@dataclass
+class WeightSide:
+    """The logical B = W.t() [K, N] of one case, quantized once and reused across M."""
+
+    w: torch.Tensor  # bf16 [N, K], the unquantized weight
+    b: object  # tensor or PackedInt4, logical [K, N], in the case's B layout
+    b_scale: torch.Tensor | None
+
+
+@dataclass
+class Operands:
+    case: Case
+    m: int
+    n: int
+    k: int
+    x: torch.Tensor  # bf16 [M, K] unquantized activations
+    w: torch.Tensor  # bf16 [N, K] unquantized weight
+    a: object
+    b: object
+    a_scale: torch.Tensor | None
+    b_scale: torch.Tensor | None
+
+    @property
+    def kwargs(self) -> dict:
+        kw = dict(scheme=self.case.scheme.value, out_dtype=torch.bfloat16, group_k=GROUP_K)
+        if self.case.scheme.b_grouped:
+            kw["group_n"] = self.case.group_n
+        return kw
+
+    def gemm(self, **extra) -> torch.Tensor:
+        from ..api import gemm
+
+        return gemm(self.a, self.b, self.a_scale, self.b_scale, **{**self.kwargs, **extra})
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def bytes(self) -> int:
+        """A + B + scales + C (bf16), each counted once: the least a kernel must move."""
+        return (
+            _storage_bytes(self.a) + _storage_bytes(self.b) + _storage_bytes(self.a_scale)
+            + _storage_bytes(self.b_scale) + 2 * self.m * self.n
+        )
+
+
+def quantize_weight_side(case: Case, w: torch.Tensor) -> WeightSide:
+    from ..quant import quantize_b
+
+    b_float = _in_layout(w.t(), case.layout[1])
+    pack_dim = 1 if case.layout[1] == "r" else 0
+    if case.b.is_wide_float:
+        return WeightSide(w, b_float.to(case.b.torch_dtype), None)
+    granularity = {
+        Scheme.TENSOR: "tensor",
+        Scheme.ROWCOL: "col",
+        # CK's AQuant leaves B unscaled; a real fp8/bf8 weight still needs one multiplier, and
+        # aquant accepts a scalar b_scale.
+        Scheme.AQUANT: "tensor",
+        Scheme.BQUANT: "group",
+        Scheme.ABQUANT: "group",
+    }[case.scheme]
+    q, scale = quantize_b(
+        b_float, case.b.value, granularity=granularity, group_k=GROUP_K, group_n=case.group_n,
+        pack_dim=pack_dim,
+    )
+    if not isinstance(q, PackedInt4):
+        q = _in_layout(q, case.layout[1])
+    return WeightSide(w, q, scale)
+
+
+def quantize_activation_side(case: Case, x: torch.Tensor):
+    """(a, a_scale) for the case: the logical A [M, K] in the case's A layout."""
+    from ..quant import preshuffle_scale, quantize_a
+
+    a_float = _in_layout(x, case.layout[0])
+    if case.a.is_wide_float:
+        return a_float.to(case.a.torch_dtype), None
+    granularity = {
+        Scheme.TENSOR: "tensor",
+        Scheme.ROWCOL: "row",
+        Scheme.AQUANT: "group",
+        Scheme.BQUANT: "row",
+        Scheme.ABQUANT: "group",
+    }[case.scheme]
+    pack_dim = 1 if case.layout[0] == "r" else 0
+    q, scale = quantize_a(a_float, case.a.value, granularity=granularity, group_k=GROUP_K,
+                          pack_dim=pack_dim)
+    if not isinstance(q, PackedInt4):
+        q = _in_layout(q, case.layout[0])
+    if case.a_scale_layout is ScaleLayout.PRESHUFFLED:
+        scale = preshuffle_scale(scale)
+    return q, scale
+
+
+def build_operands(case: Case, x: torch.Tensor, weight: WeightSide) -> Operands:
+    m, k = x.shape
+    n = weight.w.shape[0]
+    if weight.w.shape[1] != k:
+        raise ShapeError(expect("weight", f"K={k} columns", tuple(weight.w.shape)))
+    a, a_scale = quantize_activation_side(case, x)
+    return Operands(case, m, n, k, x, weight.w, a, weight.b, a_scale, weight.b_scale)
+

@@ -1,0 +1,160 @@
+"""``tileq tune``: offline search of tile configs per shape, written as a tuned table.
+
+Never runs implicitly: plans read tables, they never tune. Refuses to run during a CUDA graph
+capture. Output is resumable: entries already in ``--out`` are skipped, and the file is
+rewritten after every shape, so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .catalog.config import TileConfig, config_problem
+from .catalog.families import family_spec
+from .catalog.heuristic import choose_pipeline
+from .catalog.names import KernelFamily, parse_family
+from .catalog.tuned import entry_key
+from .errors import UnsupportedError, expect
+
+# Headline cases (all rcr: activations row-major, nn.Linear weights).
+CASES = {
+    "i8_rowcol": "rowcol_i8xi8_rcr",
+    "fp8_tensor": "tensor_fp8xfp8_rcr",
+    "fp8_rowcol": "rowcol_fp8xfp8_rcr",
+    "fp8_aquant": "aquant_fp8xfp8_rcr",
+    "fp8_abquant": "abquant_fp8xfp8_rcr",
+    "fp8_i4_bquant": "bquant_fp8xi4_rcr",
+    "bf16_i4_bquant": "bquant_bf16xi4_rcr",
+}
+
+# (N, K) of LLM projections: Qwen3-14B q/o, gate/up, down; Llama-3-70B up/down; a DeepSeek-V3 one.
+LLM_NK = [(5120, 5120), (17408, 5120), (5120, 17408), (28672, 8192), (8192, 28672), (7168, 2048)]
+DECODE_MS = [1, 2, 4, 8, 16, 32, 64]
+PREFILL_MS = [4096]
+
+
+def candidates(pipeline: str, eight_bit: bool) -> list[TileConfig]:
+    """The search grid; the legality predicate prunes it per problem."""
+    if pipeline == "decode":
+        out = []
+        for bm in (16, 32, 64):
+            for bn in (32, 64, 128):
+                for bk in ((128, 256) if eight_bit else (64, 128)):
+                    for sk in (1, 2, 4, 8):
+                        out.append(TileConfig(bm, bn, bk, 4, 4, sk))
+        return out
+    bk = 128 if eight_bit else 64
+    return [
+        TileConfig(128, 256, bk, 8, 3), TileConfig(128, 128, bk, 8, 4), TileConfig(128, 128, bk, 4, 4),
+        TileConfig(256, 128, bk, 8, 3), TileConfig(128, 256, bk // 2, 8, 4), TileConfig(64, 256, bk, 4, 4),
+        TileConfig(128, 128, bk, 8, 3),
+    ]
+
+
+def _eight_bit(fam: KernelFamily) -> bool:
+    return not (fam.a.is_wide_float or fam.b.is_wide_float)
+
+
+def tune_problem(fam: KernelFamily, m: int, n: int, k: int, *, reps: int, warmup: int,
+                 max_candidates: int | None = None) -> list[tuple[TileConfig, float]]:
+    """Time every legal candidate for one problem; returns [(config, median ms)] fastest first."""
+    from .plan import execute, make_plan, with_config
+    from .problem import build_problem
+    from .testing import make_args
+    from .timing import time_cuda
+
+    spec = family_spec(fam, m, n, k)
+    args = make_args(spec, seed=0, device="cuda")
+    base = make_plan(spec, torch.device("cuda"), pipeline=fam.pipeline)
+    problem = args.call(build_problem)
+    out = torch.empty(m, n, dtype=spec.out_dtype, device="cuda")
+    problem.out = out
+    results = []
+    cands = [c for c in candidates(fam.pipeline, _eight_bit(fam)) if config_problem(spec, c, base.arch) is None]
+    if base.config not in cands:
+        cands.insert(0, base.config)
+    for cfg in cands[: max_candidates or None]:
+        plan = with_config(base, cfg)
+        try:
+            t = time_cuda(lambda: execute(plan, problem), warmup=warmup, reps=reps)
+        except Exception as e:  # a config that fails to compile or launch is skipped, said aloud
+            print(f"\n  skipped {cfg.tag}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+            continue
+        results.append((cfg, t.median_ms))
+    return sorted(results, key=lambda r: r[1])
+
+
+def run(args) -> int:
+    if not torch.cuda.is_available():
+        raise UnsupportedError(expect("tileq tune", "a CUDA GPU (tuning times kernels)", "no CUDA device"))
+    if torch.cuda.is_current_stream_capturing():
+        raise UnsupportedError("tileq tune: refusing to tune during a CUDA graph capture")
+    from .catalog.arch import arch_of_capability
+
+    dev = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(dev)
+    arch = arch_of_capability(torch.cuda.get_device_capability(dev))
+    out = Path(args.out)
+    doc = json.loads(out.read_text()) if out.exists() else {}
+    import triton
+
+    doc.update({
+        "gpu": props.name, "capability": list(arch.capability), "arch": arch.name,
+        "date": time.strftime("%Y-%m-%d"), "triton": triton.__version__, "torch": torch.__version__,
+        "command": "tileq " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else []),
+    })
+    entries = doc.setdefault("entries", {})
+    cases = args.cases.split(",") if args.cases else list(CASES)
+    ms = [int(x) for x in args.m.split(",")] if args.m else DECODE_MS + PREFILL_MS
+    nks = LLM_NK if not args.nk else [tuple(int(v) for v in p.split("x")) for p in args.nk.split(",")]
+    jobs = []
+    for case in cases:
+        if case not in CASES:
+            raise UnsupportedError(expect("--cases", f"names from {', '.join(CASES)}", case))
+        for n, k in nks:
+            for m in ms:
+                probe = family_spec(parse_family(CASES[case] + "_prefill"), m, n, k)
+                fam = parse_family(f"{CASES[case]}_{choose_pipeline(probe)}")
+                jobs.append((case, fam, m, n, k))
+    t0 = time.time()
+    done = 0
+    for i, (case, fam, m, n, k) in enumerate(jobs, 1):
+        key = entry_key(fam.name, family_spec(fam, m, n, k))
+        if key in entries:
+            continue
+        if args.max_seconds and time.time() - t0 > args.max_seconds:
+            print(f"\nstopping after {args.max_seconds} s (resumable: rerun with the same --out)")
+            break
+        res = tune_problem(fam, m, n, k, reps=args.reps, warmup=args.warmup)
+        if not res:
+            continue
+        best, best_ms = res[0]
+        entries[key] = {"config": best.tag, "ms": round(best_ms, 5),
+                        "candidates": len(res), "worst_ms": round(res[-1][1], 5)}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1, sort_keys=True))
+        done += 1
+        sys.stderr.write(f"\r[{i}/{len(jobs)}] {key} -> {best.tag} {best_ms:.4f} ms "
+                         f"({len(res)} configs, {time.time() - t0:.0f} s)          ")
+        sys.stderr.flush()
+    sys.stderr.write("\n")
+    print(f"tuned {done} problems -> {out}")
+    return 0
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("tune", help="search tile configs on this GPU and write a tuned table")
+    p.add_argument("--suite", default="llm", choices=["llm"], help="LLM projection shapes")
+    p.add_argument("--out", required=True, help="table file (JSON); resumed if it exists")
+    p.add_argument("--cases", default=None, help=f"comma list from {', '.join(CASES)}")
+    p.add_argument("--m", default=None, help="comma list of M (default 1..64 and 4096)")
+    p.add_argument("--nk", default=None, help="comma list of NxK (default: the LLM shapes)")
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--max-seconds", type=float, default=None)
+    p.set_defaults(func=run)
