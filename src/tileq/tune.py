@@ -89,6 +89,52 @@ def tune_problem(fam: KernelFamily, m: int, n: int, k: int, *, reps: int, warmup
     return sorted(results, key=lambda r: r[1])
 
 
+def _compile_worker(job) -> str:
+    """Run one (family, shape, config) once so Triton's on-disk cache holds its binary."""
+    fam_name, m, n, k, tag = job
+    from .plan import execute, make_plan, with_config
+    from .problem import build_problem
+    from .testing import make_args
+
+    fam = parse_family(fam_name)
+    spec = family_spec(fam, m, n, k)
+    args = make_args(spec, seed=0, device="cuda")
+    plan = with_config(make_plan(spec, torch.device("cuda"), pipeline=fam.pipeline), TileConfig.parse_tag(tag))
+    try:
+        execute(plan, args.call(build_problem))
+        torch.cuda.synchronize()
+        return "ok"
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+
+def precompile(problems, jobs: int) -> None:
+    """Compile every candidate of every problem in parallel processes (compilation, not the GPU,
+    bounds a sweep: about 2 s per kernel on one core)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from .plan import make_plan
+
+    work, seen = [], set()
+    for fam, m, n, k in problems:
+        spec = family_spec(fam, m, n, k)
+        arch = make_plan(spec, torch.device("cuda"), pipeline=fam.pipeline).arch
+        for cfg in candidates(fam.pipeline, _eight_bit(fam)):
+            # One shape per kernel: binaries depend on the config and on sizes only through
+            # their divisibility by 16 (Triton's specialization), the same across LLM shapes.
+            key = (fam.name, cfg.tag, m % 16 == 0, m == 1)
+            if key not in seen and config_problem(spec, cfg, arch) is None:
+                seen.add(key)
+                work.append((fam.name, m, n, k, cfg.tag))
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        for i, _ in enumerate(pool.map(_compile_worker, work, chunksize=2), 1):
+            if i % 10 == 0 or i == len(work):
+                sys.stderr.write(f"\rprecompiling {i}/{len(work)} ({time.time() - t0:.0f} s)   ")
+    sys.stderr.write("\n")
+
+
 def run(args) -> int:
     if not torch.cuda.is_available():
         raise UnsupportedError(expect("tileq tune", "a CUDA GPU (tuning times kernels)", "no CUDA device"))
@@ -121,6 +167,9 @@ def run(args) -> int:
                 probe = family_spec(parse_family(CASES[case] + "_prefill"), m, n, k)
                 fam = parse_family(f"{CASES[case]}_{choose_pipeline(probe)}")
                 jobs.append((case, fam, m, n, k))
+    todo = [j for j in jobs if entry_key(j[1].name, family_spec(j[1], *j[2:])) not in entries]
+    if args.jobs > 1 and todo:
+        precompile([(fam, m, n, k) for _, fam, m, n, k in todo], args.jobs)
     t0 = time.time()
     done = 0
     for i, (case, fam, m, n, k) in enumerate(jobs, 1):
@@ -157,4 +206,5 @@ def register_cli(sub) -> None:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--max-seconds", type=float, default=None)
+    p.add_argument("--jobs", type=int, default=8, help="parallel compile processes before timing")
     p.set_defaults(func=run)
