@@ -90,6 +90,7 @@ def test_cuda_graph_capture_and_replay():
     args.a.copy_(fresh.a)
     args.b.copy_(fresh.b)
     args.a_scale.copy_(fresh.a_scale)
+    args.b_scale.copy_(fresh.b_scale)
     graph.replay()
     torch.cuda.synchronize()
     want = fresh.call(tileq.gemm, backend="reference")

@@ -152,7 +152,7 @@ def run(args) -> int:
     doc.update({
         "gpu": props.name, "capability": list(arch.capability), "arch": arch.name,
         "date": time.strftime("%Y-%m-%d"), "triton": triton.__version__, "torch": torch.__version__,
-        "command": "tileq " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else []),
+        "command": "tileq " + " ".join(sys.argv[1:]),
     })
     entries = doc.setdefault("entries", {})
     cases = args.cases.split(",") if args.cases else list(CASES)

@@ -44,6 +44,9 @@ BUILTIN_SUITES = {
     "demo-cpu": "the demo shapes divided by about 40, M in {1, 16, 64} (tileq demo on CPU)",
 }
 
+# Short names used by scripts/gpu_run.sh.
+SUITE_ALIASES = {"decode": "llm-decode", "prefill": "llm-prefill"}
+
 
 class SuiteError(ShapeError):
     """A suite that cannot be read: unknown name, missing file, or a malformed line."""
@@ -73,7 +76,7 @@ class Shape:
 
 def suite_source(name_or_path: str) -> tuple[str, str, str]:
     """(suite name, where, text) for a built-in name or a path."""
-    key = str(name_or_path)
+    key = SUITE_ALIASES.get(str(name_or_path), str(name_or_path))
     if key in BUILTIN_SUITES:
         res = resources.files("tileq.bench").joinpath("suites", f"{key}.csv")
         return key, f"<built-in suite {key}: {res}>", res.read_text()

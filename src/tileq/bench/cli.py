@@ -1,0 +1,219 @@
+"""``tileq bench``: run a suite, write results.csv / report.md / plots, optionally compare.
+
+Exit status: 0 when every tileq result passed its correctness gate (and no regression was found
+by --compare), 1 otherwise, 2 for a bad argument or suite file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark tileq against torch baselines over a suite of shapes",
+        description="Run a suite: each shape x case is gated for correctness against tileq's "
+        "reference, then timed (CUDA only) with tileq and its baselines interleaved. Writes "
+        "results.csv, report.md and PNG plots into --out.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--suite", action="append", default=None,
+                   help="built-in suite name or path to a suite CSV; repeat or comma-separate "
+                   "for several (default: smoke)")
+    p.add_argument("--list", action="store_true", help="list suites, cases and baselines, then exit")
+    p.add_argument("--cases", default="headline",
+                   help="comma-separated cases (scheme:AxB:layout[:preshuffled]) or sets "
+                   "(headline, aquant28); suite rows with their own cases keep them")
+    p.add_argument("--schemes", default=None, help="comma-separated schemes to keep")
+    p.add_argument("--baselines", default=None,
+                   help="comma-separated baselines to run besides tileq (default: every default "
+                   "entry of the registry; 'reference' times tileq's torch reference)")
+    p.add_argument("--shapes", default=None, help="regular expression on shape names to keep")
+    p.add_argument("--m-min", type=int, default=None, help="keep shapes with M >= this")
+    p.add_argument("--m-max", type=int, default=None, help="keep shapes with M <= this")
+    p.add_argument("--max-shapes", type=int, default=None,
+                   help="keep only the first N shapes (after the filters)")
+    p.add_argument("--out", default=None, help="output folder (default: tileq-out/bench-<suite>)")
+    p.add_argument("--warmup", type=int, default=50, help="warm-up runs per measurement")
+    p.add_argument("--runs", type=int, default=100, help="timed runs per measurement (median)")
+    p.add_argument("--graphs", action="store_true", help="time CUDA-graph replays instead of launches")
+    p.add_argument("--no-flush", action="store_true", help="do not flush the L2 between runs")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random operands")
+    p.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds: stop starting new shapes after this and mark the rest skipped")
+    p.add_argument("--no-ceilings", action="store_true",
+                   help="do not measure copy bandwidth and peak rates (no ceiling lines in plots)")
+    p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--compare", default=None, metavar="OLD_CSV",
+                   help="compare tileq's times with an earlier results.csv; exit 1 on regressions")
+    p.add_argument("--threshold", type=float, default=0.05,
+                   help="--compare: a regression is this much slower (0.05 = 5%%)")
+    p.add_argument("--compare-metric", choices=("relative", "absolute"), default="relative",
+                   help="--compare: 'relative' divides tileq's time by bf16 torch.matmul's in the "
+                   "same run (robust to clocks); 'absolute' compares times directly")
+    p.set_defaults(func=run_bench, bench_parser=p)
+
+
+def _split(values) -> list[str]:
+    out = []
+    for v in values or []:
+        out += [x.strip() for x in str(v).split(",") if x.strip()]
+    return out
+
+
+def command_line(args, name: str) -> str:
+    """The options that differ from their defaults, as a command (for the report's header)."""
+    parser = getattr(args, f"{name}_parser", None)
+    words = ["tileq", name]
+    for action in getattr(parser, "_actions", []):
+        dest = action.dest
+        if not action.option_strings or dest in ("help",):
+            continue
+        value = getattr(args, dest, None)
+        if value == action.default or value is None:
+            continue
+        flag = action.option_strings[-1]
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list):
+            words += [w for v in value for w in (flag, shlex.quote(str(v)))]
+        else:
+            words += [flag, shlex.quote(str(value))]
+    return " ".join(words)
+
+
+def _list_everything() -> int:
+    from .baselines import REGISTRY
+    from .cases import CASE_SETS
+    from .suites import BUILTIN_SUITES
+
+    print("suites:")
+    for name, what in BUILTIN_SUITES.items():
+        print(f"  {name:<12} {what}")
+    print("case sets:")
+    for name, fn in CASE_SETS.items():
+        print(f"  {name:<12} {', '.join(c.name for c in fn())}")
+    print("implementations (registry order):")
+    for impl in REGISTRY:
+        flags = [impl.kind] + ([] if impl.default else ["not default"]) + (
+            ["CUDA"] if impl.cuda_only else []) + ([f"needs {impl.module}"] if impl.module else [])
+        print(f"  {impl.name:<28} {impl.description}  [{', '.join(flags)}]")
+    return 0
+
+
+def select_shapes(shapes, args):
+    from ..errors import ShapeError, expect
+    from ..problem import parse_scheme
+
+    if args.shapes:
+        try:
+            pattern = re.compile(args.shapes)
+        except re.error as e:
+            raise ShapeError(expect("--shapes", "a regular expression", f"{args.shapes!r} ({e})")) from None
+        shapes = [s for s in shapes if pattern.search(s.name)]
+    if args.m_min is not None:
+        shapes = [s for s in shapes if s.m >= args.m_min]
+    if args.m_max is not None:
+        shapes = [s for s in shapes if s.m <= args.m_max]
+    if args.schemes:
+        keep = {parse_scheme(s) for s in _split([args.schemes])}
+        from dataclasses import replace
+
+        shapes = [replace(s, schemes=tuple(x for x in (s.schemes or keep) if x in keep)) for s in shapes]
+        shapes = [s for s in shapes if s.schemes]
+    if args.max_shapes is not None:
+        if args.max_shapes < 1:
+            raise ShapeError(expect("--max-shapes", "a positive integer", args.max_shapes))
+        shapes = shapes[: args.max_shapes]
+    return shapes
+
+
+def run_bench(args) -> int:
+    from ..errors import TileqError
+
+    if args.list:
+        return _list_everything()
+    try:
+        # First: the interpreter switch must precede any import of tileq's kernels.
+        from .device import prepare_device
+
+        device = prepare_device(args.device)
+        from .baselines import select
+        from .cases import parse_case_list
+        from .suites import load_suite
+
+        suite_names = _split(args.suite) or ["smoke"]
+        shapes = []
+        for name in suite_names:
+            shapes += load_suite(name)
+        shapes = select_shapes(shapes, args)
+        cases = parse_case_list(args.cases)
+        impls = select(_split([args.baselines]) if args.baselines else None)
+        for flag in ("warmup", "runs"):
+            if getattr(args, flag) < (0 if flag == "warmup" else 1):
+                raise TileqError(f"--{flag}: expected a {'non-negative' if flag == 'warmup' else 'positive'} "
+                                 f"integer, got {getattr(args, flag)}")
+    except (TileqError, ValueError, TypeError) as e:
+        print(f"tileq bench: error: {e}", file=sys.stderr)
+        return 2
+    if not shapes:
+        print("tileq bench: error: no shapes left after the filters", file=sys.stderr)
+        return 2
+
+    from .harness import SweepConfig, run_sweep, tileq_failures
+    from .outputs import console_summary, write_outputs
+    from .timing import TimingConfig
+
+    suite_label = "+".join(os.path.splitext(os.path.basename(s))[0] for s in suite_names)
+    out_dir = args.out or os.path.join("tileq-out", f"bench-{suite_label}")
+    cfg = SweepConfig(
+        shapes=shapes, cases=cases, impls=impls, device=device,
+        timing=TimingConfig(args.warmup, args.runs, not args.no_flush, args.graphs),
+        seed=args.seed, time_budget_s=args.time_budget, progress=not args.no_progress,
+        ceilings=not args.no_ceilings, title=f"bench {suite_label}",
+    )
+    if device.type != "cuda":
+        print("tileq bench: no CUDA device: checking correctness through Triton's interpreter; "
+              "timings need a GPU (rows are marked 'not measured (no GPU)').", file=sys.stderr)
+    sweep = run_sweep(cfg)
+    command = command_line(args, "bench")
+    paths = write_outputs(sweep, out_dir, title=f"tileq bench: {suite_label}", command=command,
+                          plots=not args.no_plots)
+    print(console_summary(sweep.rows))
+    print(f"\n{len(sweep.rows)} rows in {sweep.elapsed_s:.0f} s -> {paths['csv']}, {paths['report']}"
+          + (f", {len(paths['plots'])} plots" if paths["plots"] else ""))
+    status = 0
+    failures = tileq_failures(sweep.rows)
+    if failures:
+        print(f"\n{len(failures)} tileq results FAILED the correctness gate or raised:", file=sys.stderr)
+        for r in failures[:20]:
+            print(f"  {r.case} {r.shape} M={r.m} N={r.n} K={r.k}: {r.status}: {r.note}", file=sys.stderr)
+        status = 1
+    if args.compare:
+        status = max(status, _compare(args, sweep.rows))
+    return status
+
+
+def _compare(args, rows) -> int:
+    from . import results as R
+
+    try:
+        old = R.read_csv(args.compare)
+    except (OSError, ValueError) as e:
+        print(f"tileq bench: error: --compare: {e}", file=sys.stderr)
+        return 2
+    changes, notes = R.compare_runs(old, rows, threshold=args.threshold, metric=args.compare_metric)
+    print(f"\ncompare with {args.compare}: " + "; ".join(notes))
+    if not changes:
+        print("no regressions")
+        return 0
+    print(f"{len(changes)} regressions (> {args.threshold:.0%} slower):")
+    print(R.format_changes(changes))
+    return 1

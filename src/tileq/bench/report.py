@@ -1,0 +1,212 @@
+"""The markdown report: per case, tileq against the best applicable baseline.
+
+"Best baseline" of a shape: the fastest fused / unfused / peer implementation of the same
+quantized product that passed the gate (bf16 torch.matmul, the unquantized model, is reported
+beside it). A speedup is baseline time / tileq time from the same run (> 1: tileq is faster);
+"within ±15%" means tileq's time is 0.85x to 1.15x the baseline's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+
+from . import results as R
+from .baselines import SAME_MATH_KINDS
+from .gate import REL_TOL
+
+WITHIN = 0.15
+
+
+def _fmt(v, spec=".3g", none="–") -> str:
+    if v is None:
+        return none
+    return format(v, spec)
+
+
+def _x(v) -> str:
+    return "–" if v is None else f"{v:.2f}×"
+
+
+def _pct(part: int, whole: int) -> str:
+    return "–" if not whole else f"{part / whole:.0%}"
+
+
+def group_by_case(rows: list[R.Result]) -> dict:
+    """case -> shape key -> {impl: row}, in first-seen order."""
+    out: dict = defaultdict(lambda: defaultdict(dict))
+    for r in rows:
+        out[r.case][(r.suite, r.shape, r.m, r.n, r.k)][r.impl] = r
+    return out
+
+
+def best_baseline(impls: dict) -> R.Result | None:
+    timed = [r for r in impls.values() if r.kind in SAME_MATH_KINDS and r.timed]
+    return min(timed, key=lambda r: r.time_ms) if timed else None
+
+
+def case_stats(shapes: dict) -> dict:
+    speedups, vs_bf16, worst, best_names = [], [], [], Counter()
+    statuses = Counter()
+    rel_errs, sqnrs = [], []
+    no_baseline = 0
+    for key, impls in shapes.items():
+        t = impls.get("tileq")
+        if t is None:
+            continue
+        statuses[t.status] += 1
+        if t.rel_err is not None and t.passed:
+            rel_errs.append(t.rel_err)
+        if t.sqnr_db is not None:
+            sqnrs.append(t.sqnr_db)
+        if not t.timed:
+            continue
+        b = best_baseline(impls)
+        if b is None:
+            no_baseline += 1
+        else:
+            s = b.time_ms / t.time_ms
+            speedups.append(s)
+            best_names[b.impl] += 1
+            worst.append((s, key, t, b))
+        bf = impls.get("torch_bf16_matmul")
+        if bf is not None and bf.timed:
+            vs_bf16.append(bf.time_ms / t.time_ms)
+    within = sum(1 for s in speedups if 1 / (1 + WITHIN) <= s <= 1 / (1 - WITHIN))
+    faster = sum(1 for s in speedups if s > 1 / (1 - WITHIN))
+    slower = sum(1 for s in speedups if s < 1 / (1 + WITHIN))
+    worst.sort(key=lambda w: w[0])
+    return dict(
+        shapes=sum(statuses.values()), statuses=statuses, speedups=speedups, vs_bf16=vs_bf16,
+        within=within, faster=faster, slower=slower, no_baseline=no_baseline, worst=worst,
+        best_names=best_names, rel_errs=rel_errs, sqnrs=sqnrs,
+    )
+
+
+def _coverage(shapes: dict) -> dict:
+    """baseline -> Counter of (status, note) over the case's shapes (tileq excluded)."""
+    cov: dict = defaultdict(Counter)
+    for impls in shapes.values():
+        for name, r in impls.items():
+            if name == "tileq":
+                continue
+            what = "applies" if r.passed else f"{r.status}: {r.note}" if r.status != R.NA else r.note
+            cov[name][what] += 1
+    return cov
+
+
+def render(rows: list[R.Result], *, title: str, env: dict, method: str, operands: str,
+           ceilings=None, command: str = "", plots: list[str] | None = None,
+           plot_note: str | None = None) -> str:
+    timed_any = any(r.timed for r in rows)
+    by_case = group_by_case(rows)
+    out = [f"# {title}", ""]
+    if command:
+        out += [f"Command: `{command}`", ""]
+    out += ["## Environment", "", "| | |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in env.items()]
+    if ceilings is not None:
+        if ceilings.copy_tbps:
+            out.append(f"| measured copy bandwidth | {ceilings.copy_tbps:.2f} TB/s (read + write) |")
+        for name, v in ceilings.peak_tflops.items():
+            out.append(f"| measured {name} peak (torch, 8192³) | {v:.0f} TFLOP/s |")
+        for note in ceilings.notes:
+            out.append(f"| ceiling note | {note} |")
+    out += ["", "## Method", "",
+            f"- Operands: {operands}.",
+            f"- Correctness gate before any timing: max |out − expected| / max|expected| < {REL_TOL:g}, "
+            "as many non-zero outputs as expected, no NaN/inf; tileq writes into a NaN-poisoned "
+            "`out=`. Expected = tileq's reference on the same quantized operands (bf16 matmul: the "
+            "fp32 product of the same bf16 operands; `torch_int_mm`: the exact integer product).",
+            f"- Timing: {method}.",
+            "- tileq and every baseline run back to back shape by shape (interleaved). Ratios come "
+            "from this run only; do not compare absolute times across runs.",
+            "- Bytes counted: A + B + scales + C, each once. SQNR: against the fp32 product of the "
+            "unquantized bf16 X and W.",
+            ""]
+    if not timed_any:
+        out += ["**Timings need a GPU: this run checked correctness only (not measured).**", ""]
+    out += _summary(by_case, timed_any)
+    for case, shapes in by_case.items():
+        out += _case_section(case, shapes, timed_any)
+    failures = [r for r in rows if r.status in (R.FAIL, R.ERROR)]
+    if failures:
+        out += ["## Failures and errors", "", "| shape | case | impl | status | error | note |",
+                "|---|---|---|---|---|---|"]
+        for r in failures:
+            out.append(f"| {r.shape} M={r.m} N={r.n} K={r.k} | {r.case} | {r.impl} | {r.status} "
+                       f"| {_fmt(r.rel_err)} | {r.note} |")
+        out.append("")
+    if plots or plot_note:
+        out += ["## Plots", ""]
+        if plot_note:
+            out += [plot_note, ""]
+        out += [f"![{p}]({p})" for p in plots or []]
+        out.append("")
+    return "\n".join(out)
+
+
+def _summary(by_case: dict, timed_any: bool) -> list[str]:
+    out = ["## Summary", ""]
+    if timed_any:
+        out += ["| case | shapes | tileq passed | median speedup vs best baseline | within ±15% | "
+                "faster | slower | no baseline | median speedup vs bf16 matmul |",
+                "|---|---|---|---|---|---|---|---|---|"]
+    else:
+        out += ["| case | shapes | tileq passed | failed | N/A | max rel. error | median SQNR (dB) |",
+                "|---|---|---|---|---|---|---|"]
+    for case, shapes in by_case.items():
+        st = case_stats(shapes)
+        passed = sum(st["statuses"][s] for s in R.PASSED)
+        n = len(st["speedups"])
+        if timed_any:
+            out.append(
+                f"| {case} | {st['shapes']} | {passed} | "
+                f"{_x(statistics.median(st['speedups']) if n else None)} | "
+                f"{_pct(st['within'], n)} | {_pct(st['faster'], n)} | {_pct(st['slower'], n)} | "
+                f"{st['no_baseline']} | {_x(statistics.median(st['vs_bf16']) if st['vs_bf16'] else None)} |"
+            )
+        else:
+            failed = st["statuses"][R.FAIL] + st["statuses"][R.ERROR]
+            out.append(
+                f"| {case} | {st['shapes']} | {passed} | {failed} | "
+                f"{st['statuses'][R.NA]} | {_fmt(max(st['rel_errs']) if st['rel_errs'] else None)} | "
+                f"{_fmt(statistics.median(st['sqnrs']) if st['sqnrs'] else None, '.1f')} |"
+            )
+    out.append("")
+    return out
+
+
+def _case_section(case: str, shapes: dict, timed_any: bool, worst_n: int = 5) -> list[str]:
+    st = case_stats(shapes)
+    out = [f"## {case}", ""]
+    statuses = ", ".join(f"{k}: {v}" for k, v in st["statuses"].most_common())
+    out.append(f"- tileq over {st['shapes']} shapes: {statuses}.")
+    if st["rel_errs"]:
+        out.append(f"- max relative error vs the reference: {max(st['rel_errs']):.3g}; "
+                   f"SQNR vs the bf16 product: median {statistics.median(st['sqnrs']):.1f} dB, "
+                   f"min {min(st['sqnrs']):.1f} dB." if st["sqnrs"] else
+                   f"- max relative error vs the reference: {max(st['rel_errs']):.3g}.")
+    if timed_any and st["speedups"]:
+        n = len(st["speedups"])
+        best = ", ".join(f"{k} ({v})" for k, v in st["best_names"].most_common())
+        out.append(f"- speedup vs the best baseline: median {_x(statistics.median(st['speedups']))}, "
+                   f"range {_x(min(st['speedups']))} to {_x(max(st['speedups']))}; within ±15%: "
+                   f"{_pct(st['within'], n)}, faster: {_pct(st['faster'], n)}, slower: "
+                   f"{_pct(st['slower'], n)} of {n} shapes. Best baseline: {best}.")
+    if timed_any and st["no_baseline"]:
+        out.append(f"- {st['no_baseline']} timed shapes have no applicable same-math baseline.")
+    out += ["", "Baseline coverage (shapes):", "", "| baseline | shapes | status / reason |",
+            "|---|---|---|"]
+    for name, counts in _coverage(shapes).items():
+        for what, cnt in counts.most_common():
+            out.append(f"| {name} | {cnt} | {what} |")
+    if timed_any and st["worst"]:
+        out += ["", f"Worst {min(worst_n, len(st['worst']))} shapes (tileq vs best baseline):", "",
+                "| shape | M | N | K | tileq ms | baseline | baseline ms | speedup |",
+                "|---|---|---|---|---|---|---|---|"]
+        for s, key, t, b in st["worst"][:worst_n]:
+            out.append(f"| {key[1]} | {key[2]} | {key[3]} | {key[4]} | {t.time_ms:.4g} | {b.impl} | "
+                       f"{b.time_ms:.4g} | {_x(s)} |")
+    out.append("")
+    return out

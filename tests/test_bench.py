@@ -1,0 +1,395 @@
+"""The benchmark harness on CPU: suites, cases, the correctness gate, outputs, the CLI end to end.
+
+Timing needs CUDA; here every row is gated (tileq through Triton's interpreter) and marked not
+measured. Report, plots and --compare are exercised on a small synthetic result set.
+"""
+
+import io
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+import tileq.cli
+from tileq.bench import results as R
+from tileq.bench.baselines import BY_NAME, REGISTRY, select
+from tileq.bench.cases import HEADLINE, aquant28, parse_case, parse_case_list
+from tileq.bench.gate import REL_TOL, gate, poisoned, sqnr_db
+from tileq.bench.progress import Progress
+from tileq.bench.report import render
+from tileq.bench.suites import BUILTIN_SUITES, SuiteError, load_suite
+from tileq.errors import ShapeError, UnsupportedError
+from tileq.problem import Scheme
+
+# ----------------------------------------------------------------------------- suites
+
+
+def test_builtin_suites_load():
+    for name in BUILTIN_SUITES:
+        assert load_suite(name), name
+    llm = load_suite("llm")
+    assert len({(s.n, s.k) for s in llm}) == 18
+    assert sorted({s.m for s in llm}) == [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 4096, 8192]
+    assert len(llm) == len(load_suite("llm-decode")) + len(load_suite("llm-prefill"))
+    assert [s.m for s in load_suite("square")] == [512, 1024, 2048, 4096, 8192, 16384]
+    ck = load_suite("ck28")
+    assert len(ck) == 28 and all(len(s.cases) == 28 for s in ck)
+    # The smoke suite must stay interpreter-sized.
+    assert all(s.m <= 128 and s.n <= 128 and s.k <= 384 for s in load_suite("smoke"))
+
+
+def test_aliases_used_by_gpu_run_script():
+    assert load_suite("decode") == load_suite("llm-decode")
+
+
+def test_user_suite_file(tmp_path):
+    p = tmp_path / "mine.csv"
+    p.write_text(
+        "# my shapes\n"
+        "name,m,n,k,schemes,cases\n"
+        "\n"
+        "proj,1;8,256,512,,\n"
+        "only_rowcol,4,64,128,rowcol;tensor,\n"
+        "custom,2,64,128,,aquant:fp8xfp8:crr;headline\n"
+    )
+    shapes = load_suite(str(p))
+    assert [(s.name, s.m) for s in shapes] == [("proj", 1), ("proj", 8), ("only_rowcol", 4), ("custom", 2)]
+    assert shapes[0].suite == "mine" and shapes[0].line == 4
+    assert {c.scheme for c in shapes[2].cases_to_run(HEADLINE)} == {Scheme.ROWCOL, Scheme.TENSOR}
+    custom = shapes[3].cases_to_run(HEADLINE)
+    assert custom[0] == parse_case("aquant:fp8xfp8:crr") and len(custom) == 1 + len(HEADLINE)
+
+
+@pytest.mark.parametrize(
+    "text, line, match",
+    [
+        ("name,m,n\nx,1,2\n", 1, "header: expected columns name, m, n, k"),
+        ("name,m,n,k,flavour\nx,1,2,3,y\n", 1, "header"),
+        ("# c\nname,m,n,k\nok,1,2,3\nbad,one,2,3\n", 4, "m: expected a positive integer, got 'one'"),
+        ("name,m,n,k\nbad,1,-2,3\n", 2, "n: expected a positive integer, got '-2'"),
+        ("name,m,n,k\nbad,1;0,2,3\n", 2, "m: expected a positive integer, got '0'"),
+        ("name,m,n,k\nbad,1,2,3,4\n", 2, "row: expected at most 4 cells"),
+        ("name,m,n,k\n,1,2,3\n", 2, "name: expected a non-empty label"),
+        ("name,m,n,k,schemes\nbad,1,2,3,rowcolx\n", 2, "scheme: expected one of"),
+        ("name,m,n,k,cases\nbad,1,2,3,rowcol:i8xfp8:rcr\n", 2, "a, b: expected a legal operand pair"),
+        ("name,m,n,k,cases\nbad,1,2,3,rowcol:i8xi8:xyz\n", 2, "case layout: expected one of"),
+    ],
+)
+def test_malformed_suite_names_file_and_line(tmp_path, text, line, match):
+    p = tmp_path / "broken.csv"
+    p.write_text(text)
+    with pytest.raises(SuiteError, match=rf"broken\.csv, line {line}: {match}"):
+        load_suite(str(p))
+
+
+def test_empty_and_unknown_suites(tmp_path):
+    p = tmp_path / "empty.csv"
+    p.write_text("# nothing\n")
+    with pytest.raises(SuiteError, match="empty.csv: expected a header line"):
+        load_suite(str(p))
+    p.write_text("name,m,n,k\n")
+    with pytest.raises(SuiteError, match="expected at least one shape"):
+        load_suite(str(p))
+    with pytest.raises(SuiteError, match="suite: expected a built-in suite .* got 'nope' \\(no such file\\)"):
+        load_suite("nope")
+    assert issubclass(SuiteError, ShapeError) and issubclass(SuiteError, ValueError)
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+def test_cases():
+    assert [c.name for c in HEADLINE] == [
+        "rowcol:i8xi8:rcr", "tensor:fp8xfp8:rcr", "rowcol:fp8xfp8:rcr", "aquant:fp8xfp8:rcr",
+        "abquant:fp8xfp8:rcr", "bquant:fp8xi4:rcr", "bquant:bf16xi4:rcr",
+    ]
+    ck = aquant28()
+    assert len(ck) == 28 and sum(c.name.endswith(":preshuffled") for c in ck) == 12
+    assert parse_case_list("headline,aquant:i4xfp8:crr:preshuffled")[-1].name == "aquant:i4xfp8:crr:preshuffled"
+    for bad, err, match in [
+        ("rowcol", ShapeError, "case: expected scheme:AxB:layout"),
+        ("rowcol:i8xi8:rcr:preshuffled", UnsupportedError, "only with aquant or abquant"),
+        ("nope:i8xi8:rcr", UnsupportedError, "scheme: expected one of"),
+    ]:
+        with pytest.raises(err, match=match):
+            parse_case(bad)
+    odd = parse_case("aquant:i4xfp8:crr")
+    assert "packs pairs along M: M=7 is odd" in odd.unsupported_reason(7, 64, 128)
+    assert odd.unsupported_reason(8, 64, 128) is None
+    assert "along K" in parse_case("bquant:fp8xi4:rcr").unsupported_reason(1, 64, 129)
+
+
+# ----------------------------------------------------------------------------- gate
+
+
+def _ref():
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(8, 16, generator=g) * 3).to(torch.bfloat16)
+
+
+def test_gate_accepts_a_close_result():
+    ref = _ref()
+    res = gate(ref.float() * (1 + 1e-3), ref)
+    assert res.ok and res.rel_err < REL_TOL and res.reason == ""
+
+
+def test_gate_catches_a_planted_wrong_value():
+    ref = _ref()
+    out = ref.clone()
+    out[3, 5] += 0.1 * ref.float().abs().max().to(out.dtype)
+    res = gate(out, ref)
+    assert not res.ok and res.rel_err > REL_TOL and "max error" in res.reason
+
+
+def test_gate_catches_all_zero_and_partly_zero_results():
+    ref = _ref()
+    res = gate(torch.zeros_like(ref), ref)
+    assert not res.ok and "output is all zero" in res.reason
+    # A few zeros where the reference has small values: the error alone could pass; the count
+    # of non-zero outputs does not.
+    out = ref.clone()
+    small = ref.float().abs().argmin()
+    out.view(-1)[small] = 0
+    if ref.view(-1)[small] != 0:
+        res = gate(out, ref)
+        assert not res.ok and "non-zero" in res.reason
+
+
+def test_gate_catches_nan_left_by_poisoning():
+    ref = _ref()
+    out = poisoned(8, 16, torch.bfloat16, "cpu")
+    out[:, :15] = ref[:, :15]  # one column never written
+    res = gate(out, ref)
+    assert not res.ok and "8 of 128 outputs are NaN/inf" in res.reason
+    assert torch.isnan(poisoned(2, 2, torch.float32, "cpu")).all()
+
+
+def test_gate_other_refusals():
+    ref = _ref()
+    assert "expected shape (8, 16)" in gate(ref[:4], ref).reason
+    assert "all zeros" in gate(ref, torch.zeros_like(ref)).reason
+    raw = torch.randint(-100, 100, (4, 4), dtype=torch.int32)
+    sentinel = poisoned(4, 4, torch.int32, "cpu")
+    assert "poison value" in gate(sentinel, raw).reason
+    assert gate(raw.clone(), raw).ok
+
+
+def test_sqnr():
+    x = torch.randn(100, dtype=torch.float64)
+    assert math.isinf(sqnr_db(x, x))
+    assert abs(sqnr_db(x * 1.1, x) - 20.0) < 1e-6  # noise = 0.1 x signal -> 20 dB
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_registry_on_cpu():
+    cpu = torch.device("cpu")
+    names = [i.name for i in REGISTRY]
+    assert names[0] == "tileq" and len(set(names)) == len(names)
+    rowcol = parse_case("rowcol:i8xi8:rcr")
+    assert BY_NAME["torch_int_mm_dequant"].unavailable(rowcol, 1, 64, 128, cpu) == "needs CUDA"
+    assert BY_NAME["torch_scaled_mm_rowwise"].unavailable(rowcol, 1, 64, 128, cpu).startswith("fp8")
+    assert BY_NAME["torch_bf16_matmul"].unavailable(rowcol, 1, 64, 128, cpu) is None
+    cuda = torch.device("cuda")
+    assert "multiple of 8" in BY_NAME["torch_int_mm"].unavailable(rowcol, 32, 60, 128, cuda)
+    assert "nn.Linear layout" in BY_NAME["torch_int_mm"].unavailable(parse_case("rowcol:i8xi8:rrr"), 32, 64, 128, cuda)
+    for peer in ("vllm_cutlass_scaled_mm", "deep_gemm_fp8", "torchao"):
+        why = BY_NAME[peer].unavailable(rowcol, 1, 64, 128, cpu)
+        assert why  # never silently applicable on CPU
+    assert "reference" not in [i.name for i in select(None)]
+    assert [i.name for i in select(["reference"])] == ["tileq", "reference"]
+    with pytest.raises(UnsupportedError, match="baselines: expected names from"):
+        select(["cublas_magic"])
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def _row(shape, m, case, impl, kind, t=None, status=R.OK, **kw):
+    flops = 2 * m * 256 * 512
+    return R.Result(suite="syn", shape=shape, m=m, n=256, k=512, case=case, scheme=case.split(":")[0],
+                    dtypes=case.split(":")[1], layout="rcr", impl=impl, kind=kind, status=status,
+                    time_ms=t, time_min_ms=t, runs=100 if t else None,
+                    tflops=flops / (t * 1e-3) / 1e12 if t else None,
+                    tbps=1e6 / (t * 1e-3) / 1e12 if t else None, bytes=1_000_000,
+                    rel_err=0.004, sqnr_db=30.0, **kw)
+
+
+def synthetic_rows(scale=1.0):
+    rows = []
+    for shape, m in (("p", 1), ("p", 16), ("p", 4096), ("q", 16)):
+        case = "rowcol:i8xi8:rcr"
+        rows += [
+            _row(shape, m, case, "tileq", "tileq", 0.010 * m**0.5 * scale),
+            _row(shape, m, case, "torch_bf16_matmul", "unquantized", 0.020 * m**0.5),
+            _row(shape, m, case, "torch_int_mm_dequant", "unfused", 0.011 * m**0.5),
+            _row(shape, m, case, "torch_int_mm", "raw", 0.008 * m**0.5),
+            _row(shape, m, case, "torch_scaled_mm_rowwise", "fused", status=R.NA,
+                 note="fp8 (e4m3 x e4m3) row-wise scaling only"),
+        ]
+        case = "bquant:fp8xi4:rcr"
+        rows += [
+            _row(shape, m, case, "tileq", "tileq", 0.006 * m**0.5 * scale),
+            _row(shape, m, case, "torch_bf16_matmul", "unquantized", 0.020 * m**0.5),
+            _row(shape, m, case, "torch_dequant_matmul", "unfused", 0.05 * m**0.5),
+        ]
+    rows.append(_row("q", 64, "bquant:fp8xi4:rcr", "tileq", "tileq", status=R.FAIL,
+                     note="max error 0.5 of max|expected| is not below 0.02"))
+    return rows
+
+
+def test_csv_round_trip(tmp_path):
+    rows = synthetic_rows()
+    path = tmp_path / "results.csv"
+    R.write_csv(rows, path)
+    back = R.read_csv(path)
+    assert len(back) == len(rows)
+    assert back[0].time_ms == pytest.approx(rows[0].time_ms, rel=1e-5)
+    assert back[4].status == R.NA and back[4].time_ms is None and back[4].note.startswith("fp8")
+    bad = tmp_path / "other.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ShapeError, match="missing suite"):
+        R.read_csv(bad)
+
+
+def test_compare_finds_regressions():
+    old = synthetic_rows()
+    changes, notes = R.compare_runs(old, synthetic_rows(), threshold=0.05)
+    assert changes == [] and notes[0].startswith("8 tileq rows compared")
+    changes, _ = R.compare_runs(old, synthetic_rows(scale=1.2), threshold=0.05)
+    assert len(changes) == 8 and all(c.change == pytest.approx(0.2) for c in changes)
+    # Relative metric: a uniformly slower GPU (everything 1.3x) is not a regression...
+    slow = synthetic_rows()
+    for r in slow:
+        if r.time_ms:
+            r.time_ms *= 1.3
+    assert R.compare_runs(old, slow)[0] == []
+    # ... but it is when absolute times are compared.
+    assert len(R.compare_runs(old, slow, metric="absolute")[0]) == 8
+    assert "+20.0%" in R.format_changes(changes)
+
+
+def test_report_markdown():
+    text = render(synthetic_rows(), title="syn", env={"device": "a GPU"}, method="median of 100",
+                  operands="seeded", command="tileq bench --suite syn")
+    assert "## rowcol:i8xi8:rcr" in text and "## bquant:fp8xi4:rcr" in text
+    # tileq 0.010 vs torch_int_mm_dequant 0.011 -> 1.10x, within ±15%; torch_int_mm (raw) and
+    # bf16 matmul (unquantized) are never "the best baseline".
+    assert "| rowcol:i8xi8:rcr | 4 | 4 | 1.10× | 100% | 0% | 0% | 0 | 2.00× |" in text
+    assert "| bquant:fp8xi4:rcr | 5 | 4 | 8.33× | 0% | 100% | 0% | 0 | 3.33× |" in text
+    assert "fp8 (e4m3 x e4m3) row-wise scaling only" in text
+    assert "Worst" in text and "## Failures and errors" in text and "not below 0.02" in text
+    cpu_rows = [R.Result(**{**r.__dict__, "status": R.NOT_MEASURED, "time_ms": None})
+                for r in synthetic_rows()]
+    cpu = render(cpu_rows, title="cpu", env={}, method="correctness only", operands="seeded")
+    assert "Timings need a GPU" in cpu and "median speedup" not in cpu
+
+
+def test_plots(tmp_path):
+    from tileq.bench.plots import write_plots
+    from tileq.bench.timing import Ceilings
+
+    pytest.importorskip("matplotlib")
+    ceil = Ceilings(copy_tbps=4.0, peak_tflops={"int8": 900.0, "fp8": 1200.0})
+    names, note = write_plots(synthetic_rows(), str(tmp_path), ceil, "syn")
+    assert note is None
+    assert names == ["rowcol_i8xi8_rcr.png", "bquant_fp8xi4_rcr.png", "speedup.png"]
+    for n in names:
+        with open(tmp_path / n, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_without_matplotlib_or_timings(tmp_path, monkeypatch):
+    from tileq.bench.plots import write_plots
+
+    names, note = write_plots([R.Result(**{**r.__dict__, "status": R.NOT_MEASURED})
+                               for r in synthetic_rows()], str(tmp_path))
+    assert names == [] and "timings need a GPU" in note
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    names, note = write_plots(synthetic_rows(), str(tmp_path))
+    assert names == [] and "matplotlib is not installed" in note
+
+
+def test_progress_bar():
+    s = io.StringIO()
+    p = Progress(40, title="t", stream=s)
+    for i in range(40):
+        p.advance(f"item {i}")
+    p.close()
+    lines = s.getvalue().splitlines()
+    assert 15 <= len(lines) <= 22  # about every 5%, not every item
+    assert lines[-1].startswith("t [############################] 40/40 100%")
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    s = Tty()
+    p = Progress(3, stream=s)
+    for _ in range(3):
+        p.advance()
+    p.close()
+    assert s.getvalue().count("\r") == 3 and s.getvalue().endswith("\n")
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def test_bench_smoke_end_to_end(tmp_path, capsys):
+    out = tmp_path / "smoke"
+    rc = tileq.cli.main(["bench", "--suite", "smoke", "--out", str(out), "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "timings need a GPU" in captured.err
+    rows = R.read_csv(out / "results.csv")
+    tq = [r for r in rows if r.impl == "tileq"]
+    assert len(tq) == len({(r.shape, r.m, r.case) for r in tq}) >= 35
+    assert all(r.status == R.NOT_MEASURED and r.time_ms is None for r in tq)
+    assert all(r.rel_err < REL_TOL and r.sqnr_db > 10 for r in tq)
+    assert {r.status for r in rows if r.impl == "torch_scaled_mm_tensor" and r.case == "tensor:fp8xfp8:rcr"} == {R.NA}
+    report = (out / "report.md").read_text()
+    assert "Timings need a GPU" in report and "## bquant:bf16xi4:rcr" in report
+    assert (out / "env.json").exists()
+
+
+def test_bench_planted_wrong_kernel_fails(tmp_path, monkeypatch, capsys):
+    from tileq.bench.cases import Operands
+
+    real = Operands.gemm
+
+    def wrong(self, **kw):
+        y = real(self, **kw)
+        if kw.get("backend") == "triton":
+            y[0, 0] = y[0, 0] * 3 + 1  # one wrong element
+        return y
+
+    monkeypatch.setattr(Operands, "gemm", wrong)
+    rc = tileq.cli.main(["bench", "--suite", "smoke", "--shapes", "gemv", "--cases", "rowcol:i8xi8:rcr",
+                         "--out", str(tmp_path), "--no-progress"])
+    assert rc == 1
+    assert "FAILED the correctness gate" in capsys.readouterr().err
+    (row,) = [r for r in R.read_csv(tmp_path / "results.csv") if r.impl == "tileq"]
+    assert row.status == R.FAIL and "max error" in row.note
+
+
+def test_bench_cli_errors(tmp_path, capsys):
+    p = tmp_path / "bad.csv"
+    p.write_text("name,m,n,k\nx,1,2,zz\n")
+    assert tileq.cli.main(["bench", "--suite", str(p), "--out", str(tmp_path)]) == 2
+    assert "bad.csv, line 2: k: expected a positive integer, got 'zz'" in capsys.readouterr().err
+    assert tileq.cli.main(["bench", "--suite", "smoke", "--cases", "rowcol:i8", "--out", str(tmp_path)]) == 2
+    assert tileq.cli.main(["bench", "--list"]) == 0
+    assert "ck28" in capsys.readouterr().out
+
+
+def test_bench_compare_cli(tmp_path, capsys):
+    old = tmp_path / "old.csv"
+    R.write_csv(synthetic_rows(), old)
+    rc = tileq.cli.main(["bench", "--suite", "smoke", "--shapes", "gemv", "--cases", "rowcol:i8xi8:rcr",
+                         "--out", str(tmp_path / "new"), "--no-progress", "--compare", str(old)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "0 tileq rows compared" in out and "no regressions" in out
+    assert os.path.exists(tmp_path / "new" / "report.md")
