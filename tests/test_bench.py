@@ -393,3 +393,13 @@ def test_bench_compare_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and "0 tileq rows compared" in out and "no regressions" in out
     assert os.path.exists(tmp_path / "new" / "report.md")
+
+
+def test_render_folder_again(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert tileq.cli.main(["bench", "--suite", "smoke", "--shapes", "gemv", "--out", str(out),
+                           "--no-progress"]) == 0
+    (out / "report.md").unlink()
+    assert tileq.cli.main(["bench", "--render", str(out)]) == 0
+    assert "## rowcol:i8xi8:rcr" in (out / "report.md").read_text()
+    assert tileq.cli.main(["bench", "--render", str(tmp_path / "missing")]) == 2

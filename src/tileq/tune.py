@@ -38,16 +38,17 @@ DECODE_MS = [1, 2, 4, 8, 16, 32, 64]
 PREFILL_MS = [4096]
 
 
-def candidates(pipeline: str, eight_bit: bool) -> list[TileConfig]:
+def candidates(pipeline: str, eight_bit: bool, m: int = 1) -> list[TileConfig]:
     """The search grid; the legality predicate prunes it per problem."""
     if pipeline == "decode":
-        out = []
-        for bm in (16, 32, 64):
-            for bn in (32, 64, 128):
-                for bk in ((128, 256) if eight_bit else (64, 128)):
-                    for sk in (1, 2, 4, 8):
-                        out.append(TileConfig(bm, bn, bk, 4, 4, sk))
-        return out
+        # One M tile covering M (re-reading the weight per M tile would double the bytes).
+        bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+        return [
+            TileConfig(bm, bn, bk, 4, 4, sk)
+            for bn in (16, 32, 64, 128)
+            for bk in ((256, 512) if eight_bit else (128, 256))
+            for sk in (1, 2, 4, 8)
+        ]
     bk = 128 if eight_bit else 64
     return [
         TileConfig(128, 256, bk, 8, 3), TileConfig(128, 128, bk, 8, 4), TileConfig(128, 128, bk, 4, 4),
@@ -75,7 +76,7 @@ def tune_problem(fam: KernelFamily, m: int, n: int, k: int, *, reps: int, warmup
     out = torch.empty(m, n, dtype=spec.out_dtype, device="cuda")
     problem.out = out
     results = []
-    cands = [c for c in candidates(fam.pipeline, _eight_bit(fam)) if config_problem(spec, c, base.arch) is None]
+    cands = [c for c in candidates(fam.pipeline, _eight_bit(fam), m) if config_problem(spec, c, base.arch) is None]
     if base.config not in cands:
         cands.insert(0, base.config)
     for cfg in cands[: max_candidates or None]:
@@ -120,7 +121,7 @@ def precompile(problems, jobs: int) -> None:
     for fam, m, n, k in problems:
         spec = family_spec(fam, m, n, k)
         arch = make_plan(spec, torch.device("cuda"), pipeline=fam.pipeline).arch
-        for cfg in candidates(fam.pipeline, _eight_bit(fam)):
+        for cfg in candidates(fam.pipeline, _eight_bit(fam), m):
             # One shape per kernel: binaries depend on the config and on sizes only through
             # their divisibility by 16 (Triton's specialization), the same across LLM shapes.
             key = (fam.name, cfg.tag, m % 16 == 0, m == 1)

@@ -26,6 +26,9 @@ def register_cli(subparsers) -> None:
                    help="built-in suite name or path to a suite CSV; repeat or comma-separate "
                    "for several (default: smoke)")
     p.add_argument("--list", action="store_true", help="list suites, cases and baselines, then exit")
+    p.add_argument("--render", metavar="DIR", default=None,
+                   help="only re-write report.md and the plots of an earlier run's folder (its "
+                   "results.csv and env.json), e.g. on a machine with matplotlib")
     p.add_argument("--cases", default="headline",
                    help="comma-separated cases (scheme:AxB:layout[:preshuffled]) or sets "
                    "(headline, aquant28); suite rows with their own cases keep them")
@@ -140,6 +143,16 @@ def run_bench(args) -> int:
 
     if args.list:
         return _list_everything()
+    if args.render:
+        from .outputs import render_folder
+
+        try:
+            paths = render_folder(args.render, plots=not args.no_plots)
+        except (OSError, ValueError) as e:
+            print(f"tileq bench: error: --render: {e}", file=sys.stderr)
+            return 2
+        print(f"rewrote {paths['report']}" + (f" and {len(paths['plots'])} plots" if paths["plots"] else ""))
+        return 0
     try:
         # First: the interpreter switch must precede any import of tileq's kernels.
         from .device import prepare_device

@@ -24,20 +24,35 @@ def write_outputs(sweep: Sweep, out_dir: str, *, title: str, command: str = "",
             "ceilings": dataclasses.asdict(sweep.ceilings) if sweep.ceilings else None}
     with open(os.path.join(out_dir, "env.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
+    return {"csv": csv_path, **_report_and_plots(sweep.rows, meta, sweep.ceilings, out_dir, plots)}
+
+
+def _report_and_plots(rows, meta: dict, ceilings, out_dir: str, plots: bool) -> dict:
     names, note = [], "Plots not requested (--no-plots)."
     if plots:
         from .plots import write_plots
 
-        names, note = write_plots(sweep.rows, out_dir, sweep.ceilings, title)
+        names, note = write_plots(rows, out_dir, ceilings, meta["title"])
     if note:
         print(f"note: {note}", file=sys.stderr)
-    text = render(sweep.rows, title=title, env=sweep.env, method=sweep.method,
-                  operands=sweep.operands, ceilings=sweep.ceilings, command=command, plots=names,
-                  plot_note=note)
+    text = render(rows, title=meta["title"], env=meta["env"], method=meta["method"],
+                  operands=meta["operands"], ceilings=ceilings, command=meta["command"],
+                  plots=names, plot_note=note)
     report_path = os.path.join(out_dir, "report.md")
     with open(report_path, "w", encoding="utf-8") as f:
         f.write(text)
-    return {"csv": csv_path, "report": report_path, "plots": names, "plot_note": note}
+    return {"report": report_path, "plots": names, "plot_note": note}
+
+
+def render_folder(out_dir: str, *, plots: bool = True) -> dict:
+    """Re-write report.md and plots from a run's results.csv and env.json (no GPU needed)."""
+    from .timing import Ceilings
+
+    rows = R.read_csv(os.path.join(out_dir, "results.csv"))
+    with open(os.path.join(out_dir, "env.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    ceilings = Ceilings(**meta["ceilings"]) if meta.get("ceilings") else None
+    return _report_and_plots(rows, meta, ceilings, out_dir, plots)
 
 
 def console_summary(rows: list[R.Result]) -> str:

@@ -66,10 +66,10 @@ def smem_estimate(spec: ProblemSpec, cfg: TileConfig) -> int:
 
 def config_problem(spec: ProblemSpec, cfg: TileConfig, arch: ArchInfo) -> str | None:
     """Why ``cfg`` cannot run ``spec`` on ``arch``, or None when it is legal."""
-    for name in ("block_m", "block_n", "block_k"):
+    for name, hi in (("block_m", 256), ("block_n", 256), ("block_k", 512)):
         v = getattr(cfg, name)
-        if not _pow2(v) or v < 16 or v > 256:
-            return f"{name}={v}: expected a power of two in [16, 256]"
+        if not _pow2(v) or v < 16 or v > hi:
+            return f"{name}={v}: expected a power of two in [16, {hi}]"
     ct = compute_type(spec.a_type, spec.b_type)
     eight_bit = ct in (OperandType.I8, OperandType.FP8, OperandType.BF8)
     if eight_bit and cfg.block_k < 32:

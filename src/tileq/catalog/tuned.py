@@ -96,17 +96,39 @@ def _tables_for(arch_name: str, capability: tuple[int, int], device_name: str | 
     return tuple(usable)
 
 
+def _bucket_order(m: int) -> list[int]:
+    """The M buckets to try: M's own, then smaller ones, then larger ones up to 64 (decode-sized
+    problems behave alike across neighbouring buckets; a prefill bucket only matches itself)."""
+    b = m_bucket(m)
+    if b > 64:
+        return [b]
+    below = [x for x in (64, 32, 16, 8, 4, 2, 1) if x < b]
+    above = [x for x in (1, 2, 4, 8, 16, 32, 64) if x > b]
+    return [b] + below + above
+
+
 def lookup(spec: ProblemSpec, arch: ArchInfo, pipeline: str,
            device_name: str | None = None) -> tuple[TileConfig, str] | None:
     """(config, source) from a table covering this problem on this GPU, or None."""
+    from dataclasses import replace
+
     from .names import KernelFamily
 
     fam = KernelFamily(spec.scheme, spec.a_type, spec.b_type, spec.layout, pipeline)
-    key = entry_key(fam.name, spec)
-    for source, entries in _tables_for(arch.name, arch.capability, device_name):
-        cfg = entries.get(key)
-        if cfg is not None and config_problem(spec, cfg, arch) is None:
-            return cfg, source
+    tables = _tables_for(arch.name, arch.capability, device_name)
+    for bucket in _bucket_order(spec.m):
+        key = f"{fam.name}|m{bucket}|n{spec.n}|k{spec.k}"
+        for source, entries in tables:
+            cfg = entries.get(key)
+            if cfg is None:
+                continue
+            if bucket != m_bucket(spec.m):
+                # Borrowed from a neighbouring bucket: keep its N/K tiling, fit the M tile.
+                if spec.m > cfg.block_m:
+                    cfg = replace(cfg, block_m=16 if spec.m <= 16 else (32 if spec.m <= 32 else 64))
+                source = f"{source} (M bucket {bucket})"
+            if config_problem(spec, cfg, arch) is None:
+                return cfg, source
     return None
 
 

@@ -23,10 +23,37 @@ import triton.language as tl
 
 
 @triton.jit
-def _unpack_int4(x):
-    """uint8 [R, C] -> int8 [R, 2C]: element 2j is the high nibble, value = nibble - 8."""
-    hi = (x >> 4).to(tl.int8) - 8
-    lo = (x & 15).to(tl.int8) - 8
+def _nibbles_to(n, CT: tl.constexpr, INTERPRETED: tl.constexpr):
+    """uint8 nibbles 0..15 -> the value nibble - 8 in the compute type, exactly.
+
+    No int->float conversion instruction (I2F runs at a fraction of the FMA rate on sm_90):
+    OR-ing a nibble into the mantissa of 1024.0 (fp16 0x6400) or 128.0 (bf16 0x4300) gives
+    1024 + n or 128 + n exactly; one subtraction leaves n - 8. e5m2 is the top byte of fp16, so
+    bf8 needs only a shift; e4m3 takes the packed fp16 -> e4m3 conversion.
+    """
+    if CT == "i8":
+        v = n.to(tl.int8) - 8
+    elif CT == "bf16" and not INTERPRETED:
+        v = (n.to(tl.uint16) | 0x4300).to(tl.bfloat16, bitcast=True) - 136.0
+    elif CT == "bf16":
+        # Triton 3.6's interpreter mishandles bf16 arithmetic; _convert/_dot widen it to fp32.
+        v = n.to(tl.float32) - 8.0
+    else:
+        h = (n.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True) - 1032.0
+        if CT == "fp16":
+            v = h
+        elif CT == "bf8":
+            v = (h.to(tl.uint16, bitcast=True) >> 8).to(tl.uint8).to(tl.float8e5, bitcast=True)
+        else:
+            v = h.to(tl.float8e4nv)
+    return v
+
+
+@triton.jit
+def _unpack_int4(x, CT: tl.constexpr, INTERPRETED: tl.constexpr):
+    """uint8 [R, C] -> [R, 2C] of the compute type: element 2j is the high nibble."""
+    hi = _nibbles_to(x >> 4, CT, INTERPRETED)
+    lo = _nibbles_to(x & 15, CT, INTERPRETED)
     return tl.reshape(tl.join(hi, lo), (x.shape[0], 2 * x.shape[1]))
 
 
@@ -155,11 +182,11 @@ def _gemm_kernel(
                 kh_ok = tl.arange(0, BK // 2) < k_left // 2
                 # Masked bytes read 0x88, which unpacks to two zeros.
                 a_raw = tl.load(a_ptrs, mask=m_ok[:, None] & kh_ok[None, :], other=136)
-                a = _unpack_int4(a_raw)
+                a = _unpack_int4(a_raw, A_CT, INTERPRETED)
             else:
                 mh_ok = rmh < M // 2
                 a_raw = tl.load(a_ptrs, mask=(rk < k_left)[:, None] & mh_ok[None, :], other=136)
-                a = tl.trans(_unpack_int4(a_raw))
+                a = tl.trans(_unpack_int4(a_raw, A_CT, INTERPRETED))
         elif A_TYPE == "fp8" or A_TYPE == "bf8" or A_TYPE == "bf16" or A_TYPE == "fp16":
             a = tl.load(a_ptrs, mask=m_ok[:, None] & (rk < k_left)[None, :], other=0.0)
         else:
@@ -169,15 +196,15 @@ def _gemm_kernel(
             if B_LAYOUT == "r" and B_CT == "i8":
                 b_raw = tl.load(b_ptrs, mask=(rk < k_left)[:, None] & n_ok[None, :], other=136)
                 shift = (1 - (rn % 2)) * 4  # even n: high nibble
-                b = ((b_raw >> shift[None, :].to(tl.uint8)) & 15).to(tl.int8) - 8
+                b = _nibbles_to((b_raw >> shift[None, :].to(tl.uint8)) & 15, B_CT, INTERPRETED)
             elif B_LAYOUT == "r":
                 nh_ok = rnh < N // 2
                 b_raw = tl.load(b_ptrs, mask=(rk < k_left)[:, None] & nh_ok[None, :], other=136)
-                b = _unpack_int4(b_raw)
+                b = _unpack_int4(b_raw, B_CT, INTERPRETED)
             else:
                 kh_ok_b = tl.arange(0, BK // 2) < k_left // 2
                 b_raw = tl.load(b_ptrs, mask=n_ok[:, None] & kh_ok_b[None, :], other=136)
-                b = tl.trans(_unpack_int4(b_raw))
+                b = tl.trans(_unpack_int4(b_raw, B_CT, INTERPRETED))
         elif B_TYPE == "fp8" or B_TYPE == "bf8" or B_TYPE == "bf16" or B_TYPE == "fp16":
             b = tl.load(b_ptrs, mask=(rk < k_left)[:, None] & n_ok[None, :], other=0.0)
         else:

@@ -1,0 +1,79 @@
+"""Tuned tables: hits show in explain, misses use the heuristic, bad tables are refused."""
+
+import json
+
+import pytest
+import torch
+
+from tileq.catalog import tuned
+from tileq.catalog.families import family_spec
+from tileq.catalog.names import parse_family
+from tileq.plan import _plan_cached, make_plan
+
+FAM = parse_family("rowcol_i8xi8_rcr_decode")
+
+
+def table(**over):
+    doc = {"gpu": "NVIDIA H200", "capability": [9, 0], "arch": "sm_90", "date": "2026-11-29",
+           "triton": "3.6.0", "torch": "2.11.0", "command": "tileq tune --out t.json",
+           "entries": {"rowcol_i8xi8_rcr_decode|m4|n5120|k5120": {"config": "m16n32k512_w4_s4"}}}
+    doc.update(over)
+    return doc
+
+
+@pytest.fixture
+def use_table(tmp_path, monkeypatch):
+    def install(doc):
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
+        monkeypatch.setenv("TILEQ_TUNED_TABLES", str(path))
+        tuned.clear_cache()
+        _plan_cached.cache_clear()
+        return path
+    yield install
+    tuned.clear_cache()
+    _plan_cached.cache_clear()
+
+
+def plan_for(m, n=5120, k=5120):
+    return make_plan(family_spec(FAM, m, n, k), torch.device("cuda"), backend="triton", arch="sm_90")
+
+
+def test_hit_and_neighbouring_bucket(use_table):
+    use_table(table())
+    p = plan_for(3)  # bucket 4: exact hit
+    assert p.config.tag == "m16n32k512_w4_s4" and p.config_source == "table: t.json"
+    assert "[table: t.json]" in p.describe()
+    p = plan_for(8)  # bucket 8 not tuned: borrows bucket 4
+    assert p.config.tag == "m16n32k512_w4_s4" and "M bucket 4" in p.config_source
+    p = plan_for(40)  # borrows bucket 4 but needs an M tile covering 40 rows
+    assert p.config.block_m == 64
+
+
+def test_miss_uses_heuristic(use_table):
+    use_table(table())
+    assert plan_for(1, n=4096).config_source == "heuristic"
+    assert plan_for(1024).config_source in ("heuristic",) or plan_for(1024).pipeline == "prefill"
+
+
+@pytest.mark.parametrize("doc,reason", [
+    ("{not json", "Expecting property name"),
+    (table(entries={"rowcol_i8xi8_rcr_decode|m4|n5120|k5120": "m16n32"}), "config tag"),
+    (table(entries={"bad-key": "m16n32k512_w4_s4"}), "family\\|m<bucket>"),
+    ({"gpu": "x"}, "missing fields"),
+    (table(arch="sm_80", capability=[8, 0]), "made for sm_80"),
+])
+def test_bad_tables_are_refused_with_a_warning(use_table, doc, reason):
+    use_table(doc)
+    with pytest.warns(UserWarning, match=reason):
+        p = plan_for(3)
+    assert p.config_source == "heuristic"
+
+
+def test_illegal_entry_is_not_used(use_table):
+    # BK=512 does not divide group_k=128: the legality predicate rejects the entry.
+    fam = parse_family("abquant_fp8xfp8_rcr_decode")
+    doc = table(entries={"abquant_fp8xfp8_rcr_decode|m4|n5120|k5120": "m16n32k512_w4_s4"})
+    use_table(doc)
+    p = make_plan(family_spec(fam, 4, 5120, 5120), torch.device("cuda"), backend="triton", arch="sm_90")
+    assert p.config_source == "heuristic" and p.config.block_k <= 128
