@@ -102,3 +102,11 @@ def test_explain_lists_the_lowering_in_epilogue_order():
     text = tileq.explain(ri8(2, 64), ri8(64, 5), torch.ones(2), torch.ones(5), scheme="rowcol",
                          bias=torch.ones(5), backend="reference")
     assert "mma(i8xi8->i32) -> cast f32 -> row_scale[M] -> col_scale[N] -> + bias[N] -> cast bf16" in text
+
+
+def test_warmup_needs_cuda_and_describe_builds_specs():
+    spec = tileq.describe(scheme="abquant", a="fp8", b="fp8", m=3, n=256, k=512)
+    assert spec.gk == 4 and spec.group_n == 128 and spec.a_scale_kind.value == "group"
+    if not torch.cuda.is_available():
+        with pytest.raises(tileq.errors.UnsupportedError, match="device: expected a CUDA device"):
+            tileq.warmup([spec], device="cpu")

@@ -104,3 +104,11 @@ def test_deterministic_bit_identical():
     first = args.call(tileq.gemm, deterministic=True)
     for _ in range(5):
         assert torch.equal(first, args.call(tileq.gemm, deterministic=True))
+
+
+def test_warmup_compiles_the_planned_kernels():
+    names = tileq.warmup([
+        tileq.describe(scheme="rowcol", a="int8", b="int8", m=1, n=4096, k=4096),
+        dict(scheme="abquant", a="fp8", b="fp8", m=4096, n=4096, k=4096),
+    ])
+    assert names[0].startswith("rowcol_i8xi8_rcr_decode__") and names[1].startswith("abquant_fp8xfp8_rcr_prefill__")

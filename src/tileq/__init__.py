@@ -10,6 +10,7 @@ from . import errors
 from .api import a8w8_matmul_dequant, explain, gemm, linear
 from .dtypes import OperandType, PackedInt4
 from .problem import Scheme
+from .warmup import describe, warmup
 
 __version__ = "0.1.0"
 
@@ -18,6 +19,8 @@ __all__ = [
     "linear",
     "a8w8_matmul_dequant",
     "explain",
+    "describe",
+    "warmup",
     "PackedInt4",
     "OperandType",
     "Scheme",

@@ -90,6 +90,23 @@ def _leading_dim(t: torch.Tensor, layout_char: str) -> int:
     return t.stride(0) if layout_char == "r" else t.stride(1)
 
 
+_WORKSPACES: dict[tuple, torch.Tensor] = {}
+
+
+def _workspace(device: torch.device, numel: int) -> torch.Tensor:
+    """A reusable fp32 split-K workspace per (device, stream): a call allocates nothing but its
+    output, and a workspace used inside a CUDA graph capture stays alive for its replays."""
+    if device.type != "cuda":
+        return torch.empty(numel, dtype=torch.float32, device=device)
+    stream = torch.cuda.current_stream(device)
+    key = (device.index, stream.cuda_stream)
+    ws = _WORKSPACES.get(key)
+    if ws is None or ws.numel() < numel:
+        ws = torch.empty(max(numel, 1 << 20), dtype=torch.float32, device=device)
+        _WORKSPACES[key] = ws
+    return ws[:numel]
+
+
 def launch_gemm(problem: Problem, plan) -> torch.Tensor:
     spec, cfg = problem.spec, plan.config
     a, b = _storage(problem.a), _storage(problem.b)
@@ -112,7 +129,7 @@ def launch_gemm(problem: Problem, plan) -> torch.Tensor:
 
     target = out
     if cfg.split_k > 1:
-        target = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=problem.device)
+        target = _workspace(problem.device, cfg.split_k * m * n).view(cfg.split_k, m, n)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), cfg.split_k)
     _gemm_kernel[grid](
         a, b, target, sa, sb, problem.bias, acc,
