@@ -20,11 +20,13 @@ for step in "${steps[@]}"; do
   t0=$(date +%s)
   case "$step" in
     tests)
-      python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gpu.py 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
+      python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gpu.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
     tune-prefill)
-      python3 -m tileq tune --out "$OUT/tuned_prefill.json" --m 4096 --max-seconds "${TUNE_SECONDS:-240}" 2>&1 | tail -5 | tee "$OUT/tune_prefill.log" ;;
+      python3 -m tileq tune --out "$OUT/tuned_prefill.json" --m 4096 ${TUNE_CASES:+--cases "$TUNE_CASES"} \
+        --max-seconds "${TUNE_SECONDS:-240}" --jobs 14 2>&1 | tail -5 | tee "$OUT/tune_prefill.log" ;;
     tune-decode)
-      python3 -m tileq tune --out "$OUT/tuned_decode.json" --m 1,2,4,8,16,32,64 --max-seconds "${TUNE_SECONDS:-240}" 2>&1 | tail -5 | tee "$OUT/tune_decode.log" ;;
+      python3 -m tileq tune --out "$OUT/tuned_decode.json" --m "${TUNE_M:-1,4,16,64}" ${TUNE_CASES:+--cases "$TUNE_CASES"} \
+        --max-seconds "${TUNE_SECONDS:-240}" --jobs 14 2>&1 | tail -5 | tee "$OUT/tune_decode.log" ;;
     bench-prefill)
       python3 -m tileq bench --suite prefill --out "$OUT/prefill" 2>&1 | tail -60 | tee "$OUT/bench_prefill.log" ;;
     bench-decode)
