@@ -28,9 +28,11 @@ for step in "${steps[@]}"; do
       python3 -m tileq tune --out "$OUT/tuned_decode.json" --m "${TUNE_M:-1,4,16,64}" ${TUNE_CASES:+--cases "$TUNE_CASES"} \
         --max-seconds "${TUNE_SECONDS:-240}" --jobs 14 2>&1 | tail -5 | tee "$OUT/tune_decode.log" ;;
     bench-prefill)
-      python3 -m tileq bench --suite prefill --out "$OUT/prefill" 2>&1 | tail -60 | tee "$OUT/bench_prefill.log" ;;
+      python3 -m tileq bench --suite prefill-targets ${BENCH_CASES:+--cases "$BENCH_CASES"} --out "$OUT/prefill" \
+        --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 | tail -40 | tee "$OUT/bench_prefill.log" ;;
     bench-decode)
-      python3 -m tileq bench --suite decode --out "$OUT/decode" 2>&1 | tail -60 | tee "$OUT/bench_decode.log" ;;
+      python3 -m tileq bench --suite decode-targets ${BENCH_CASES:+--cases "$BENCH_CASES"} --out "$OUT/decode" \
+        --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 | tail -40 | tee "$OUT/bench_decode.log" ;;
     demo)
       python3 -m tileq demo 2>&1 | tail -40 | tee "$OUT/demo.log" ;;
     *) echo "unknown step $step"; status=1 ;;
