@@ -27,6 +27,7 @@ def use_table(tmp_path, monkeypatch):
         path = tmp_path / "t.json"
         path.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
         monkeypatch.setenv("TILEQ_TUNED_TABLES", str(path))
+        monkeypatch.setattr(tuned, "_shipped_tables", lambda: [])  # only the table under test
         tuned.clear_cache()
         _plan_cached.cache_clear()
         return path
@@ -77,3 +78,12 @@ def test_illegal_entry_is_not_used(use_table):
     use_table(doc)
     p = make_plan(family_spec(fam, 4, 5120, 5120), torch.device("cuda"), backend="triton", arch="sm_90")
     assert p.config_source == "heuristic" and p.config.block_k <= 128
+
+
+def test_shipped_h200_table_is_valid():
+    paths = tuned._shipped_tables()
+    assert any(p.name == "sm_90_h200.json" for p in paths)
+    for p in paths:
+        doc = json.loads(p.read_text())
+        entries = tuned.parse_table(doc, str(p))
+        assert entries and doc["gpu"] and doc["command"] and doc["triton"]

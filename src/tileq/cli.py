@@ -15,18 +15,11 @@ def main(argv=None) -> int:
     from .tune import register_cli as register_tune
 
     register_tune(sub)
-    try:
-        from .demo import register_cli as register_demo
+    from .bench.cli import register_cli as register_bench
+    from .demo import register_cli as register_demo
 
-        register_demo(sub)
-    except ImportError:
-        pass
-    try:
-        from .bench.cli import register_cli as register_bench
-
-        register_bench(sub)
-    except ImportError:
-        pass
+    register_demo(sub)
+    register_bench(sub)
     args = parser.parse_args(argv)
     from .errors import TileqError
 

@@ -11,7 +11,6 @@ Exit status 1 when any correctness check fails.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 
@@ -23,17 +22,16 @@ def register_cli(subparsers) -> None:
         "demo",
         help="every scheme on Qwen3-14B's projections: correctness, SQNR and (GPU) speed",
         description=__doc__.split("\n\n")[1],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--out", default=DEFAULT_OUT, help="folder for results.csv, report.md and plots")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"folder for results.csv, report.md and plots (default: {DEFAULT_OUT})")
     p.add_argument("--quick", action="store_true",
                    help="fewer shapes: the q/o projection at M in {1, 16} (a fast check)")
-    p.add_argument("--cases", default="headline", help="cases or case sets (see tileq bench --list)")
-    p.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu")
-    p.add_argument("--warmup", type=int, default=50, help="GPU: warm-up runs per measurement")
-    p.add_argument("--runs", type=int, default=100, help="GPU: timed runs per measurement")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--cases", default="headline", help="cases or case sets, see tileq bench --list (default: headline)")
+    p.add_argument("--device", default="auto", help="auto (default), cuda, cuda:N or cpu")
+    p.add_argument("--warmup", type=int, default=50, help="GPU: warm-up runs per measurement (default: 50)")
+    p.add_argument("--runs", type=int, default=100, help="GPU: timed runs per measurement (default: 100)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random operands (default: 0)")
+    p.add_argument("--no-plots", action="store_true", help="do not write PNG plots (GPU runs)")
     p.set_defaults(func=run_demo, demo_parser=p)
 
 

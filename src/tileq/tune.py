@@ -64,10 +64,10 @@ def _eight_bit(fam: KernelFamily) -> bool:
 def tune_problem(fam: KernelFamily, m: int, n: int, k: int, *, reps: int, warmup: int,
                  max_candidates: int | None = None) -> list[tuple[TileConfig, float]]:
     """Time every legal candidate for one problem; returns [(config, median ms)] fastest first."""
+    from .bench.timing import Timer, TimingConfig
     from .plan import execute, make_plan, with_config
     from .problem import build_problem
     from .testing import make_args
-    from .timing import time_cuda
 
     spec = family_spec(fam, m, n, k)
     args = make_args(spec, seed=0, device="cuda")
@@ -75,6 +75,7 @@ def tune_problem(fam: KernelFamily, m: int, n: int, k: int, *, reps: int, warmup
     problem = args.call(build_problem)
     out = torch.empty(m, n, dtype=spec.out_dtype, device="cuda")
     problem.out = out
+    timer = Timer(torch.device("cuda"), TimingConfig(warmup=warmup, runs=reps))
     results = []
     cands = [c for c in candidates(fam.pipeline, _eight_bit(fam), m) if config_problem(spec, c, base.arch) is None]
     if base.config not in cands:
@@ -82,7 +83,7 @@ def tune_problem(fam: KernelFamily, m: int, n: int, k: int, *, reps: int, warmup
     for cfg in cands[: max_candidates or None]:
         plan = with_config(base, cfg)
         try:
-            t = time_cuda(lambda: execute(plan, problem), warmup=warmup, reps=reps)
+            t = timer.measure(lambda: execute(plan, problem))
         except Exception as e:  # a config that fails to compile or launch is skipped, said aloud
             print(f"\n  skipped {cfg.tag}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", file=sys.stderr)
             continue

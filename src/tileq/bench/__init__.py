@@ -7,10 +7,14 @@
     baselines  ONE registry of implementations (tileq, torch baselines, optional peers), each
                applicable or N/A with a reason
     gate       the correctness gate every implementation passes before it is timed
-    timing     CUDA-event timing with L2 flushing, optional CUDA graphs; environment and ceilings
+    timing     CUDA-event timing with L2 flushing and a host-lead sleep, optional CUDA graphs;
+               environment and measured ceilings (copy bandwidth, bf16/fp8/int8 peaks)
+    precompile tileq's kernels compiled in parallel processes before anything is timed
     harness    the sweep (shape by shape, implementations interleaved), with a progress bar
     results    the CSV row, writing / reading, ``--compare``
     report     the markdown report;  plots: the PNG plots (matplotlib, optional)
+    outputs    the output folder and the console table;  device: CUDA or the CPU interpreter
+    cli        ``tileq bench``  (``tileq demo`` lives in ``tileq/demo.py`` and uses this package)
 
 Nothing here imports Triton at import time: the CLI decides first whether Triton's interpreter
 must be switched on (no CUDA), which has to happen before ``tileq.kernels`` is imported.

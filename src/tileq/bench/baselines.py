@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ..dtypes import OperandType
 from ..problem import Scheme
-from .cases import GROUP_K, Case, Operands
+from .cases import GROUP_K, Case, Operands, storage_bytes
 from .gate import poisoned
 
 SAME_MATH_KINDS = ("fused", "unfused", "peer")
@@ -174,12 +174,6 @@ def _torchao_req(case, m, n, k):
 # ----------------------------------------------------------------------------- builders
 
 
-def _nbytes(t) -> int:
-    from .cases import _storage_bytes
-
-    return _storage_bytes(t)
-
-
 def build_tileq(ops: Operands, ctx: Context) -> Runnable:
     def gated():
         out = poisoned(ops.m, ops.n, torch.bfloat16, ctx.device)
@@ -291,7 +285,7 @@ def build_int_mm_dequant(ops: Operands, ctx: Context) -> Runnable:
 
 def build_int_mm(ops: Operands, ctx: Context) -> Runnable:
     raw, note = _int_mm_pieces(ops)
-    nbytes = _nbytes(ops.a) + _nbytes(ops.b) + 4 * ops.m * ops.n  # int32 output
+    nbytes = storage_bytes(ops.a) + storage_bytes(ops.b) + 4 * ops.m * ops.n  # int32 output
     return Runnable(raw, "raw", nbytes, note=(note + "; " if note else "") + "int32 output, no scales")
 
 

@@ -53,6 +53,29 @@ class Case:
         """File-name-safe form of the name (plots)."""
         return self.name.replace(":", "_")
 
+    def spec(self, m: int, n: int, k: int):
+        """The ProblemSpec tileq.gemm builds from this case's operands (for planning ahead)."""
+        from ..problem import ProblemSpec, ScaleKind
+
+        wide_a = self.a.is_wide_float
+        a_kind = {
+            Scheme.TENSOR: ScaleKind.SCALAR, Scheme.ROWCOL: ScaleKind.VECTOR,
+            Scheme.AQUANT: ScaleKind.GROUP, Scheme.BQUANT: ScaleKind.VECTOR,
+            Scheme.ABQUANT: ScaleKind.GROUP,
+        }[self.scheme]
+        b_kind = {
+            Scheme.TENSOR: ScaleKind.SCALAR, Scheme.ROWCOL: ScaleKind.VECTOR,
+            Scheme.AQUANT: ScaleKind.SCALAR, Scheme.BQUANT: ScaleKind.GROUP,
+            Scheme.ABQUANT: ScaleKind.GROUP,
+        }[self.scheme]
+        return ProblemSpec(
+            m=m, n=n, k=k, a_type=self.a, b_type=self.b, layout=self.layout, scheme=self.scheme,
+            a_scale_kind=ScaleKind.NONE if wide_a else a_kind, b_scale_kind=b_kind,
+            group_k=GROUP_K, group_n=self.group_n if self.scheme.b_grouped else 1,
+            # A single row has no order: build_problem calls its scale row-major.
+            a_scale_layout=self.a_scale_layout if m > 1 else ScaleLayout.ROWMAJOR,
+        )
+
     def unsupported_reason(self, m: int, n: int, k: int) -> str | None:
         """Why this case cannot run an (m, n, k) shape, or None."""
         # int4 packs pairs along the operand's unit-stride dimension (DESIGN.md pk_int4).
@@ -166,7 +189,7 @@ def _in_layout(t: torch.Tensor, char: str) -> torch.Tensor:
     return t if t.t().is_contiguous() else t.t().contiguous().t()
 
 
-def _storage_bytes(x) -> int:
+def storage_bytes(x) -> int:
     if x is None:
         return 0
     if isinstance(x, PackedInt4):
@@ -216,8 +239,8 @@ class Operands:
     def bytes(self) -> int:
         """A + B + scales + C (bf16), each counted once: the least a kernel must move."""
         return (
-            _storage_bytes(self.a) + _storage_bytes(self.b) + _storage_bytes(self.a_scale)
-            + _storage_bytes(self.b_scale) + 2 * self.m * self.n
+            storage_bytes(self.a) + storage_bytes(self.b) + storage_bytes(self.a_scale)
+            + storage_bytes(self.b_scale) + 2 * self.m * self.n
         )
 
 

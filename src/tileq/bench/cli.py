@@ -6,7 +6,6 @@ by --compare), 1 otherwise, 2 for a bad argument or suite file.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shlex
@@ -20,7 +19,6 @@ def register_cli(subparsers) -> None:
         description="Run a suite: each shape x case is gated for correctness against tileq's "
         "reference, then timed (CUDA only) with tileq and its baselines interleaved. Writes "
         "results.csv, report.md and PNG plots into --out.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--suite", action="append", default=None,
                    help="built-in suite name or path to a suite CSV; repeat or comma-separate "
@@ -31,7 +29,7 @@ def register_cli(subparsers) -> None:
                    "results.csv and env.json), e.g. on a machine with matplotlib")
     p.add_argument("--cases", default="headline",
                    help="comma-separated cases (scheme:AxB:layout[:preshuffled]) or sets "
-                   "(headline, aquant28); suite rows with their own cases keep them")
+                   "(headline, aquant28); suite rows with their own cases keep them (default: headline)")
     p.add_argument("--schemes", default=None, help="comma-separated schemes to keep")
     p.add_argument("--baselines", default=None,
                    help="comma-separated baselines to run besides tileq (default: every default "
@@ -42,14 +40,17 @@ def register_cli(subparsers) -> None:
     p.add_argument("--max-shapes", type=int, default=None,
                    help="keep only the first N shapes (after the filters)")
     p.add_argument("--out", default=None, help="output folder (default: tileq-out/bench-<suite>)")
-    p.add_argument("--warmup", type=int, default=50, help="warm-up runs per measurement")
-    p.add_argument("--runs", type=int, default=100, help="timed runs per measurement (median)")
+    p.add_argument("--warmup", type=int, default=50, help="warm-up runs per measurement (default: 50)")
+    p.add_argument("--runs", type=int, default=100, help="timed runs per measurement; the median is reported (default: 100)")
     p.add_argument("--graphs", action="store_true", help="time CUDA-graph replays instead of launches")
     p.add_argument("--no-flush", action="store_true", help="do not flush the L2 between runs")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random operands")
-    p.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random operands (default: 0)")
+    p.add_argument("--device", default="auto", help="auto (default), cuda, cuda:N or cpu")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds: stop starting new shapes after this and mark the rest skipped")
+    p.add_argument("--precompile-jobs", type=int, default=None,
+                   help="CUDA: processes compiling tileq's kernels before the sweep (default: "
+                   "CPUs - 1; 0 compiles inside the sweep)")
     p.add_argument("--no-ceilings", action="store_true",
                    help="do not measure copy bandwidth and peak rates (no ceiling lines in plots)")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
@@ -57,10 +58,10 @@ def register_cli(subparsers) -> None:
     p.add_argument("--compare", default=None, metavar="OLD_CSV",
                    help="compare tileq's times with an earlier results.csv; exit 1 on regressions")
     p.add_argument("--threshold", type=float, default=0.05,
-                   help="--compare: a regression is this much slower (0.05 = 5%%)")
+                   help="--compare: a regression is this much slower (default: 0.05 = 5%%)")
     p.add_argument("--compare-metric", choices=("relative", "absolute"), default="relative",
-                   help="--compare: 'relative' divides tileq's time by bf16 torch.matmul's in the "
-                   "same run (robust to clocks); 'absolute' compares times directly")
+                   help="--compare: 'relative' (default) divides tileq's time by bf16 torch.matmul's "
+                   "in the same run (robust to clocks); 'absolute' compares times directly")
     p.set_defaults(func=run_bench, bench_parser=p)
 
 
@@ -176,8 +177,8 @@ def run_bench(args) -> int:
     except (TileqError, ValueError, TypeError) as e:
         print(f"tileq bench: error: {e}", file=sys.stderr)
         return 2
-    if not shapes:
-        print("tileq bench: error: no shapes left after the filters", file=sys.stderr)
+    if not any(s.cases_to_run(cases) for s in shapes):
+        print("tileq bench: error: no (shape, case) pairs left after the filters", file=sys.stderr)
         return 2
 
     from .harness import SweepConfig, run_sweep, tileq_failures
@@ -191,6 +192,7 @@ def run_bench(args) -> int:
         timing=TimingConfig(args.warmup, args.runs, not args.no_flush, args.graphs),
         seed=args.seed, time_budget_s=args.time_budget, progress=not args.no_progress,
         ceilings=not args.no_ceilings, title=f"bench {suite_label}",
+        precompile_jobs=args.precompile_jobs,
     )
     if device.type != "cuda":
         print("tileq bench: no CUDA device: checking correctness through Triton's interpreter; "

@@ -2,8 +2,15 @@
 
 An output passes when it has the expected shape, holds no NaN or inf (outputs are poisoned with
 NaN before the gated run, so an unwritten element shows up here), has as many non-zero values
-as the expected result (an all-zero or partly-zero output fails even when max|ref| is small),
-and its largest error is below ``REL_TOL`` of max|expected|.
+as the expected result, and its largest error is below ``REL_TOL`` of max|expected|.
+
+The non-zero count is compared outside the tolerance band: an element whose expected magnitude
+is below ``REL_TOL`` x max|expected| may legitimately be exactly zero on one side only. Exact
+cancellation happens in real runs: on an H200 (2026-11-29, llm suite) an exact int8 sum of 0
+came out as 1e-9 from split-K partials scaled before their sum, and fp8 / bf16 products (cuBLAS's
+bf16 matmul included) hit exact zeros the float64 reference does not, in 1 to 100 of millions of
+outputs. A zeroed block, row or whole output still fails: most of its elements are far outside
+the band.
 """
 
 from __future__ import annotations
@@ -54,10 +61,21 @@ def gate(out: torch.Tensor, expected: torch.Tensor, *, tol: float = REL_TOL) -> 
             return GateResult(False, math.nan, f"{sentinel} outputs still hold the poison value")
     if st["ref_max"] == 0:
         return GateResult(False, math.nan, "expected result is all zeros: the gate would prove nothing")
-    if st["nonzero_out"] != st["nonzero_ref"]:
-        what = "all zero" if st["nonzero_out"] == 0 else f"{st['nonzero_out']} non-zero"
+    if st["nonzero_out"] == 0:
         return GateResult(False, rel,
-                          f"output is {what}, expected {st['nonzero_ref']} non-zero values")
+                          f"output is all zero, expected {st['nonzero_ref']} non-zero values")
+    band = tol * st["ref_max"]
+    e = expected.float()
+    o = out.float()
+    outside = e.abs() > band
+    zeros_out = int(((o == 0) & outside).sum().item())
+    zeros_ref = int(((e == 0) & (o.abs() > band)).sum().item())
+    if zeros_out or zeros_ref:
+        return GateResult(False, rel,
+                          f"output has {st['nonzero_out']} non-zero values, expected "
+                          f"{st['nonzero_ref']}: {zeros_out} are zero where |expected| > "
+                          f"{tol:g} x max|expected|" + (f", {zeros_ref} non-zero where expected "
+                                                         "is zero" if zeros_ref else ""))
     if not rel < tol:
         return GateResult(False, rel, f"max error {rel:.3g} of max|expected| is not below {tol:g}")
     return GateResult(True, rel, "")

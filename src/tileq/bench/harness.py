@@ -9,7 +9,7 @@ clocks or temperature affects both sides of each ratio alike.
 
 from __future__ import annotations
 
-import math
+import sys
 import time
 from dataclasses import dataclass, field, replace
 
@@ -38,6 +38,7 @@ class SweepConfig:
     progress: bool = True
     ceilings: bool = True
     title: str = "bench"
+    precompile_jobs: int | None = None  # CUDA: None = CPUs - 1 processes, 0 = compile inline
 
 
 @dataclass
@@ -85,6 +86,7 @@ class _ShapeState:
         self.mk = None
         self.x: torch.Tensor | None = None
         self.float_product: torch.Tensor | None = None
+        self.shape_id = None
         self.shared: dict = {}  # impl name -> Result measured once per shape
 
     def enter(self, shape: Shape):
@@ -98,7 +100,9 @@ class _ShapeState:
             self.mk = (shape.m, shape.n, shape.k)
             self.x = None
             self.float_product = None
-            self.shared.clear()
+        if self.shape_id != (shape.suite, shape.name, shape.m, shape.n, shape.k):
+            self.shape_id = (shape.suite, shape.name, shape.m, shape.n, shape.k)
+            self.shared.clear()  # shared rows carry the shape's name: never reuse across rows
 
     def weight(self, case: Case, n: int, k: int) -> WeightSide:
         if self.w is None:
@@ -199,6 +203,15 @@ def run_sweep(cfg: SweepConfig) -> Sweep:
     method = runner.timer.describe() if runner.timer else "correctness only (no GPU): not timed"
 
     items = [(s, c) for s in cfg.shapes for c in s.cases_to_run(cfg.cases)]
+    if cfg.device.type == "cuda" and cfg.precompile_jobs != 0:
+        from .precompile import precompile
+
+        try:
+            done = precompile(items, cfg.device, cfg.precompile_jobs)
+        except Exception as e:  # said aloud; the sweep then compiles each kernel on first use
+            done = f"precompilation failed ({_short(e, 200)}): kernels compiled inside the sweep"
+        print(done, file=sys.stderr)
+        method += f"; {done} before the sweep (compile time is not in any timing)"
     progress = Progress(len(items), title=cfg.title, enabled=cfg.progress)
     state = _ShapeState(cfg.device, cfg.seed)
     rows: list[R.Result] = []
@@ -245,6 +258,3 @@ def tileq_failures(rows: list[R.Result]) -> list[R.Result]:
     """tileq rows that failed the gate or raised: what makes ``bench`` / ``demo`` exit non-zero."""
     return [r for r in rows if r.impl == "tileq" and r.status in (R.FAIL, R.ERROR)]
 
-
-def finite(v) -> bool:
-    return v is not None and not (isinstance(v, float) and math.isnan(v))

@@ -58,7 +58,8 @@ def write_plots(rows: list[R.Result], out_dir: str, ceilings=None, title: str = 
         if not any(r.timed for r in case_rows):
             continue
         fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-        for ax, attr, unit in ((axes[0], "tflops", "TFLOP/s"), (axes[1], "tbps", "TB/s")):
+        flops_unit = "TOP/s" if _compute_kind(case) == "int8" else "TFLOP/s"
+        for ax, attr, unit in ((axes[0], "tflops", flops_unit), (axes[1], "tbps", "TB/s")):
             for impl, pts in _series(case_rows, attr).items():
                 ms = [p[0] for p in pts]
                 style = dict(lw=2.4, marker="o", zorder=3) if impl == "tileq" else dict(lw=1.3, marker=".")

@@ -62,17 +62,19 @@ def parse_table(doc: dict, source: str) -> dict:
     return out
 
 
-def _table_paths() -> list[tuple[str, Path]]:
-    paths: list[tuple[str, Path]] = []
-    extra = os.environ.get("TILEQ_TUNED_TABLES", "")
-    for p in filter(None, extra.split(os.pathsep)):
-        paths.append(("user", Path(p)))
+def _shipped_tables() -> list[Path]:
     shipped = resources.files("tileq.catalog").joinpath("data/tuned")
-    if shipped.is_dir():
-        for f in sorted(shipped.iterdir(), key=lambda x: x.name):
-            if f.name.endswith(".json"):
-                paths.append(("shipped", Path(str(f))))
-    return paths
+    if not shipped.is_dir():
+        return []
+    return [Path(str(f)) for f in sorted(shipped.iterdir(), key=lambda x: x.name)
+            if f.name.endswith(".json")]
+
+
+def _table_paths() -> list[tuple[str, Path]]:
+    """User tables ($TILEQ_TUNED_TABLES) first, so they win over the shipped ones."""
+    extra = os.environ.get("TILEQ_TUNED_TABLES", "")
+    paths = [("user", Path(p)) for p in filter(None, extra.split(os.pathsep))]
+    return paths + [("shipped", p) for p in _shipped_tables()]
 
 
 @lru_cache(maxsize=16)

@@ -152,10 +152,10 @@ def _gemm_kernel(
             a_ptrs = a_ptr + (k_first + rk)[None, :].to(tl.int64) * lda + rm64[:, None]
             a_step = k_step * lda
     if B_TYPE == "i4":
-        if B_LAYOUT == "r" and B_CT == "i8":
-            # Packed along N feeding an int8 mma: read each byte once per nibble ([BK, BN]
+        if B_LAYOUT == "r" and B_CT != "bf16" and B_CT != "fp16":
+            # Packed along N feeding an 8-bit mma: read each byte once per nibble ([BK, BN]
             # addresses n // 2) instead of join+reshape, which Triton 3.6's dot-operand pass
-            # rejects for int8 ("Illegal shared layout" in TritonGPUOptimizeDotOperands).
+            # rejects for 8-bit operands ("Illegal shared layout" in TritonGPUOptimizeDotOperands).
             rnh = rn // 2
             b_ptrs = b_ptr + (k_first + rk)[:, None].to(tl.int64) * ldb + rnh[None, :]
             b_step = k_step * ldb
@@ -199,7 +199,7 @@ def _gemm_kernel(
             a = tl.load(a_ptrs, mask=m_ok[:, None] & (rk < k_left)[None, :], other=0)
         # ---- B tile [BK, BN] ----
         if B_TYPE == "i4":
-            if B_LAYOUT == "r" and B_CT == "i8":
+            if B_LAYOUT == "r" and B_CT != "bf16" and B_CT != "fp16":
                 b_raw = tl.load(b_ptrs, mask=(rk < k_left)[:, None] & n_ok[None, :], other=136)
                 shift = (1 - (rn % 2)) * 4  # even n: high nibble
                 b = _nibbles_to((b_raw >> shift[None, :].to(tl.uint8)) & 15, B_CT, INTERPRETED)
