@@ -433,3 +433,15 @@ def test_rows_keep_their_shape_names_when_dimensions_repeat(tmp_path):
     bf16 = [(r.shape, r.case) for r in R.read_csv(out / "results.csv") if r.impl == "torch_bf16_matmul"]
     assert sorted(bf16) == sorted((s, c) for s in ("first", "second")
                                   for c in ("rowcol:i8xi8:rcr", "tensor:fp8xfp8:rcr"))
+
+
+def test_every_shipped_suite_file_is_registered_and_loads():
+    from importlib import resources
+
+    from tileq.bench.suites import BUILTIN_SUITES, load_suite
+
+    shipped = sorted(f.name[:-4] for f in resources.files("tileq.bench").joinpath("suites").iterdir()
+                     if f.name.endswith(".csv"))
+    assert shipped == sorted(BUILTIN_SUITES)
+    for name in shipped:
+        assert load_suite(name), name

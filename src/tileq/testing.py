@@ -29,11 +29,12 @@ class GemmArgs:
 
 def _values(t: OperandType, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
     """Random values of type ``t`` (int4 as int8 in [-8, 7]) on the CPU."""
+    dev = gen.device
     if t is OperandType.I8:
-        return torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
+        return torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8, device=dev)
     if t is OperandType.I4:
-        return torch.randint(-8, 8, shape, generator=gen, dtype=torch.int8)
-    x = torch.randn(shape, generator=gen)
+        return torch.randint(-8, 8, shape, generator=gen, dtype=torch.int8, device=dev)
+    x = torch.randn(shape, generator=gen, device=dev)
     if t is OperandType.FP8:
         return (x * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
     if t is OperandType.BF8:
@@ -66,13 +67,17 @@ def make_matrix(t: OperandType, rows: int, cols: int, contiguous_dim: int, gen: 
 
 
 def _scale(shape, gen: torch.Generator) -> torch.Tensor:
-    return torch.rand(shape, generator=gen) + 0.5
+    return torch.rand(shape, generator=gen, device=gen.device) + 0.5
 
 
 def make_args(spec: ProblemSpec, *, seed: int = 0, device="cpu", pad: int = 0,
               bias: bool | None = None, acc: bool | None = None) -> GemmArgs:
-    """Random operands, scales, bias and acc for ``spec`` (shapes, layouts and scale kinds)."""
-    gen = torch.Generator().manual_seed(seed)
+    """Random operands, scales, bias and acc for ``spec`` (shapes, layouts and scale kinds).
+
+    Values are drawn on ``device`` (fast at LLM sizes on a GPU); the same seed gives the same
+    values on the same kind of device.
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
     m, n, k = spec.m, spec.n, spec.k
     a = make_matrix(spec.a_type, m, k, 1 if spec.layout[0] == "r" else 0, gen, pad, device)
     b = make_matrix(spec.b_type, k, n, 1 if spec.layout[1] == "r" else 0, gen, pad, device)
@@ -95,12 +100,13 @@ def make_args(spec: ProblemSpec, *, seed: int = 0, device="cpu", pad: int = 0,
     if spec.b_scale_kind is ScaleKind.GROUP:
         kwargs["group_n"] = spec.group_n
     if bias if bias is not None else spec.has_bias:
-        kwargs["bias"] = (torch.randn(n, generator=gen) * 4).to(device)
+        kwargs["bias"] = torch.randn(n, generator=gen, device=gen.device) * 4
     if acc if acc is not None else spec.has_acc:
         if spec.acc_dtype == torch.int32:
-            kwargs["acc"] = torch.randint(-5000, 5000, (m, n), generator=gen, dtype=torch.int32).to(device)
+            kwargs["acc"] = torch.randint(-5000, 5000, (m, n), generator=gen, dtype=torch.int32,
+                                          device=gen.device)
         else:
-            kwargs["acc"] = (torch.randn(m, n, generator=gen) * 100).to(device)
+            kwargs["acc"] = torch.randn(m, n, generator=gen, device=gen.device) * 100
     to = lambda s: None if s is None else s.to(device)
     return GemmArgs(a, b, to(sa), to(sb), kwargs)
 

@@ -45,6 +45,8 @@ BUILTIN_SUITES = {
     "ck28": "28 shapes crossed with the 28 AQuant families (CK's parity sweep)",
     "demo": "Qwen3-14B projections at M in {1, 16, 4096} (tileq demo on a GPU)",
     "demo-cpu": "the demo shapes divided by about 40, M in {1, 16, 64} (tileq demo on CPU)",
+    "prefill-targets": "the prefill floor shapes: 8192^3 and M = 4096 at five LLM projections",
+    "decode-targets": "the decode target shapes: six LLM projections x M in 1..64",
 }
 
 # Short names used by scripts/gpu_run.sh.
