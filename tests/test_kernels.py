@@ -103,3 +103,17 @@ def test_m_zero_launches_nothing():
     args = make_args(spec, device=DEVICE)
     y = args.call(tileq.gemm, backend="triton")
     assert y.shape == (0, 70)
+
+
+def test_fast_accum_option_for_fp8():
+    spec = family_spec(parse_family("rowcol_fp8xfp8_rcr_prefill"), 70, 64, 300, out_dtype=torch.float32)
+    args = make_args(spec, seed=9, device=DEVICE)
+    want = args.call(tileq.gemm, backend="reference")
+    got = args.call(tileq.gemm, backend="triton", fast_accum=True)
+    check_close(got, want, torch.float32)
+    assert "fast-accum" in args.call(tileq.explain, backend="triton", fast_accum=True)
+    assert "promoted to f32 per K tile" in args.call(tileq.explain, backend="triton")
+    # int8 has nothing to speed up: the flag is accepted and has no effect on the plan
+    i8 = family_spec(parse_family("rowcol_i8xi8_rcr_prefill"), 70, 64, 300)
+    a8 = make_args(i8, device=DEVICE)
+    assert "fast-accum" not in a8.call(tileq.explain, backend="triton", fast_accum=True)

@@ -119,6 +119,8 @@ def lowering(spec: ProblemSpec) -> list[str]:
     acc_short = "i32" if spec.integer_mainloop else "f32"
     if spec.a_type.is_float8 and spec.b_type.is_float8:
         mma = f"mma({spec.a_type}x{spec.b_type}->{acc_short})"  # mixed fp8 stays mixed
+        if not spec.scheme.grouped:
+            mma += " fast-accum" if spec.fast_accum else " promoted to f32 per K tile"
     else:
         mma = f"mma({ct}x{ct}->{acc_short})"
     if spec.scheme.grouped:

@@ -118,6 +118,9 @@ class ProblemSpec:
     a_scale_layout: ScaleLayout = ScaleLayout.ROWMAJOR
     has_bias: bool = False
     has_acc: bool = False
+    # fp8/bf8 pairs only: let sm_90's reduced-precision wgmma accumulator run over the whole K
+    # loop (torch._scaled_mm's use_fast_accum) instead of promoting to fp32 after every K tile.
+    fast_accum: bool = False
 
     @property
     def gk(self) -> int:
@@ -343,6 +346,7 @@ def build_problem(
     group_k: int = 128,
     group_n: int | None = None,
     out=None,
+    fast_accum: bool = False,
 ) -> Problem:
     """Validate a ``gemm`` call and return its normalized Problem."""
     scheme = parse_scheme(scheme)
@@ -375,6 +379,7 @@ def build_problem(
         m=m, n=n, k=k, a_type=a_type, b_type=b_type, layout=layout, scheme=scheme,
         a_scale_kind=a_kind, b_scale_kind=b_kind, out_dtype=out_dtype, group_k=group_k,
         group_n=gn, a_scale_layout=a_sl, has_bias=bias is not None, has_acc=acc is not None,
+        fast_accum=bool(fast_accum) and a_type.is_float8 and b_type.is_float8,
     )
     _check_int32_overflow(spec)
 

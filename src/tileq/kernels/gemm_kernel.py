@@ -77,7 +77,8 @@ def _convert(x, CT: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, acc, OUT_DTYPE: tl.constexpr, INTERPRETED: tl.constexpr, CT: tl.constexpr):
+def _dot(a, b, acc, OUT_DTYPE: tl.constexpr, INTERPRETED: tl.constexpr, CT: tl.constexpr,
+         FAST_ACCUM: tl.constexpr = False):
     """a @ b (+ acc) on the matrix units."""
     if INTERPRETED and CT == "bf16":
         # Triton 3.6's interpreter computes bf16 dots wrongly (numpy has no bf16); fp32 inputs
@@ -89,7 +90,7 @@ def _dot(a, b, acc, OUT_DTYPE: tl.constexpr, INTERPRETED: tl.constexpr, CT: tl.c
         return tl.dot(a, b, acc, input_precision="ieee", out_dtype=OUT_DTYPE)
     if acc is None:
         return tl.dot(a, b, out_dtype=OUT_DTYPE)
-    if a.dtype.is_fp8() and b.dtype.is_fp8():
+    if a.dtype.is_fp8() and b.dtype.is_fp8() and not FAST_ACCUM:
         # sm_90's fp8 wgmma accumulates with reduced precision; Triton's default lets that run
         # over the whole K loop (max|error| 1.2% of max|C| at K = 17408 on an H200). Promoting
         # into the fp32 accumulator after every K tile keeps it at bf16 rounding, as cuBLASLt
@@ -111,6 +112,7 @@ def _gemm_kernel(
     INT_DOT: tl.constexpr, GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ACC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, INTERPRETED: tl.constexpr,
+    FAST_ACCUM: tl.constexpr,
 ):
     # Grouped ordering of output tiles: GROUP_M row-tiles share B tiles while they sit in L2.
     pid = tl.program_id(0)
@@ -238,7 +240,7 @@ def _gemm_kernel(
                 part = part * sb[None, :]
             acc += part
         else:
-            acc = _dot(a, b, acc, acc.dtype, INTERPRETED, A_CT)
+            acc = _dot(a, b, acc, acc.dtype, INTERPRETED, A_CT, FAST_ACCUM)
         a_ptrs += a_step
         b_ptrs += b_step
 

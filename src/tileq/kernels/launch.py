@@ -40,7 +40,7 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
         INT_DOT=spec.integer_mainloop, GROUPED=spec.scheme.grouped,
         HAS_BIAS=spec.has_bias, HAS_ACC=spec.has_acc,
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k,
-        INTERPRETED=interpreted,
+        INTERPRETED=interpreted, FAST_ACCUM=spec.fast_accum,
     )
 
 
