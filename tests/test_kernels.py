@@ -117,3 +117,26 @@ def test_fast_accum_option_for_fp8():
     i8 = family_spec(parse_family("rowcol_i8xi8_rcr_prefill"), 70, 64, 300)
     a8 = make_args(i8, device=DEVICE)
     assert "fast-accum" not in a8.call(tileq.explain, backend="triton", fast_accum=True)
+
+
+@pytest.mark.parametrize("family", [f.name for f in catalog()])
+def test_swapped_kernel_matches_reference(family):
+    """C^T = B^T A^T: operands, scales (group rows from B's column groups), acc_in, bias and the
+    transposed store, with and without a split over K."""
+    from dataclasses import replace
+
+    from tileq.commands import selftest_shape
+    from tileq.plan import execute, make_plan, with_config
+    from tileq.problem import build_problem
+
+    fam = parse_family(family)
+    m, n, k = selftest_shape(fam)
+    spec = family_spec(fam, m, n, k, out_dtype=torch.float32)
+    args = make_args(spec, seed=len(family), device=DEVICE, bias=True, acc=True)
+    want = args.call(tileq.gemm, backend="reference")
+    problem = args.call(build_problem)
+    base = make_plan(problem.spec, torch.device(DEVICE), backend="triton")
+    for split_k in (1, 2):
+        cfg = replace(base.config, swap_ab=True, split_k=split_k, block_m=64,
+                      block_n=16 if fam.pipeline == "decode" else 64)
+        check_close(execute(with_config(base, cfg), problem), want, torch.float32)

@@ -43,17 +43,28 @@ def candidates(pipeline: str, eight_bit: bool, m: int = 1) -> list[TileConfig]:
     if pipeline == "decode":
         # One M tile covering M (re-reading the weight per M tile would double the bytes).
         bm = 16 if m <= 16 else (32 if m <= 32 else 64)
-        return [
+        grid = [
             TileConfig(bm, bn, bk, 4, 4, sk)
             for bn in (16, 32, 64, 128)
             for bk in ((256, 512) if eight_bit else (128, 256))
             for sk in (1, 2, 4, 8)
         ]
+        # Swapped (C^T = B^T A^T): N tiles of 64/128 on the wgmma M side, M on its N side.
+        grid += [
+            TileConfig(bn_w, bm, bk, 4, 4, sk, swap_ab=True)
+            for bn_w in (64, 128)
+            for bk in ((128, 256) if eight_bit else (64, 128))
+            for sk in (1, 2, 4)
+        ]
+        return grid
     bk = 128 if eight_bit else 64
     return [
         TileConfig(128, 256, bk, 8, 3), TileConfig(128, 128, bk, 8, 4), TileConfig(128, 128, bk, 4, 4),
         TileConfig(256, 128, bk, 8, 3), TileConfig(128, 256, bk // 2, 8, 4), TileConfig(64, 256, bk, 4, 4),
         TileConfig(128, 128, bk, 8, 3),
+        # Swapped: the weight is the mma's A operand (an int4 weight feeds it from registers).
+        TileConfig(128, 128, bk, 8, 3, swap_ab=True), TileConfig(128, 128, bk, 8, 4, swap_ab=True),
+        TileConfig(256, 128, bk, 8, 3, swap_ab=True),
     ]
 
 

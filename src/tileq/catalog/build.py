@@ -23,6 +23,7 @@ import triton
 
 from ..errors import UnsupportedError
 from .arch import ArchInfo, check_types, get_arch
+from .config import TileConfig
 from .families import catalog, family_spec
 from .heuristic import choose_pipeline, heuristic_config
 from .names import KernelFamily, KernelInstance, parse_family
@@ -47,13 +48,28 @@ class BuildResult:
     binary: str | None = None
 
 
-def instance_for(fam: KernelFamily, arch: ArchInfo) -> tuple[KernelInstance, object]:
+def instance_for(fam: KernelFamily, arch: ArchInfo, swap: bool = False) -> tuple[KernelInstance, object]:
+    """The instance a build compiles: the planner's default config, or its swapped variant."""
     m, n, k = DECODE_SHAPE if fam.pipeline == "decode" else PREFILL_SHAPE
     spec = family_spec(fam, m, n, k)
     assert choose_pipeline(spec) == fam.pipeline, (fam.name, choose_pipeline(spec))
     check_types(arch, spec.a_type, spec.b_type)
     cfg = heuristic_config(spec, arch, fam.pipeline, arch.typical_sms)
+    if swap:
+        cfg = swapped_variant(cfg, fam.pipeline)
     return KernelInstance(fam, cfg, arch.name), spec
+
+
+def swapped_variant(cfg: TileConfig, pipeline: str) -> TileConfig:
+    """The C^T = B^T A^T counterpart of a config (a tuning candidate, built to prove it compiles)."""
+    if pipeline == "decode":
+        return TileConfig(64, cfg.block_m, min(cfg.block_k, 128), 4, 4, cfg.split_k, swap_ab=True)
+    return TileConfig(128, 128, cfg.block_k, 8, 3, swap_ab=True)
+
+
+def wants_swapped_build(fam: KernelFamily) -> bool:
+    """Decode families and int4-weight families get their swapped variant built too."""
+    return fam.pipeline == "decode" or fam.b.value == "i4"
 
 
 def _tool(name: str) -> str:
@@ -74,7 +90,7 @@ def _resource_usage(cubin_path: Path) -> tuple[int | None, int | None]:
     return (int(regs.group(1)) if regs else None), spill
 
 
-def compile_one(family_name: str, arch_name: str, out_dir: str | None) -> BuildResult:
+def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: bool = False) -> BuildResult:
     """Compile one family (runs in a worker process)."""
     from triton.backends.compiler import GPUTarget
 
@@ -85,7 +101,7 @@ def compile_one(family_name: str, arch_name: str, out_dir: str | None) -> BuildR
     arch = get_arch(arch_name)
     t0 = time.time()
     try:
-        inst, spec = instance_for(fam, arch)
+        inst, spec = instance_for(fam, arch, swap)
     except Exception as e:  # an illegal family for this arch is a build failure, said loudly
         return BuildResult(f"{family_name}__?_{arch.tag}", family_name, "?", False, 0.0,
                            error=f"{type(e).__name__}: {e}")
@@ -121,17 +137,19 @@ def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = Non
         raise UnsupportedError("tileq build: TRITON_INTERPRET=1 is set; unset it to compile kernels")
     arch = get_arch(arch_name)
     names = families or [f.name for f in catalog()]
+    work = [(n, False) for n in names]
+    work += [(n, True) for n in names if wants_swapped_build(parse_family(n))]
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     jobs = jobs or max(1, os.cpu_count() or 1)
     results: list[BuildResult] = []
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(compile_one, n, arch.name, out_dir) for n in names]
+        futures = [pool.submit(compile_one, n, arch.name, out_dir, swap) for n, swap in work]
         for i, fut in enumerate(futures, 1):
             r = fut.result()
             results.append(r)
             if progress:
-                progress(i, len(names), r)
+                progress(i, len(work), r)
     if out_dir:
         write_manifest(Path(out_dir) / "manifest.json", arch, results)
     return results

@@ -19,26 +19,31 @@ class TileConfig:
     num_stages: int
     split_k: int = 1
     group_m: int = 8
+    # Compute C^T = B^T A^T (block_m then tiles N, block_n tiles M): the weight becomes the
+    # mma's A operand (int4 unpacked without a transpose) and a small M fills the N side.
+    swap_ab: bool = False
 
     @property
     def tag(self) -> str:
-        """Name fragment: m128n128k128_w8_s4 (+ _sk4 when split over K)."""
+        """Name fragment: m128n128k128_w8_s4 (+ _sk4 when split over K, + _swap when swapped)."""
         t = f"m{self.block_m}n{self.block_n}k{self.block_k}_w{self.num_warps}_s{self.num_stages}"
-        return t + (f"_sk{self.split_k}" if self.split_k > 1 else "")
+        t += f"_sk{self.split_k}" if self.split_k > 1 else ""
+        return t + ("_swap" if self.swap_ab else "")
 
     @classmethod
     def parse_tag(cls, tag: str) -> "TileConfig":
         m = _TAG.fullmatch(tag)
         if not m:
-            raise ValueError(f"config tag: expected m<BM>n<BN>k<BK>_w<W>_s<S>[_sk<SK>], got {tag!r}")
-        bm, bn, bk, w, s, sk = m.groups()
-        return cls(int(bm), int(bn), int(bk), int(w), int(s), int(sk) if sk else 1)
+            raise ValueError(f"config tag: expected m<BM>n<BN>k<BK>_w<W>_s<S>[_sk<SK>][_swap], got {tag!r}")
+        bm, bn, bk, w, s, sk, swap = m.groups()
+        return cls(int(bm), int(bn), int(bk), int(w), int(s), int(sk) if sk else 1,
+                   swap_ab=bool(swap))
 
     def as_list(self) -> list[int]:
         return [self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages, self.split_k]
 
 
-_TAG = re.compile(r"m(\d+)n(\d+)k(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?")
+_TAG = re.compile(r"m(\d+)n(\d+)k(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_swap)?")
 
 _STORAGE_BYTES = {
     OperandType.I8: 1.0, OperandType.FP8: 1.0, OperandType.BF8: 1.0, OperandType.I4: 0.5,
@@ -54,12 +59,13 @@ def smem_estimate(spec: ProblemSpec, cfg: TileConfig) -> int:
     """Bytes of shared memory: pipelined stored tiles, plus a converted copy when types change."""
     a_tile = cfg.block_m * cfg.block_k
     b_tile = cfg.block_k * cfg.block_n
-    per_stage = a_tile * _STORAGE_BYTES[spec.a_type] + b_tile * _STORAGE_BYTES[spec.b_type]
+    a_t, b_t = (spec.b_type, spec.a_type) if cfg.swap_ab else (spec.a_type, spec.b_type)
+    per_stage = a_tile * _STORAGE_BYTES[a_t] + b_tile * _STORAGE_BYTES[b_t]
     ct = compute_type(spec.a_type, spec.b_type)
     converted = 0.0
-    if spec.a_type is not ct:
+    if a_t is not ct:
         converted += a_tile * _STORAGE_BYTES[ct]
-    if spec.b_type is not ct:
+    if b_t is not ct:
         converted += b_tile * _STORAGE_BYTES[ct]
     return int(per_stage * max(cfg.num_stages, 1) + converted)
 

@@ -112,7 +112,7 @@ def _gemm_kernel(
     INT_DOT: tl.constexpr, GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ACC: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, INTERPRETED: tl.constexpr,
-    FAST_ACCUM: tl.constexpr,
+    FAST_ACCUM: tl.constexpr, SWAPPED: tl.constexpr, SA_ROW_GROUP: tl.constexpr,
 ):
     # Grouped ordering of output tiles: GROUP_M row-tiles share B tiles while they sit in L2.
     pid = tl.program_id(0)
@@ -229,10 +229,11 @@ def _gemm_kernel(
                 part = _dot(a, b, None, tl.float32, INTERPRETED, A_CT)
             g = k0 // GROUP_K
             if A_SCALE == "group":
+                # SA_ROW_GROUP > 1 only when swapped: B's column groups became row groups.
                 if SA_PRESHUFFLED:
-                    sa = tl.load(sa_ptr + g * stride_sa_g + rm, mask=m_ok, other=0.0)
+                    sa = tl.load(sa_ptr + g * stride_sa_g + rm // SA_ROW_GROUP, mask=m_ok, other=0.0)
                 else:
-                    sa = tl.load(sa_ptr + rm * stride_sa_m + g, mask=m_ok, other=0.0)
+                    sa = tl.load(sa_ptr + (rm // SA_ROW_GROUP) * stride_sa_m + g, mask=m_ok, other=0.0)
                 part = part * sa[:, None]
             if B_SCALE == "group":
                 sb = tl.load(sb_ptr + g * stride_sb_g + (rn // GROUP_N) * stride_sb_n, mask=n_ok,
@@ -245,10 +246,15 @@ def _gemm_kernel(
         b_ptrs += b_step
 
     # ---- epilogue ----
+    # SWAPPED: this program computed a tile of C^T = B^T A^T (rows are C's columns), so C, acc_in
+    # and the bias are addressed transposed; every other stage is unchanged.
     c_mask = m_ok[:, None] & n_ok[None, :]
     if HAS_ACC:
         if SPLIT_K == 1 or pid_k == 0:
-            acc_in = tl.load(acc_ptr + rm64[:, None] * ld_acc + rn[None, :], mask=c_mask, other=0)
+            if SWAPPED:
+                acc_in = tl.load(acc_ptr + rn64[None, :] * ld_acc + rm[:, None], mask=c_mask, other=0)
+            else:
+                acc_in = tl.load(acc_ptr + rm64[:, None] * ld_acc + rn[None, :], mask=c_mask, other=0)
             acc += acc_in
     y = acc.to(tl.float32)
     if A_SCALE == "scalar":
@@ -263,10 +269,17 @@ def _gemm_kernel(
         y = y * sb_col[None, :]
     if HAS_BIAS:
         if SPLIT_K == 1 or pid_k == 0:
-            bias = tl.load(bias_ptr + rn, mask=n_ok, other=0.0)
-            y = y + bias[None, :]
+            if SWAPPED:
+                bias_r = tl.load(bias_ptr + rm, mask=m_ok, other=0.0)
+                y = y + bias_r[:, None]
+            else:
+                bias = tl.load(bias_ptr + rn, mask=n_ok, other=0.0)
+                y = y + bias[None, :]
     if SPLIT_K == 1:
-        c_ptrs = c_ptr + rm64[:, None] * ldc + rn[None, :]
+        if SWAPPED:
+            c_ptrs = c_ptr + rn64[None, :] * ldc + rm[:, None]
+        else:
+            c_ptrs = c_ptr + rm64[:, None] * ldc + rn[None, :]
         tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty), mask=c_mask)
     else:
         # Workspace [SPLIT_K, M, N] fp32, contiguous; ldc is N here.
@@ -275,8 +288,12 @@ def _gemm_kernel(
 
 
 @triton.jit
-def _splitk_reduce_kernel(w_ptr, c_ptr, total, N, ldc, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """Sum the SPLIT_K fp32 partials in a fixed order (deterministic) and cast to the output."""
+def _splitk_reduce_kernel(w_ptr, c_ptr, total, N, ldc, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+                          SWAPPED: tl.constexpr):
+    """Sum the SPLIT_K fp32 partials in a fixed order (deterministic) and cast to the output.
+
+    The workspace is [SPLIT_K, rows, N] in the kernel's orientation; SWAPPED writes it transposed.
+    """
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < total
@@ -285,4 +302,7 @@ def _splitk_reduce_kernel(w_ptr, c_ptr, total, N, ldc, SPLIT_K: tl.constexpr, BL
         s += tl.load(w_ptr + i * total + offs, mask=ok, other=0.0)
     row = offs // N
     col = offs % N
-    tl.store(c_ptr + row * ldc + col, s.to(c_ptr.dtype.element_ty), mask=ok)
+    if SWAPPED:
+        tl.store(c_ptr + col * ldc + row, s.to(c_ptr.dtype.element_ty), mask=ok)
+    else:
+        tl.store(c_ptr + row * ldc + col, s.to(c_ptr.dtype.element_ty), mask=ok)
