@@ -20,7 +20,7 @@ for step in "${steps[@]}"; do
   t0=$(date +%s)
   case "$step" in
     tests)
-      python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gpu.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
+      python3 -m pytest -q -p no:cacheprovider -n 12 tests/test_gpu.py tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
     tune-prefill)
       python3 -m tileq tune --out "$OUT/tuned_prefill.json" --m 4096 ${TUNE_CASES:+--cases "$TUNE_CASES"} \
         --max-seconds "${TUNE_SECONDS:-240}" --jobs 14 2>&1 | tail -5 | tee "$OUT/tune_prefill.log" ;;

@@ -112,3 +112,29 @@ def test_warmup_compiles_the_planned_kernels():
         dict(scheme="abquant", a="fp8", b="fp8", m=4096, n=4096, k=4096),
     ])
     assert names[0].startswith("rowcol_i8xi8_rcr_decode__") and names[1].startswith("abquant_fp8xfp8_rcr_prefill__")
+
+
+@pytest.mark.parametrize("family", ["bquant_fp8xi4_rcr_prefill", "bquant_bf16xi4_rcr_prefill",
+                                    "bquant_fp8xi4_rcr_decode", "bquant_bf16xi4_rcr_decode",
+                                    "rowcol_i8xi8_rcr_decode", "abquant_fp8xfp8_rcr_decode",
+                                    "bquant_fp8xi4_rrr_prefill", "aquant_i4xfp8_crr_decode"])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_swapped_variant_at_real_size(family, split_k):
+    from dataclasses import replace
+
+    from tileq.plan import execute, make_plan, with_config
+    from tileq.problem import build_problem
+
+    fam = parse_family(family)
+    m, n, k = _shape(fam, 727 if fam.pipeline != "decode" else 13, 577, 859)
+    spec = family_spec(fam, m, n, k)
+    args = make_args(spec, seed=4, device="cuda", bias=True)
+    want = args.call(tileq.gemm, backend="reference")
+    problem = args.call(build_problem)
+    problem.out = torch.full((m, n), float("nan"), dtype=spec.out_dtype, device="cuda")
+    base = make_plan(problem.spec, torch.device("cuda"))
+    cfg = replace(base.config, swap_ab=True, split_k=split_k, block_m=128 if fam.pipeline != "decode" else 64,
+                  block_n=128 if fam.pipeline != "decode" else 16, num_warps=8 if fam.pipeline != "decode" else 4)
+    got = execute(with_config(base, cfg), problem)
+    torch.cuda.synchronize()
+    check_close(got, want, spec.out_dtype)
