@@ -64,6 +64,8 @@ def heuristic_config(spec: ProblemSpec, arch: ArchInfo, pipeline: str, num_sms: 
         bn = min(bn, 128)  # the unpacked copy of the int4 tile needs registers too
     if pipeline == "decode":
         bm = 16 if spec.m <= 16 else (32 if spec.m <= 32 else 64)
+        if not spec.scheme.grouped:
+            return _decode_single_pass(spec, arch, bm, bk, w, s, num_sms)
         tiles = math.ceil(spec.m / bm) * math.ceil(spec.n / bn)
         k_tiles = max(math.ceil(spec.k / bk), 1)
         # Enough programs to keep every SM streaming (about 2 per SM), each with >= 4 K tiles.
@@ -79,4 +81,25 @@ def heuristic_config(spec: ProblemSpec, arch: ArchInfo, pipeline: str, num_sms: 
     why = config_problem(spec, cfg, arch)
     if why is not None:
         raise UnsupportedError(f"no legal default config for {arch.name}: {why}")
+    return cfg
+
+
+def _decode_single_pass(spec: ProblemSpec, arch: ArchInfo, bm: int, bk: int, w: int, s: int,
+                        num_sms: int) -> TileConfig:
+    """Non-grouped decode: one pass over K (no split, so no second launch), the widest N tile that
+    gives at least 1.2 programs per SM, and long K tiles for long K.
+
+    From ``tileq tune`` on an H200 (2026-11-29): all 24 int8/fp8 rowcol decode problems (six LLM
+    weights x M in {1, 16}) were fastest without a split over K, with 128 to 544 N tiles, and
+    BK = 512 for K >= 16384, 256 below (8-bit operands).
+    """
+    bn = 128
+    while bn > 16 and math.ceil(spec.n / bn) < 1.2 * num_sms:
+        bn //= 2
+    if _width(spec) == "8bit":
+        bk = 512 if spec.k >= 16384 else 256
+    cfg = TileConfig(bm, bn, bk, w, s, 1)
+    # Fall back to narrower K tiles where the long ones do not fit (shared memory, group size).
+    while config_problem(spec, cfg, arch) is not None and cfg.block_k > 64:
+        cfg = TileConfig(bm, bn, cfg.block_k // 2, w, s, 1)
     return cfg
