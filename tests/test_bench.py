@@ -445,3 +445,17 @@ def test_every_shipped_suite_file_is_registered_and_loads():
     assert shipped == sorted(BUILTIN_SUITES)
     for name in shipped:
         assert load_suite(name), name
+
+
+def test_fast_accumulation_cases():
+    import pytest as _pytest
+
+    from tileq.bench.cases import parse_case
+    from tileq.errors import UnsupportedError
+
+    case = parse_case("rowcol:fp8xfp8:rcr:fast")
+    assert case.fast_accum and case.name == "rowcol:fp8xfp8:rcr:fast"
+    with _pytest.raises(UnsupportedError, match="':fast' only with fp8/bf8 tensor or rowcol"):
+        parse_case("abquant:fp8xfp8:rcr:fast")
+    with _pytest.raises(UnsupportedError, match="':fast' only"):
+        parse_case("rowcol:i8xi8:rcr:fast")

@@ -200,10 +200,13 @@ def build_bf16_matmul(ops: Operands, ctx: Context) -> Runnable:
 def build_scaled_tensorwise(ops: Operands, ctx: Context) -> Runnable:
     a, b, sa, sb = ops.a, ops.b, ops.a_scale, ops.b_scale
 
-    def fn():
-        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    fast = ops.case.fast_accum  # same accumulation as the tileq case it is compared with
 
-    return Runnable(fn, "quantized", ops.bytes, note="use_fast_accum=False")
+    def fn():
+        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                use_fast_accum=fast)
+
+    return Runnable(fn, "quantized", ops.bytes, note=f"use_fast_accum={fast}")
 
 
 def build_scaled_rowwise(ops: Operands, ctx: Context) -> Runnable:
@@ -211,10 +214,13 @@ def build_scaled_rowwise(ops: Operands, ctx: Context) -> Runnable:
     sa = ops.a_scale.reshape(ops.m, 1).contiguous()  # [M, 1] fp32
     sb = ops.b_scale.reshape(1, ops.n).contiguous()  # [1, N] fp32
 
-    def fn():
-        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    fast = ops.case.fast_accum
 
-    return Runnable(fn, "quantized", ops.bytes, note="use_fast_accum=False")
+    def fn():
+        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                use_fast_accum=fast)
+
+    return Runnable(fn, "quantized", ops.bytes, note=f"use_fast_accum={fast}")
 
 
 def build_blockwise(ops: Operands, ctx: Context) -> Runnable:

@@ -1,8 +1,9 @@
 """Cases: what is measured per shape, and the seeded operands each case is built from.
 
-A case is (scheme, A dtype, B dtype, layout, A-scale storage), written ``scheme:AxB:layout`` with
-an optional ``:preshuffled`` (K-group-major A scales), e.g. ``rowcol:i8xi8:rcr`` or
-``aquant:i4xfp8:crr:preshuffled``. Named sets: ``headline`` (the default) and ``aquant28`` (CK's
+A case is (scheme, A dtype, B dtype, layout, A-scale storage, accumulation), written
+``scheme:AxB:layout`` with an optional ``:preshuffled`` (K-group-major A scales) or ``:fast``
+(fp8 tensor/rowcol with fast accumulation, against cuBLASLt with use_fast_accum=True), e.g.
+``rowcol:i8xi8:rcr``, ``aquant:i4xfp8:crr:preshuffled`` or ``rowcol:fp8xfp8:rcr:fast``. Named sets: ``headline`` (the default) and ``aquant28`` (CK's
 AQuant parity matrix, from ``catalog.aquant_matrix()``).
 
 Operands: seeded bf16 activations X [M, K] and weights W [N, K] are drawn on the device and
@@ -33,11 +34,13 @@ class Case:
     b: OperandType
     layout: str = "rcr"
     a_scale_layout: ScaleLayout = ScaleLayout.ROWMAJOR
+    fast_accum: bool = False
 
     @property
     def name(self) -> str:
         base = f"{self.scheme.value}:{self.a.value}x{self.b.value}:{self.layout}"
-        return base + (":preshuffled" if self.a_scale_layout is ScaleLayout.PRESHUFFLED else "")
+        base += ":preshuffled" if self.a_scale_layout is ScaleLayout.PRESHUFFLED else ""
+        return base + (":fast" if self.fast_accum else "")
 
     @property
     def dtypes(self) -> str:
@@ -95,8 +98,8 @@ class Case:
 
 
 def parse_case(text: str) -> Case:
-    """``scheme:AxB:layout[:preshuffled]`` -> Case (refused with the expected form named)."""
-    form = "scheme:AxB:layout[:preshuffled], e.g. 'rowcol:i8xi8:rcr'"
+    """``scheme:AxB:layout[:preshuffled|:fast]`` -> Case (refused with the expected form named)."""
+    form = "scheme:AxB:layout[:preshuffled|:fast], e.g. 'rowcol:i8xi8:rcr'"
     parts = str(text).strip().split(":")
     if len(parts) not in (3, 4) or "x" not in parts[1]:
         raise ShapeError(expect("case", form, repr(text)))
@@ -108,15 +111,23 @@ def parse_case(text: str) -> Case:
     if layout not in LAYOUTS:
         raise LayoutError(expect("case layout", f"one of {', '.join(LAYOUTS)}", repr(parts[2])))
     a_scale_layout = ScaleLayout.ROWMAJOR
+    fast = False
     if len(parts) == 4:
-        if parts[3].lower() != "preshuffled":
+        option = parts[3].lower()
+        if option not in ("preshuffled", "fast"):
             raise ShapeError(expect("case", form, repr(text)))
-        if not scheme.a_grouped:
+        if option == "preshuffled" and not scheme.a_grouped:
             raise UnsupportedError(
                 expect("case", "':preshuffled' only with aquant or abquant (group A scales)", repr(text))
             )
-        a_scale_layout = ScaleLayout.PRESHUFFLED
-    return Case(scheme, a, b, layout, a_scale_layout)
+        if option == "fast" and (scheme.grouped or not (a.is_float8 and b.is_float8)):
+            raise UnsupportedError(
+                expect("case", "':fast' only with fp8/bf8 tensor or rowcol (grouped schemes promote "
+                       "per K tile by construction)", repr(text))
+            )
+        a_scale_layout = ScaleLayout.PRESHUFFLED if option == "preshuffled" else a_scale_layout
+        fast = option == "fast"
+    return Case(scheme, a, b, layout, a_scale_layout, fast)
 
 
 T = OperandType
@@ -222,6 +233,8 @@ class Operands:
     @property
     def kwargs(self) -> dict:
         kw = dict(scheme=self.case.scheme.value, out_dtype=torch.bfloat16, group_k=GROUP_K)
+        if self.case.fast_accum:
+            kw["fast_accum"] = True
         if self.case.scheme.b_grouped:
             kw["group_n"] = self.case.group_n
         return kw
