@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call: environment, GPU tests, tuning sweeps and benchmarks, logs and CSV under $OUT.
-#   bash scripts/gpu_run.sh [tests] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode] [demo]
+#   bash scripts/gpu_run.sh [tests] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode] [overhead] [demo]
+# Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS.
 # Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +34,8 @@ for step in "${steps[@]}"; do
     bench-decode)
       python3 -m tileq bench --suite decode-targets ${BENCH_CASES:+--cases "$BENCH_CASES"} --out "$OUT/decode" \
         --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 | tail -40 | tee "$OUT/bench_decode.log" ;;
+    overhead)
+      python3 -m tileq overhead 2>&1 | tail -6 | tee "$OUT/overhead.log" ;;
     demo)
       python3 -m tileq demo 2>&1 | tail -40 | tee "$OUT/demo.log" ;;
     *) echo "unknown step $step"; status=1 ;;

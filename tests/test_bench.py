@@ -459,3 +459,16 @@ def test_fast_accumulation_cases():
         parse_case("abquant:fp8xfp8:rcr:fast")
     with _pytest.raises(UnsupportedError, match="':fast' only"):
         parse_case("rowcol:i8xi8:rcr:fast")
+
+
+def test_host_overhead_helpers():
+    import torch as _torch
+
+    from tileq.bench.overhead import host_us_per_call
+    from tileq.cli import main
+
+    calls = []
+    us = host_us_per_call(lambda: calls.append(1), calls=100, warmup=5)
+    assert len(calls) == 105 and 0 < us < 1e4
+    if not _torch.cuda.is_available():
+        assert main(["overhead"]) == 2  # refused with a message: it needs a GPU

@@ -16,10 +16,12 @@ def main(argv=None) -> int:
 
     register_tune(sub)
     from .bench.cli import register_cli as register_bench
+    from .bench.overhead import register_cli as register_overhead
     from .demo import register_cli as register_demo
 
     register_demo(sub)
     register_bench(sub)
+    register_overhead(sub)
     args = parser.parse_args(argv)
     from .errors import TileqError
 
