@@ -472,3 +472,20 @@ def test_host_overhead_helpers():
     assert len(calls) == 105 and 0 < us < 1e4
     if not _torch.cuda.is_available():
         assert main(["overhead"]) == 2  # refused with a message: it needs a GPU
+
+
+def test_dispatcher_check_section_counts_losses():
+    from tileq.bench.report import _dispatcher_check, group_by_case
+
+    rows = [
+        _row("a", 16, "rowcol:i8xi8:rcr", "tileq", "tileq", t=1.0),
+        _row("a", 16, "rowcol:i8xi8:rcr", "tileq_prefill", "pipeline", t=2.0),
+        _row("b", 48, "rowcol:i8xi8:rcr", "tileq", "tileq", t=1.0),
+        _row("b", 48, "rowcol:i8xi8:rcr", "tileq_prefill", "pipeline", t=0.5),
+    ]
+    text = "\n".join(_dispatcher_check(group_by_case(rows)))
+    assert "| rowcol:i8xi8:rcr | 2 | 1 | 0.50× at M=48" in text
+    # The forced-prefill row is no baseline: it never becomes "the best baseline".
+    from tileq.bench.report import best_baseline
+
+    assert best_baseline({r.impl: r for r in rows[:2]}) is None

@@ -183,6 +183,22 @@ def build_tileq(ops: Operands, ctx: Context) -> Runnable:
                     gated=gated)
 
 
+def _decode_sized(case, m, n, k):
+    if m > 64:
+        return "the planner itself runs prefill above M = 64"
+    return None
+
+
+def build_tileq_prefill(ops: Operands, ctx: Context) -> Runnable:
+    """tileq forced through the prefill pipeline: the dispatcher's decode choice must not lose."""
+    def gated():
+        out = poisoned(ops.m, ops.n, torch.bfloat16, ctx.device)
+        return ops.gemm(backend=ctx.tileq_backend, out=out, pipeline="prefill")
+
+    return Runnable(lambda: ops.gemm(backend=ctx.tileq_backend, pipeline="prefill"), "quantized",
+                    ops.bytes, gated=gated, note="pipeline='prefill' forced")
+
+
 def build_reference(ops: Operands, ctx: Context) -> Runnable:
     def gated():
         out = poisoned(ops.m, ops.n, torch.bfloat16, ctx.device)
@@ -374,6 +390,9 @@ def _unreachable(ops, ctx):  # torchao is always N/A (see _torchao_req)
 
 REGISTRY: tuple[Impl, ...] = (
     Impl("tileq", "tileq", "tileq.gemm (Triton kernels; the interpreter on CPU)", _always, build_tileq),
+    # Not a baseline (kind 'pipeline' is outside SAME_MATH_KINDS): the dispatcher check.
+    Impl("tileq_prefill", "pipeline", "tileq.gemm with pipeline='prefill' forced (M <= 64 only)",
+         _decode_sized, build_tileq_prefill),
     Impl("torch_bf16_matmul", "unquantized", "bf16 torch.matmul on the unquantized X, W",
          _always, build_bf16_matmul, shared=True),
     Impl("torch_scaled_mm_tensor", "fused", "torch._scaled_mm, tensor-wise scales (cuBLASLt)",

@@ -134,6 +134,7 @@ def render(rows: list[R.Result], *, title: str, env: dict, method: str, operands
     if not timed_any:
         out += ["**Timings need a GPU: this run checked correctness only (not measured).**", ""]
     out += _summary(by_case, timed_any)
+    out += _dispatcher_check(by_case)
     for case, shapes in by_case.items():
         out += _case_section(case, shapes, timed_any)
     failures = [r for r in rows if r.status in (R.FAIL, R.ERROR)]
@@ -153,6 +154,28 @@ def render(rows: list[R.Result], *, title: str, env: dict, method: str, operands
         out += [f"![{p}]({p})" for p in plots or []]
         out.append("")
     return "\n".join(out)
+
+
+def _dispatcher_check(by_case: dict) -> list[str]:
+    """M <= 64: the dispatcher's choice (tileq) against the prefill pipeline forced."""
+    lines = []
+    for case, shapes in by_case.items():
+        ratios = []
+        for key, impls in shapes.items():
+            t, p = impls.get("tileq"), impls.get("tileq_prefill")
+            if t is not None and p is not None and t.timed and p.timed:
+                ratios.append((p.time_ms / t.time_ms, key))
+        if ratios:
+            slower = [(r, k) for r, k in ratios if r < 1.0]
+            worst = min(ratios)
+            lines.append(f"| {case} | {len(ratios)} | {len(slower)} | {_x(worst[0])} at M={worst[1][2]} "
+                         f"N={worst[1][3]} K={worst[1][4]} |")
+    if not lines:
+        return []
+    return ["## Dispatcher check (M ≤ 64)", "",
+            "Prefill pipeline forced / the dispatcher's choice, same run (> 1: the choice is faster).",
+            "", "| case | shapes | choice slower than prefill | worst |", "|---|---|---|---|",
+            *lines, ""]
 
 
 def _summary(by_case: dict, timed_any: bool) -> list[str]:
