@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -12,9 +11,8 @@ import torch
 from .catalog.arch import ARCHS, check_types, get_arch
 from .catalog.families import catalog, family_spec
 from .catalog.names import KernelFamily
-from .dtypes import parse_operand_type
 from .errors import TileqError
-from .problem import LAYOUTS, ProblemSpec, ScaleKind, ScaleLayout, Scheme, parse_scheme
+from .problem import LAYOUTS, ProblemSpec, Scheme
 
 _OUT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -123,20 +121,12 @@ def cmd_build(args) -> int:
 
 
 def spec_from_args(args) -> ProblemSpec:
-    from .catalog.families import canonical_scale_kinds
+    from .warmup import describe
 
-    scheme = parse_scheme(args.scheme)
-    a, b = parse_operand_type(args.a), parse_operand_type(args.b)
-    from .dtypes import check_pair
-
-    check_pair(a, b)
-    sa, sb, gn = canonical_scale_kinds(scheme, a, b)
-    return ProblemSpec(
-        m=args.m, n=args.n, k=args.k, a_type=a, b_type=b, layout=args.layout, scheme=scheme,
-        a_scale_kind=sa, b_scale_kind=sb, out_dtype=_OUT[args.out_dtype], group_k=args.group_k,
-        group_n=args.group_n or gn,
-        a_scale_layout=ScaleLayout.PRESHUFFLED if args.preshuffled else ScaleLayout.ROWMAJOR,
-        has_bias=args.bias, has_acc=args.acc,
+    return describe(
+        scheme=args.scheme, a=args.a, b=args.b, m=args.m, n=args.n, k=args.k, layout=args.layout,
+        out_dtype=_OUT[args.out_dtype], group_k=args.group_k, group_n=args.group_n,
+        preshuffled=args.preshuffled, bias=args.bias, acc=args.acc,
     )
 
 

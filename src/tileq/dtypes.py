@@ -143,6 +143,15 @@ def compute_type(a: OperandType, b: OperandType) -> OperandType:
     return a
 
 
+def mma_types(a: OperandType, b: OperandType) -> tuple[OperandType, OperandType]:
+    """The (A, B) types the matrix instruction takes: a mixed e4m3 x e5m2 pair stays mixed, every
+    other pair meets at ``compute_type``."""
+    if a.is_float8 and b.is_float8:
+        return a, b
+    ct = compute_type(a, b)
+    return ct, ct
+
+
 def integer_mainloop(a: OperandType, b: OperandType) -> bool:
     """True when products accumulate exactly in int32 (int8 x int8, int8 x int4)."""
     return a.is_integer and b.is_integer
@@ -241,9 +250,6 @@ class PackedInt4:
             f"PackedInt4(shape={self.shape}, packed_dim={self.packed_dim}, "
             f"bytes={self.data.numel()}, device={self.data.device})"
         )
-
-
-Operand = "torch.Tensor | PackedInt4"
 
 
 def operand_type(x, arg: str) -> OperandType:

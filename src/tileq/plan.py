@@ -15,7 +15,7 @@ from .catalog.arch import ARCHS, ArchInfo, arch_of_capability, check_types, get_
 from .catalog.config import TileConfig
 from .catalog.heuristic import choose_pipeline, heuristic_config
 from .catalog.names import KernelFamily, KernelInstance
-from .dtypes import compute_type
+from .dtypes import compute_type, mma_types
 from .errors import UnsupportedError, expect
 from .problem import Problem, ProblemSpec, ScaleKind
 
@@ -117,12 +117,10 @@ def lowering(spec: ProblemSpec) -> list[str]:
         if t is not ct:
             st.append(f"convert {side}({t}->{ct})" if t.value != "i4" else f"unpack {side}(i4->{ct})")
     acc_short = "i32" if spec.integer_mainloop else "f32"
-    if spec.a_type.is_float8 and spec.b_type.is_float8:
-        mma = f"mma({spec.a_type}x{spec.b_type}->{acc_short})"  # mixed fp8 stays mixed
-        if not spec.scheme.grouped:
-            mma += " fast-accum" if spec.fast_accum else " promoted to f32 per K tile"
-    else:
-        mma = f"mma({ct}x{ct}->{acc_short})"
+    mma_a, mma_b = mma_types(spec.a_type, spec.b_type)
+    mma = f"mma({mma_a}x{mma_b}->{acc_short})"
+    if spec.a_type.is_float8 and spec.b_type.is_float8 and not spec.scheme.grouped:
+        mma += " fast-accum" if spec.fast_accum else " promoted to f32 per K tile"
     if spec.scheme.grouped:
         scales = []
         if spec.a_scale_kind is ScaleKind.GROUP:

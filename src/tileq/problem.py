@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -265,7 +265,7 @@ def _normalize_a_scale(s, m: int, gk: int, scheme: Scheme, unquantized: bool):
 def _a_expectation(allowed, m: int, gk: int, scheme: Scheme) -> str:
     parts = []
     if ScaleKind.VECTOR in allowed:
-        parts.append(f"shape (M,) or (M, 1)")
+        parts.append("shape (M,) or (M, 1)")
     if ScaleKind.SCALAR in allowed:
         parts.append("a scalar")
     if ScaleKind.GROUP in allowed:
@@ -372,8 +372,6 @@ def build_problem(
     b_kind, b_s, gn = _normalize_b_scale(
         b_scale, n, gk, group_n, group_k, scheme, b_type.is_wide_float
     )
-    if group_n is not None and b_kind is not ScaleKind.GROUP and group_n != gn:
-        gn = group_n
 
     spec = ProblemSpec(
         m=m, n=n, k=k, a_type=a_type, b_type=b_type, layout=layout, scheme=scheme,
@@ -452,7 +450,3 @@ def _check_int32_overflow(spec: ProblemSpec) -> None:
                 what,
             )
         )
-
-
-def with_layout_spec(spec: ProblemSpec, **changes) -> ProblemSpec:
-    return replace(spec, **changes)

@@ -72,26 +72,35 @@ def _eight_bit(fam: KernelFamily) -> bool:
     return not (fam.a.is_wide_float or fam.b.is_wide_float)
 
 
-def tune_problem(fam: KernelFamily, m: int, n: int, k: int, *, reps: int, warmup: int,
-                 max_candidates: int | None = None) -> list[tuple[TileConfig, float]]:
-    """Time every legal candidate for one problem; returns [(config, median ms)] fastest first."""
-    from .bench.timing import Timer, TimingConfig
-    from .plan import execute, make_plan, with_config
+def _prepared(fam: KernelFamily, m: int, n: int, k: int):
+    """(spec, the planner's plan, a validated problem on random CUDA operands) for one shape."""
+    from .plan import make_plan
     from .problem import build_problem
     from .testing import make_args
 
     spec = family_spec(fam, m, n, k)
-    args = make_args(spec, seed=0, device="cuda")
-    base = make_plan(spec, torch.device("cuda"), pipeline=fam.pipeline)
-    problem = args.call(build_problem)
-    out = torch.empty(m, n, dtype=spec.out_dtype, device="cuda")
-    problem.out = out
+    problem = make_args(spec, seed=0, device="cuda").call(build_problem)
+    return spec, make_plan(spec, torch.device("cuda"), pipeline=fam.pipeline), problem
+
+
+def _legal_candidates(fam: KernelFamily, spec, arch, m: int) -> list[TileConfig]:
+    return [c for c in candidates(fam.pipeline, _eight_bit(fam), m) if config_problem(spec, c, arch) is None]
+
+
+def tune_problem(fam: KernelFamily, m: int, n: int, k: int, *, reps: int,
+                 warmup: int) -> list[tuple[TileConfig, float]]:
+    """Time every legal candidate for one problem; returns [(config, median ms)] fastest first."""
+    from .bench.timing import Timer, TimingConfig
+    from .plan import execute, with_config
+
+    spec, base, problem = _prepared(fam, m, n, k)
+    problem.out = torch.empty(m, n, dtype=spec.out_dtype, device="cuda")
     timer = Timer(torch.device("cuda"), TimingConfig(warmup=warmup, runs=reps))
     results = []
-    cands = [c for c in candidates(fam.pipeline, _eight_bit(fam), m) if config_problem(spec, c, base.arch) is None]
+    cands = _legal_candidates(fam, spec, base.arch, m)
     if base.config not in cands:
         cands.insert(0, base.config)
-    for cfg in cands[: max_candidates or None]:
+    for cfg in cands:
         plan = with_config(base, cfg)
         try:
             t = timer.measure(lambda: execute(plan, problem))
@@ -105,16 +114,11 @@ def tune_problem(fam: KernelFamily, m: int, n: int, k: int, *, reps: int, warmup
 def _compile_worker(job) -> str:
     """Run one (family, shape, config) once so Triton's on-disk cache holds its binary."""
     fam_name, m, n, k, tag = job
-    from .plan import execute, make_plan, with_config
-    from .problem import build_problem
-    from .testing import make_args
+    from .plan import execute, with_config
 
-    fam = parse_family(fam_name)
-    spec = family_spec(fam, m, n, k)
-    args = make_args(spec, seed=0, device="cuda")
-    plan = with_config(make_plan(spec, torch.device("cuda"), pipeline=fam.pipeline), TileConfig.parse_tag(tag))
+    _, base, problem = _prepared(parse_family(fam_name), m, n, k)
     try:
-        execute(plan, args.call(build_problem))
+        execute(with_config(base, TileConfig.parse_tag(tag)), problem)
         torch.cuda.synchronize()
         return "ok"
     except Exception as e:
@@ -133,11 +137,11 @@ def precompile(problems, jobs: int) -> None:
     for fam, m, n, k in problems:
         spec = family_spec(fam, m, n, k)
         arch = make_plan(spec, torch.device("cuda"), pipeline=fam.pipeline).arch
-        for cfg in candidates(fam.pipeline, _eight_bit(fam), m):
+        for cfg in _legal_candidates(fam, spec, arch, m):
             # One shape per kernel: binaries depend on the config and on sizes only through
             # their divisibility by 16 (Triton's specialization), the same across LLM shapes.
             key = (fam.name, cfg.tag, m % 16 == 0, m == 1)
-            if key not in seen and config_problem(spec, cfg, arch) is None:
+            if key not in seen:
                 seen.add(key)
                 work.append((fam.name, m, n, k, cfg.tag))
     t0 = time.time()

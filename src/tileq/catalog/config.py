@@ -39,9 +39,6 @@ class TileConfig:
         return cls(int(bm), int(bn), int(bk), int(w), int(s), int(sk) if sk else 1,
                    swap_ab=bool(swap))
 
-    def as_list(self) -> list[int]:
-        return [self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages, self.split_k]
-
 
 _TAG = re.compile(r"m(\d+)n(\d+)k(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_swap)?")
 
@@ -94,7 +91,3 @@ def config_problem(spec: ProblemSpec, cfg: TileConfig, arch: ArchInfo) -> str | 
     if smem > arch.smem_bytes:
         return f"shared memory {smem} B exceeds {arch.name}'s {arch.smem_bytes} B"
     return None
-
-
-def is_legal(spec: ProblemSpec, cfg: TileConfig, arch: ArchInfo) -> bool:
-    return config_problem(spec, cfg, arch) is None

@@ -10,18 +10,11 @@ import torch
 import triton
 
 from ..catalog.config import TileConfig
-from ..dtypes import OperandType, PackedInt4, compute_type
+from ..dtypes import OperandType, PackedInt4, mma_types
 from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
 from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel
 
 REDUCE_BLOCK = 1024
-
-
-def _compute_types(spec: ProblemSpec) -> tuple[str, str]:
-    if spec.a_type.is_float8 and spec.b_type.is_float8:
-        return spec.a_type.value, spec.b_type.value  # the mma takes e4m3 x e5m2 directly
-    ct = compute_type(spec.a_type, spec.b_type).value
-    return ct, ct
 
 
 _FLIP = {"r": "c", "c": "r"}
@@ -37,7 +30,7 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
     ``b_scale_unit_n``: whether a group b_scale has unit stride along N (it then becomes the
     kernel's K-group-major A scale); contiguous [Gk, Gn] scales do.
     """
-    a_ct, b_ct = _compute_types(spec)
+    a_ct, b_ct = (t.value for t in mma_types(spec.a_type, spec.b_type))
     a_group = spec.a_scale_kind is ScaleKind.GROUP
     b_group = spec.b_scale_kind is ScaleKind.GROUP
     common = dict(
