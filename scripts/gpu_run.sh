@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call: environment, GPU tests, tuning sweeps and benchmarks, logs and CSV under $OUT.
-#   bash scripts/gpu_run.sh [tests] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode] [overhead] [demo]
+#   bash scripts/gpu_run.sh [tests] [flush-check] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode] [overhead] [demo]
+# Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS.
 # Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src.
 set -uo pipefail
@@ -22,12 +23,16 @@ for step in "${steps[@]}"; do
   case "$step" in
     tests)
       python3 -m pytest -q -p no:cacheprovider -n 12 tests/test_gpu.py tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
+    flush-check)
+      python3 scripts/flush_check.py 2>&1 | tee "$OUT/flush_check.log" ;;
     tune-prefill)
       python3 -m tileq tune --out "$OUT/tuned_prefill.json" --m 4096 ${TUNE_CASES:+--cases "$TUNE_CASES"} \
-        --max-seconds "${TUNE_SECONDS:-240}" --jobs 14 2>&1 | tail -5 | tee "$OUT/tune_prefill.log" ;;
+        --max-seconds "${TUNE_SECONDS:-240}" --jobs 14 2>&1 | tail -5 | tee "$OUT/tune_prefill.log"
+      export TILEQ_TUNED_TABLES="$OUT/tuned_prefill.json${TILEQ_TUNED_TABLES:+:$TILEQ_TUNED_TABLES}" ;;
     tune-decode)
       python3 -m tileq tune --out "$OUT/tuned_decode.json" --m "${TUNE_M:-1,4,16,64}" ${TUNE_CASES:+--cases "$TUNE_CASES"} \
-        --max-seconds "${TUNE_SECONDS:-240}" --jobs 14 2>&1 | tail -5 | tee "$OUT/tune_decode.log" ;;
+        --max-seconds "${TUNE_SECONDS:-240}" --jobs 14 2>&1 | tail -5 | tee "$OUT/tune_decode.log"
+      export TILEQ_TUNED_TABLES="$OUT/tuned_decode.json${TILEQ_TUNED_TABLES:+:$TILEQ_TUNED_TABLES}" ;;
     bench-prefill)
       python3 -m tileq bench --suite prefill-targets ${BENCH_CASES:+--cases "$BENCH_CASES"} --out "$OUT/prefill" \
         --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 | tail -40 | tee "$OUT/bench_prefill.log" ;;

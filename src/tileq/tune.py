@@ -200,6 +200,7 @@ def run(args) -> int:
         if not res:
             continue
         best, best_ms = res[0]
+        _append_candidates(out, key, res)
         entries[key] = {"config": best.tag, "ms": round(best_ms, 5),
                         "candidates": len(res), "worst_ms": round(res[-1][1], 5)}
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -211,6 +212,17 @@ def run(args) -> int:
     sys.stderr.write("\n")
     print(f"tuned {done} problems -> {out}")
     return 0
+
+
+def _append_candidates(out: Path, key: str, res) -> None:
+    """Every candidate's time, one CSV row each, beside the table (for studying the grid)."""
+    side = out.with_suffix(".candidates.csv")
+    new = not side.exists()
+    with side.open("a") as f:
+        if new:
+            f.write("key,config,median_ms\n")
+        for cfg, ms in res:
+            f.write(f"{key},{cfg.tag},{ms:.5f}\n")
 
 
 def register_cli(sub) -> None:

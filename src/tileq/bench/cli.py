@@ -13,6 +13,8 @@ import sys
 
 
 def register_cli(subparsers) -> None:
+    from .timing import FLUSH_MODES
+
     p = subparsers.add_parser(
         "bench",
         help="benchmark tileq against torch baselines over a suite of shapes",
@@ -43,7 +45,10 @@ def register_cli(subparsers) -> None:
     p.add_argument("--warmup", type=int, default=50, help="warm-up runs per measurement (default: 50)")
     p.add_argument("--runs", type=int, default=100, help="timed runs per measurement; the median is reported (default: 100)")
     p.add_argument("--graphs", action="store_true", help="time CUDA-graph replays instead of launches")
-    p.add_argument("--no-flush", action="store_true", help="do not flush the L2 between runs")
+    p.add_argument("--flush", choices=FLUSH_MODES, default="read",
+                   help="how the L2 is evicted before each timed run: by reading a buffer twice "
+                        "its size (default; leaves it clean), by writing one (leaves it dirty, so "
+                        "the timed kernel also pays for write-backs), or not at all")
     p.add_argument("--seed", type=int, default=0, help="seed of the random operands (default: 0)")
     p.add_argument("--device", default="auto", help="auto (default), cuda, cuda:N or cpu")
     p.add_argument("--time-budget", type=float, default=None,
@@ -189,7 +194,7 @@ def run_bench(args) -> int:
     out_dir = args.out or os.path.join("tileq-out", f"bench-{suite_label}")
     cfg = SweepConfig(
         shapes=shapes, cases=cases, impls=impls, device=device,
-        timing=TimingConfig(args.warmup, args.runs, not args.no_flush, args.graphs),
+        timing=TimingConfig(args.warmup, args.runs, args.flush, args.graphs),
         seed=args.seed, time_budget_s=args.time_budget, progress=not args.no_progress,
         ceilings=not args.no_ceilings, title=f"bench {suite_label}",
         precompile_jobs=args.precompile_jobs,

@@ -1,10 +1,16 @@
 """GPU timing, the environment record and the measured ceilings (DESIGN.md section 7).
 
 Each timed run is bracketed by its own pair of CUDA events. Before each run the L2 is flushed by
-writing a buffer twice its size (so every run reads its operands from HBM, as a layer in a
-model does), then a short device-side sleep lets the host enqueue the run while the GPU is still
+reading a buffer twice its size (so every run reads its operands from HBM, as a layer in a model
+does), then a short device-side sleep lets the host enqueue the run while the GPU is still
 busy: without it, Python launch overhead (tens of microseconds for a decode GEMM) would land
 between the start event and the kernel. The reported time is the median of the runs.
+
+Why a read and not the usual ``buffer.zero_()``: a write leaves the whole L2 dirty, so the timed
+kernel's own reads force up to 60 MB of write-backs to HBM. For a 26 MB decode weight that
+roughly doubles the memory traffic charged to the kernel. In a model the L2 holds the previous
+layers' (clean) weights and small activations, which a read flush reproduces. ``flush="write"``
+keeps the old method for comparison (``scripts/gpu_run.sh flush-check``).
 """
 
 from __future__ import annotations
@@ -25,12 +31,19 @@ import torch
 _CYCLES_PER_SECOND = 2.0e9
 
 
+FLUSH_MODES = ("read", "write", "none")
+
+
 @dataclass(frozen=True)
 class TimingConfig:
     warmup: int = 50
     runs: int = 100
-    flush_l2: bool = True
+    flush: str = "read"  # 'read' | 'write' | 'none' (module docstring)
     graphs: bool = False
+
+    def __post_init__(self):
+        if self.flush not in FLUSH_MODES:
+            raise ValueError(f"flush: expected one of {', '.join(FLUSH_MODES)}, got {self.flush!r}")
 
 
 @dataclass
@@ -50,16 +63,19 @@ class Timer:
         props = torch.cuda.get_device_properties(device)
         self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0)
         self.flush_buf = None
-        if cfg.flush_l2:
+        self.flush_sink = None
+        if cfg.flush != "none":
             # 2x the L2 (DESIGN.md: at least twice the 60 MB of an H200); 64 MiB floor when the
             # property is missing.
             nbytes = max(2 * self.l2_bytes, 64 << 20)
-            self.flush_buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+            self.flush_buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+            self.flush_sink = torch.empty((), dtype=torch.float32, device=device)
         self.can_sleep = hasattr(torch.cuda, "_sleep")
 
     def describe(self) -> str:
         c = self.cfg
-        flush = (f"L2 flushed before every run by writing {self.flush_buf.numel() * 4 / 1e6:.0f} MB"
+        verb = "reading" if c.flush == "read" else "writing"
+        flush = (f"L2 flushed before every run by {verb} {self.flush_buf.numel() * 4 / 1e6:.0f} MB"
                  if self.flush_buf is not None else "L2 not flushed")
         lead = ("a device-side sleep before each run keeps host launch overhead out of the events"
                 if self.can_sleep else "no torch.cuda._sleep in this torch: host launch overhead "
@@ -92,8 +108,7 @@ class Timer:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(cfg.runs)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(cfg.runs)]
         for i in range(cfg.runs):
-            if self.flush_buf is not None:
-                self.flush_buf.zero_()
+            self.flush()
             if self.can_sleep:
                 torch.cuda._sleep(cycles)
             starts[i].record()
@@ -103,6 +118,16 @@ class Timer:
         times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
         del graph
         return Timing(statistics.median(times), min(times), len(times), note)
+
+
+    def flush(self) -> None:
+        """Evict the L2 (module docstring): a reduction over the buffer, or a write of it."""
+        if self.flush_buf is None:
+            return
+        if self.cfg.flush == "read":
+            torch.sum(self.flush_buf, dim=0, out=self.flush_sink)
+        else:
+            self.flush_buf.zero_()
 
 
 def _capture(fn, device) -> "torch.cuda.CUDAGraph":
