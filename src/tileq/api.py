@@ -2,6 +2,16 @@
 
 Each call validates once (``problem.build_problem``), makes a plan (``plan.make_plan``: which
 executor, pipeline, kernel and config) and runs it. Optional parameters are keyword-only.
+
+Repeated calls are cheap: a call whose signature (below) has been validated and planned before
+reuses that work and the kernel launch's fixed arguments (``kernels.launch.GemmLaunch``), and only
+gathers its tensors. The signature holds everything validation and planning read: the type,
+shape, strides, dtype and device of every tensor argument (a PackedInt4's logical shape and
+packing too), the type of a Python-number scale, every option with its type, and the environment
+variables planning reads. Tensor values and data pointers are never part of it: what depends on
+them (a Python-number scale's tensor, bf16/fp16 scales and bias upcast to fp32, pointer alignment)
+is redone on every call. Anything else (a new signature, an argument of another type, the
+reference executor) takes the full path, so every error is raised exactly as before.
 """
 
 from __future__ import annotations
@@ -13,10 +23,132 @@ from .dtypes import PackedInt4
 from .errors import DTypeError, ShapeError, expect
 from .problem import Problem, Scheme, build_problem
 
+# Call signatures kept (oldest dropped first): enough for every layer shape of a model at every
+# batch size a server sees, small in memory (no tensors are held).
+CALL_CACHE_SIZE = 1024
+_CALLS: dict[tuple, "_Call"] = {}
 
-def _run(problem: Problem, backend, deterministic, pipeline) -> torch.Tensor:
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_NUMBER_TYPES = (float, int, bool)
+
+
+class _Unkeyable(Exception):
+    """An argument the call cache does not describe: the call takes the full path."""
+
+
+def _arg_key(x):
+    """The part of an argument that validation and planning read (never values; of pointers,
+    only an int4 buffer's address parity)."""
+    t = type(x)
+    if t in _TENSOR_TYPES:
+        return (t, x.shape, x.stride(), x.dtype, x.device)
+    if x is None:
+        return None
+    if t is PackedInt4:
+        d = x.data
+        if type(d) not in _TENSOR_TYPES:
+            raise _Unkeyable
+        # The kernel reads int4 storage as 16-bit words when its address is even (launch.py).
+        return (t, x.shape, x.packed_dim, d.shape, d.stride(), d.dtype, d.device, d.data_ptr() % 2)
+    if t in _NUMBER_TYPES:
+        return t  # a scale given as a Python number: validation reads only its type
+    raise _Unkeyable
+
+
+def _call_key(op, a, b, a_scale, b_scale, bias, acc, out, scheme, out_dtype, group_k, group_n,
+              backend, deterministic, pipeline, fast_accum):
+    """The call signature, or None when an argument is not described by one."""
+    try:
+        return (
+            op, _arg_key(a), _arg_key(b), _arg_key(a_scale), _arg_key(b_scale), _arg_key(bias),
+            _arg_key(acc), _arg_key(out),
+            type(scheme), scheme, type(out_dtype), out_dtype, type(group_k), group_k,
+            type(group_n), group_n, type(backend), backend, type(deterministic), deterministic,
+            type(pipeline), pipeline, type(fast_accum), fast_accum,
+            # What make_plan reads from the environment on every call.
+            _plan.env_raw("TILEQ_BACKEND"), _plan.env_raw("TILEQ_DETERMINISTIC"),
+            _plan.env_raw("TRITON_INTERPRET"),
+        )
+    except Exception:  # noqa: BLE001 - e.g. a sparse tensor has no strides: the full path decides
+        return None
+
+
+def _lookup(key) -> "_Call | None":
+    if key is None:
+        return None
+    try:
+        return _CALLS.get(key)
+    except TypeError:  # an unhashable option: the full path reports it
+        return None
+
+
+def _remember(key, problem: Problem, plan: _plan.Plan, **extra) -> None:
+    if key is None or plan.executor != "triton":
+        return
+    entry = _Call(problem, plan, **extra)
+    if len(_CALLS) >= CALL_CACHE_SIZE:
+        try:
+            del _CALLS[next(iter(_CALLS))]  # the oldest signature
+        except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+            pass
+    _CALLS[key] = entry
+
+
+def clear_call_cache() -> None:
+    """Forget every remembered call signature (tests; memory)."""
+    _CALLS.clear()
+
+
+class _Call:
+    """A validated, planned call signature of the Triton executor: what a repeated call reuses."""
+
+    __slots__ = ("launch", "m", "n", "out_dtype", "device", "scalars_to_device", "lead",
+                 "flatten_k", "x_scale_rows")
+
+    def __init__(self, problem: Problem, plan: _plan.Plan, lead=None, flatten_k=None,
+                 x_scale_rows=None):
+        spec = problem.spec
+        self.m, self.n, self.out_dtype, self.device = spec.m, spec.n, spec.out_dtype, problem.device
+        self.scalars_to_device = problem.device.type != "cpu"
+        self.launch = None
+        if spec.m and spec.n:  # an empty result launches nothing (plan.execute)
+            from .kernels.launch import GemmLaunch
+
+            self.launch = GemmLaunch(problem, plan)
+        # linear only: the output's leading dims, x's K when x is flattened, x_scale's rows.
+        self.lead, self.flatten_k, self.x_scale_rows = lead, flatten_k, x_scale_rows
+
+    def run(self, a, b, a_scale, b_scale, bias, acc, out) -> torch.Tensor:
+        """a, b: storage tensors; the rest as the caller passed them (build_problem's
+        normalization is views of them, or the conversions redone here)."""
+        if self.launch is None:
+            if out is not None:
+                return out
+            return torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
+        if a_scale is not None:
+            a_scale = self._fp32(a_scale)
+        if b_scale is not None:
+            b_scale = self._fp32(b_scale)
+        if bias is not None and bias.dtype is not torch.float32:
+            bias = bias.float()
+        return self.launch(a, b, a_scale, b_scale, bias, acc, out)
+
+    def _fp32(self, s) -> torch.Tensor:
+        # build_problem's _as_fp32_scale, and its move of a Python-number scale to the device.
+        if type(s) in _TENSOR_TYPES:
+            return s if s.dtype is torch.float32 else s.float()
+        t = torch.tensor(float(s), dtype=torch.float32)
+        return t.to(self.device) if self.scalars_to_device else t
+
+
+def _storage(x):
+    return x.data if type(x) is PackedInt4 else x
+
+
+def _run(problem: Problem, backend, deterministic, pipeline, key=None, **extra) -> torch.Tensor:
     p = _plan.make_plan(problem.spec, problem.device, backend=backend, deterministic=deterministic,
                         pipeline=pipeline)
+    _remember(key, problem, p, **extra)
     return _plan.execute(p, problem)
 
 
@@ -50,11 +182,16 @@ def gemm(
     error growing with K: up to 1.6% of max|C| at K = 17408 on an H200), like torch._scaled_mm's
     use_fast_accum. Default: precise.
     """
+    key = _call_key("gemm", a, b, a_scale, b_scale, bias, acc, out, scheme, out_dtype, group_k,
+                    group_n, backend, deterministic, pipeline, fast_accum)
+    hit = _lookup(key)
+    if hit is not None:
+        return hit.run(_storage(a), _storage(b), a_scale, b_scale, bias, acc, out)
     problem = build_problem(
         a, b, a_scale, b_scale, scheme=scheme, out_dtype=out_dtype, bias=bias, acc=acc,
         group_k=group_k, group_n=group_n, out=out, fast_accum=fast_accum,
     )
-    return _run(problem, backend, deterministic, pipeline)
+    return _run(problem, backend, deterministic, pipeline, key)
 
 
 def explain(
@@ -107,6 +244,21 @@ def linear(
     Leading dimensions of x are flattened into M and restored on the output. x_scale follows
     the flattened rows ([M], [M, 1], [M, Gk], or [..., 1] / [..., Gk] matching x's leading dims).
     """
+    key = _call_key("linear", x, w, x_scale, w_scale, bias, None, out, scheme, out_dtype, group_k,
+                    group_n, backend, deterministic, pipeline, fast_accum)
+    hit = _lookup(key)
+    if hit is not None:
+        if hit.flatten_k is not None:
+            a = x.reshape(-1, hit.flatten_k)
+        else:
+            a = _storage(x)
+        if hit.x_scale_rows is not None:
+            x_scale = x_scale.reshape(hit.x_scale_rows, x_scale.shape[-1])
+        # w's storage: the logical B = w.t() reads the same bytes through the strides kept.
+        y = hit.run(a, _storage(w), x_scale, w_scale, bias, None, out)
+        if out is not None:
+            return out
+        return _restore_lead(y, hit.lead)
     if isinstance(x, PackedInt4):
         lead, k = (), x.shape[1]
         x2 = x
@@ -118,12 +270,14 @@ def linear(
         lead, k = tuple(x.shape[:-1]), x.shape[-1]
         x2 = x.reshape(-1, k) if x.dim() != 2 else x
     m = x2.shape[0]
+    x_scale_rows = None
     if isinstance(x_scale, torch.Tensor) and x_scale.dim() > 2 and len(lead) > 1:
         if tuple(x_scale.shape[:-1]) != lead:
             raise ShapeError(
                 expect("x_scale", f"leading dimensions {lead} matching x", tuple(x_scale.shape))
             )
         x_scale = x_scale.reshape(m, x_scale.shape[-1])
+        x_scale_rows = m
     if not isinstance(w, (torch.Tensor, PackedInt4)) or len(tuple(w.shape)) != 2:
         got = tuple(w.shape) if hasattr(w, "shape") else type(w).__name__
         raise ShapeError(expect("w", "a 2-D [N, K] weight", got))
@@ -131,14 +285,21 @@ def linear(
         out2 = out.view(m, -1)
     else:
         out2 = out
-    y = gemm(
+    problem = build_problem(
         x2, w.t(), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype, bias=bias,
-        group_k=group_k, group_n=group_n, out=out2, backend=backend, deterministic=deterministic,
-        pipeline=pipeline, fast_accum=fast_accum,
+        group_k=group_k, group_n=group_n, out=out2, fast_accum=fast_accum,
     )
+    flatten_k = k if x2 is not x and not isinstance(x, PackedInt4) else None
+    y = _run(problem, backend, deterministic, pipeline, key, lead=lead, flatten_k=flatten_k,
+             x_scale_rows=x_scale_rows)
     if out is not None:
         return out
-    return y.reshape(*lead, y.shape[-1])
+    return _restore_lead(y, lead)
+
+
+def _restore_lead(y: torch.Tensor, lead: tuple) -> torch.Tensor:
+    shape = (*lead, y.shape[-1])
+    return y if y.shape == shape else y.reshape(shape)
 
 
 def a8w8_matmul_dequant(

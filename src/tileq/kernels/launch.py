@@ -6,11 +6,14 @@ constexprs: the launcher and ``tileq build`` both use it, so what is built is wh
 
 from __future__ import annotations
 
+import itertools
+import os
+
 import torch
-import triton
 
 from ..catalog.config import TileConfig
 from ..dtypes import OperandType, PackedInt4, mma_types
+from ..plan import env_raw
 from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
 from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel
 
@@ -20,15 +23,33 @@ REDUCE_BLOCK = 1024
 _FLIP = {"r": "c", "c": "r"}
 
 
+def i4_words_path(spec: ProblemSpec, cfg: TileConfig) -> bool:
+    """Whether the kernel reads the int4 operand as 16-bit words of four nibbles (four dots per
+    K tile, see the kernel) rather than bytes: an int4 operand packed along K facing an 8-bit
+    float (fp8/bf8), K a multiple of 4, and K tiles of at least 128 (each dot then spans 32,
+    the 8-bit matrix instruction's depth). The storage must also be 2-byte aligned (launcher)."""
+    packed_along_k = ((spec.b_type is OperandType.I4 and spec.layout[1] == "c")
+                      or (spec.a_type is OperandType.I4 and spec.layout[0] == "r"))
+    partner = spec.a_type if spec.b_type is OperandType.I4 else spec.b_type
+    return (packed_along_k and partner in (OperandType.FP8, OperandType.BF8)
+            and spec.k % 4 == 0 and cfg.block_k >= 128)
+
+
+def i4_storage_word_aligned(storage: torch.Tensor, leading_dim: int) -> bool:
+    """16-bit word loads need an even base address and an even row pitch (in bytes)."""
+    return storage.data_ptr() % 2 == 0 and leading_dim % 2 == 0
+
+
 def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False,
-                   b_scale_unit_n: bool = True) -> dict:
+                   b_scale_unit_n: bool = True, i4_word_aligned: bool = True) -> dict:
     """The constexpr arguments of ``_gemm_kernel`` for this problem and config.
 
     With ``cfg.swap_ab`` the kernel computes C^T = B^T A^T: B plays the kernel's A (so an int4
     weight packed along K is unpacked without a transpose and can feed the mma from registers,
     and a small M becomes the kernel's N), A plays its B, and the scales, bias and output follow.
     ``b_scale_unit_n``: whether a group b_scale has unit stride along N (it then becomes the
-    kernel's K-group-major A scale); contiguous [Gk, Gn] scales do.
+    kernel's K-group-major A scale); contiguous [Gk, Gn] scales do. ``i4_word_aligned``: whether
+    an int4 operand's storage allows the 16-bit word path (``i4_storage_word_aligned``).
     """
     a_ct, b_ct = (t.value for t in mma_types(spec.a_type, spec.b_type))
     a_group = spec.a_scale_kind is ScaleKind.GROUP
@@ -40,7 +61,10 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
         HAS_BIAS=spec.has_bias, HAS_ACC=spec.has_acc,
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k,
         INTERPRETED=interpreted, FAST_ACCUM=spec.fast_accum, SWAPPED=cfg.swap_ab,
+        # Every K tile full: no K masks (the loads become plain async copies).
+        EVEN_K=spec.k % cfg.block_k == 0,
     )
+    common["I4_WORDS"] = i4_words_path(spec, cfg) and i4_word_aligned
     if not cfg.swap_ab:
         return dict(
             A_TYPE=spec.a_type.value, B_TYPE=spec.b_type.value, A_CT=a_ct, B_CT=b_ct,
@@ -138,46 +162,244 @@ def _scale_strides(kind: ScaleKind, t, rows_dim: int) -> tuple[int, int]:
 
 
 def launch_gemm(problem: Problem, plan) -> torch.Tensor:
-    spec, cfg = problem.spec, plan.config
-    a, b = _storage(problem.a), _storage(problem.b)
-    lda, ldb = _leading_dim(a, spec.layout[0]), _leading_dim(b, spec.layout[1])
-    m, n, k = spec.m, spec.n, spec.k
-    out = problem.out
-    if out is None:
-        out = torch.empty(m, n, dtype=spec.out_dtype, device=problem.device)
-    sa, sb = problem.a_scale, problem.b_scale
-    sa_rows, sa_g = _scale_strides(spec.a_scale_kind, sa, 0)
-    sb_cols, sb_g = _scale_strides(spec.b_scale_kind, sb, 1)
-    acc = problem.acc
-    ld_acc = acc.stride(0) if acc is not None else 0
-    unit_n = not (spec.b_scale_kind is ScaleKind.GROUP and sb.shape[1] > 1 and sb.stride(1) != 1)
-    consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n)
-    if cfg.swap_ab:
-        # The kernel's operands, sizes and scales are those of C^T = B^T A^T.
-        ka, kb, km, kn, klda, kldb = b, a, n, m, ldb, lda
-        ksa, ksb = sb, sa
-        stride_sa_m, stride_sa_g, stride_sb_n, stride_sb_g = sb_cols, sb_g, sa_rows, sa_g
-    else:
-        ka, kb, km, kn, klda, kldb = a, b, m, n, lda, ldb
-        ksa, ksb = sa, sb
-        stride_sa_m, stride_sa_g, stride_sb_n, stride_sb_g = sa_rows, sa_g, sb_cols, sb_g
-
-    target = out
-    if cfg.split_k > 1:
-        target = _workspace(problem.device, cfg.split_k * km * kn).view(cfg.split_k, km, kn)
-    grid = (triton.cdiv(km, cfg.block_m) * triton.cdiv(kn, cfg.block_n), cfg.split_k)
-    _gemm_kernel[grid](
-        ka, kb, target, ksa, ksb, problem.bias, acc,
-        km, kn, k,
-        klda, kldb, out.stride(0), ld_acc,
-        stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **consts,
+    """Run ``plan`` on ``problem``'s tensors; returns the output."""
+    return GemmLaunch(problem, plan)(
+        _storage(problem.a), _storage(problem.b), problem.a_scale, problem.b_scale, problem.bias,
+        problem.acc, problem.out,
     )
-    if cfg.split_k > 1:
-        total = km * kn
-        _splitk_reduce_kernel[(triton.cdiv(total, REDUCE_BLOCK),)](
-            target, out, total, kn, out.stride(0), SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK,
-            SWAPPED=cfg.swap_ab, num_warps=4,
+
+
+class GemmLaunch:
+    """Everything about running a plan on tensors of given shapes, strides and dtypes that does
+    not depend on where their data lives: the kernel's integer arguments and constexprs, the grid,
+    the split-K reduction. ``tileq.gemm`` keeps one per call signature (api.py), so a repeated
+    call only gathers its tensors and launches.
+
+    Calling it takes the storage tensors (a PackedInt4's ``.data``) and normalized scales, or any
+    tensors with the same dtypes and data pointers (the kernel reads through pointers and the
+    strides fixed here): ``linear`` passes the weight itself for its transposed view.
+    """
+
+    __slots__ = ("m", "n", "out_dtype", "device", "swapped", "split_k", "ws_shape", "direct",
+                 "main", "reduce")
+
+    def __init__(self, problem: Problem, plan):
+        spec, cfg = problem.spec, plan.config
+        a, b = _storage(problem.a), _storage(problem.b)
+        lda, ldb = _leading_dim(a, spec.layout[0]), _leading_dim(b, spec.layout[1])
+        m, n, k = spec.m, spec.n, spec.k
+        # A fresh output is a contiguous [M, N]: its row stride is N.
+        ldc = problem.out.stride(0) if problem.out is not None else n
+        sa, sb = problem.a_scale, problem.b_scale
+        sa_rows, sa_g = _scale_strides(spec.a_scale_kind, sa, 0)
+        sb_cols, sb_g = _scale_strides(spec.b_scale_kind, sb, 1)
+        ld_acc = problem.acc.stride(0) if problem.acc is not None else 0
+        unit_n = not (spec.b_scale_kind is ScaleKind.GROUP and sb.shape[1] > 1 and sb.stride(1) != 1)
+        i4 = a if spec.a_type is OperandType.I4 else (b if spec.b_type is OperandType.I4 else None)
+        words_ok = i4 is None or i4_storage_word_aligned(i4, lda if i4 is a else ldb)
+        consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n,
+                                i4_word_aligned=words_ok)
+        if cfg.swap_ab:
+            # The kernel's operands, sizes and scales are those of C^T = B^T A^T.
+            km, kn, klda, kldb = n, m, ldb, lda
+            strides = (sb_cols, sb_g, sa_g, sa_rows)  # stride_sa_m, _sa_g, _sb_g, _sb_n
+        else:
+            km, kn, klda, kldb = m, n, lda, ldb
+            strides = (sa_rows, sa_g, sb_g, sb_cols)
+        self.m, self.n, self.out_dtype, self.device = m, n, spec.out_dtype, problem.device
+        self.swapped, self.split_k = cfg.swap_ab, cfg.split_k
+        self.ws_shape = (cfg.split_k, km, kn)
+        # Straight through the compiled kernel's launcher only on a GPU: the interpreter has no
+        # compiled kernels and keeps the ordinary JIT launch.
+        self.direct = problem.device.type == "cuda" and not plan.interpreted
+        grid = (_cdiv(km, cfg.block_m) * _cdiv(kn, cfg.block_n), cfg.split_k)
+        self.main = _KernelCall(
+            "_gemm_kernel", grid, (km, kn, k, klda, kldb, ldc, ld_acc) + strides,
+            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts),
         )
-    return out
+        self.reduce = None
+        if cfg.split_k > 1:
+            total = km * kn
+            self.reduce = _KernelCall(
+                "_splitk_reduce_kernel", (_cdiv(total, REDUCE_BLOCK),), (total, kn, ldc),
+                dict(SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK, SWAPPED=cfg.swap_ab, num_warps=4),
+            )
+
+    def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
+        if out is None:
+            out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
+        direct = self.direct and direct_launch_enabled()
+        target = out
+        if self.split_k > 1:
+            if direct:
+                # The whole buffer: same pointer and dtype as the view, without making the view.
+                target = _stream_workspace(self.device, self.split_k * self.ws_shape[1] * self.ws_shape[2])
+            else:
+                target = _workspace(self.device, self.split_k * self.ws_shape[1] * self.ws_shape[2])
+                target = target.view(self.ws_shape)
+        if self.swapped:
+            self.main((b, a, target, sb, sa, bias, acc), direct)
+        else:
+            self.main((a, b, target, sa, sb, bias, acc), direct)
+        if self.reduce is not None:
+            self.reduce((target, out), direct)
+        return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    # triton.cdiv is a constexpr_function in Triton 3.6: 2-3 us a call from host code.
+    return -(-a // b)
+
+
+def direct_launch_enabled() -> bool:
+    """False when TILEQ_DIRECT_LAUNCH=0: every launch goes through ``JITFunction.run``."""
+    if env_raw("TILEQ_DIRECT_LAUNCH") is None:
+        return True
+    return os.environ.get("TILEQ_DIRECT_LAUNCH", "").strip() != "0"
+
+
+def _stream_workspace(device: torch.device, numel: int) -> torch.Tensor:
+    """``_workspace``'s buffer for ``device``'s current stream (same table, same key), whole."""
+    key = (device.index, _raw_stream()(device.index))
+    ws = _WORKSPACES.get(key)
+    if ws is None or ws.numel() < numel:
+        ws = torch.empty(max(numel, 1 << 20), dtype=torch.float32, device=device)
+        _WORKSPACES[key] = ws
+    return ws
+
+
+# Compiled-kernel handles for direct launches, keyed by (static id, JITFunction, device, pointer
+# alignment, debug, instrumentation mode): what JITFunction.run's own cache key is made of, given
+# that a static id fixes the integer arguments, constexprs and options. Bounded: an evicted handle
+# only costs one JIT launch to find again.
+_HANDLES: dict[tuple, tuple] = {}
+_STATIC_IDS: dict[tuple, int] = {}
+_NEXT_ID = itertools.count()
+_TABLE_CAP = 4096
+_TRITON: dict[str, object] = {}
+
+
+def _bounded_put(table: dict, key, value) -> None:
+    if len(table) >= _TABLE_CAP:
+        try:
+            del table[next(iter(table))]  # the oldest insertion
+        except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+            pass
+    table[key] = value
+
+
+def _triton():
+    """Triton's runtime pieces the direct launch needs, looked up once."""
+    if not _TRITON:
+        from triton import knobs
+        from triton.compiler.compiler import CompiledKernel
+        from triton.knobs import HookChain
+        from triton.runtime.driver import driver
+        from triton.runtime.jit import JITFunction
+
+        _TRITON.update(
+            knobs=knobs, CompiledKernel=CompiledKernel, HookChain=HookChain, JITFunction=JITFunction,
+            # What JITFunction.run calls: torch.cuda.current_device and
+            # torch._C._cuda_getCurrentRawStream (no torch.cuda.Stream object is made).
+            device=driver.active.get_current_device, stream=driver.active.get_current_stream,
+        )
+    return _TRITON
+
+
+def _raw_stream():
+    return _triton()["stream"]
+
+
+class _KernelCall:
+    """One launch of a Triton kernel with fixed grid, integer arguments and keyword arguments
+    (launch options and constexprs); only the pointer arguments vary from call to call.
+
+    JITFunction.run binds every argument, computes a specialization key and looks the compiled
+    kernel up on each launch (most of tens of microseconds). Here the first launch of each
+    specialization goes through it and keeps the compiled kernel it returns; later launches call
+    that kernel's launcher exactly as JITFunction.run does (same arguments in parameter order,
+    the current device's raw stream, launch hooks and metadata). The key adds what JITFunction.run
+    derives from the pointers: each one's 16-byte alignment. Taken only when ``direct`` (a GPU,
+    not interpreted, TILEQ_DIRECT_LAUNCH not 0) and the kernel has no pre-run hooks.
+    """
+
+    __slots__ = ("name", "grid", "ints", "kwargs", "sid")
+
+    def __init__(self, name: str, grid: tuple, ints: tuple, kwargs: dict):
+        self.name, self.grid, self.ints, self.kwargs = name, grid, ints, kwargs
+        static = (name, grid, ints, tuple(sorted(kwargs.items())))
+        sid = _STATIC_IDS.get(static)
+        if sid is None:
+            sid = next(_NEXT_ID)  # never reused, so an evicted id cannot alias another launch
+            _bounded_put(_STATIC_IDS, static, sid)
+        self.sid = sid
+
+    def __call__(self, ptrs: tuple, direct: bool) -> None:
+        fn = globals()[self.name]  # the module's kernel at call time (profiling scripts stub it)
+        if direct:
+            t = _triton()
+            if type(fn) is t["JITFunction"] and not fn.pre_run_hooks:
+                self._direct(fn, ptrs, t)
+                return
+        fn[self.grid](*ptrs, *self.ints, **self.kwargs)
+
+    def _direct(self, fn, ptrs: tuple, t: dict) -> None:
+        knobs = t["knobs"]
+        device = t["device"]()
+        align = 0
+        for i, p in enumerate(ptrs):
+            if p is not None and p.data_ptr() & 15:
+                align |= 1 << i
+        key = (self.sid, fn, device, align, knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+        handle = _HANDLES.get(key)
+        if handle is None:
+            kernel = fn[self.grid](*ptrs, *self.ints, **self.kwargs)
+            if isinstance(kernel, t["CompiledKernel"]) and kernel.function is not None:
+                rest = _constexpr_tail(fn, len(ptrs) + len(self.ints), self.kwargs)
+                if rest is not None:
+                    _bounded_put(_HANDLES, key, (kernel, self.ints + rest))
+            return
+        kernel, rest = handle
+        args = ptrs + rest
+        # JITFunction.run refuses a launch when a global the kernel read at compile time changed.
+        for (name, _), (val, globals_dict) in fn.used_global_vals.items():
+            if (new := globals_dict.get(name, _MISSING)) != val:
+                raise RuntimeError(
+                    f"Global variable {name} has changed since we compiled this kernel, from {val} to {new}"
+                )
+        stream = t["stream"](device)
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if _idle(enter, t) and _idle(leave, t):
+            # No hook would see the metadata: skip building it (empty chains do nothing).
+            meta = enter = leave = None
+        else:
+            meta = kernel.launch_metadata(self.grid, stream, *args)
+        grid = self.grid
+        kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, kernel.function,
+                   kernel.packed_metadata, meta, enter, leave, *args)
+
+
+_MISSING = object()
+
+
+def _idle(hook, t: dict) -> bool:
+    return hook is None or (type(hook) is t["HookChain"] and not hook.calls)
+
+
+def _constexpr_tail(fn, n_runtime: int, kwargs: dict) -> tuple | None:
+    """The values of ``fn``'s parameters after the first ``n_runtime``, in parameter order, as
+    JITFunction.run binds them (keywords, else defaults); None when the keywords do not match the
+    parameters (the JIT launch then reports it, and no direct launch is made)."""
+    params = fn.params[n_runtime:]
+    names = {p.name for p in params}
+    if any(name not in names for name in kwargs if name not in ("num_warps", "num_stages")):
+        return None
+    tail = []
+    for p in params:
+        if p.name in kwargs:
+            tail.append(kwargs[p.name])
+        elif p.has_default:
+            tail.append(p.default)
+        else:
+            return None
+    return tuple(tail)
