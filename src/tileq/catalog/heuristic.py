@@ -64,6 +64,9 @@ def heuristic_config(spec: ProblemSpec, arch: ArchInfo, pipeline: str, num_sms: 
         bn = min(bn, 128)  # the unpacked copy of the int4 tile needs registers too
     if pipeline == "decode":
         bm = 16 if spec.m <= 16 else (32 if spec.m <= 32 else 64)
+        swapped = _decode_swapped(spec, arch, bk, w, s, num_sms)
+        if swapped is not None:
+            return swapped
         if not spec.scheme.grouped:
             return _decode_single_pass(spec, arch, bm, bk, w, s, num_sms)
         tiles = math.ceil(spec.m / bm) * math.ceil(spec.n / bn)
@@ -82,6 +85,25 @@ def heuristic_config(spec: ProblemSpec, arch: ArchInfo, pipeline: str, num_sms: 
     if why is not None:
         raise UnsupportedError(f"no legal default config for {arch.name}: {why}")
     return cfg
+
+
+def _decode_swapped(spec: ProblemSpec, arch: ArchInfo, bk: int, w: int, s: int,
+                    num_sms: int) -> TileConfig | None:
+    """M <= 16 with N of at least 0.6 x SMs 64-row tiles: the swapped kernel (C^T = B^T A^T), the
+    weight on the matrix instruction's 64-row side and M on its 16-wide side, or None.
+
+    From ``tileq tune`` on an H200 (2026-11-29, read-flush timing): m64n16 swapped configs were
+    fastest or within 2% on 16 of the 24 8-bit rowcol problems (six LLM weights x M in {1, 16}),
+    and on all 12 fp8 x int4 bquant ones with a split over K of 4; BK 256 for 8-bit rowcol.
+    """
+    if spec.m > 16 or math.ceil(spec.n / 64) < 0.6 * num_sms:
+        return None
+    if spec.scheme.grouped:
+        k_tiles = max(math.ceil(spec.k / bk), 1)
+        cfg = TileConfig(64, 16, bk, w, s, max(1, min(4, k_tiles // 4)), swap_ab=True)
+    else:
+        cfg = TileConfig(64, 16, 256 if _width(spec) == "8bit" else 128, w, s, 1, swap_ab=True)
+    return cfg if config_problem(spec, cfg, arch) is None else None
 
 
 def _decode_single_pass(spec: ProblemSpec, arch: ArchInfo, bm: int, bk: int, w: int, s: int,
