@@ -138,3 +138,121 @@ def test_swapped_variant_at_real_size(family, split_k):
     got = execute(with_config(base, cfg), problem)
     torch.cuda.synchronize()
     check_close(got, want, spec.out_dtype)
+
+
+def _count_jit_runs(monkeypatch, fn) -> list:
+    """Count launches that go through ``JITFunction.run`` (``fn[grid](...)`` calls ``fn.run``)."""
+    runs, original = [], fn.run
+
+    def run(*args, **kwargs):
+        runs.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(fn, "run", run)
+    return runs
+
+
+def _refill(args, fresh) -> None:
+    """Copy fresh values into the operands a captured graph reads (same buffers)."""
+    for name in ("a", "b", "a_scale", "b_scale"):
+        dst, src = getattr(args, name), getattr(fresh, name)
+        if dst is not None:
+            (dst.data if hasattr(dst, "packed_dim") else dst).copy_(src.data if hasattr(src, "packed_dim") else src)
+
+
+@pytest.mark.parametrize("family,swap,split_k", [
+    ("rowcol_fp8xfp8_rcr_decode", False, 1),
+    ("rowcol_i8xi8_rcr_prefill", False, 1),
+    ("abquant_fp8xfp8_rcr_decode", False, 3),
+    ("rowcol_fp8xfp8_rcr_prefill", False, 2),
+    ("bquant_fp8xi4_rcr_decode", True, 1),
+    ("bquant_bf16xi4_rcr_decode", True, 3),
+    ("rowcol_i8xi8_rcr_decode", True, 2),
+])
+def test_direct_launch_matches_jit_launch(family, swap, split_k, monkeypatch):
+    """Launching the compiled kernel directly (kernels/launch.py _KernelCall) gives bit-identical
+    results to JITFunction.run, for plain, split-K and swapped configs, and is really taken."""
+    from dataclasses import replace
+
+    from tileq.kernels import launch
+    from tileq.plan import execute, make_plan, with_config
+    from tileq.problem import build_problem
+
+    fam = parse_family(family)
+    decode = fam.pipeline == "decode"
+    m, n, k = _shape(fam, 13 if decode else 300, 577, 859)
+    spec = family_spec(fam, m, n, k)
+    args = make_args(spec, seed=5, device="cuda", bias=True)
+    problem = args.call(build_problem)
+    base = make_plan(problem.spec, torch.device("cuda"))
+    cfg = replace(base.config, swap_ab=swap, split_k=split_k)
+    if swap:
+        cfg = replace(cfg, block_m=64, block_n=16, num_warps=4)
+    plan = with_config(base, cfg)
+    runs = _count_jit_runs(monkeypatch, launch._gemm_kernel)
+    reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_kernel)
+
+    def run():
+        problem.out = torch.full((m, n), float("nan"), dtype=spec.out_dtype, device="cuda")
+        return execute(plan, problem)
+
+    monkeypatch.setenv("TILEQ_DIRECT_LAUNCH", "0")
+    via_jit = [run() for _ in range(2)]
+    assert len(runs) == 2 and len(reduce_runs) == (2 if split_k > 1 else 0)
+    monkeypatch.delenv("TILEQ_DIRECT_LAUNCH")
+    run()  # the first direct-mode launch of this specialization keeps the compiled kernel
+    before = (len(runs), len(reduce_runs))
+    direct = [run() for _ in range(3)]
+    assert (len(runs), len(reduce_runs)) == before  # not through JITFunction.run
+    torch.cuda.synchronize()
+    for got in via_jit[1:] + direct:
+        assert torch.equal(got, via_jit[0])
+    check_close(direct[-1], args.call(tileq.gemm, backend="reference"), spec.out_dtype)
+
+
+def test_direct_launch_under_cuda_graph_capture(monkeypatch):
+    """Direct launches (public call cache and an explicit swapped split-K plan) captured in a CUDA
+    graph replay on new data like eager JIT launches."""
+    from dataclasses import replace
+
+    from tileq.kernels import launch
+    from tileq.plan import execute, make_plan, with_config
+    from tileq.problem import build_problem
+
+    monkeypatch.delenv("TILEQ_DIRECT_LAUNCH", raising=False)
+    rowcol = make_args(family_spec(parse_family("rowcol_fp8xfp8_rcr_decode"), 4, 4096, 4096), seed=1,
+                       device="cuda", bias=True)
+    out1 = torch.empty(4, 4096, dtype=torch.bfloat16, device="cuda")
+    spec2 = family_spec(parse_family("bquant_fp8xi4_rcr_decode"), 4, 4096, 4096)
+    args2 = make_args(spec2, seed=1, device="cuda")
+    problem2 = args2.call(build_problem)
+    problem2.out = torch.empty(4, 4096, dtype=torch.bfloat16, device="cuda")
+    base = make_plan(problem2.spec, torch.device("cuda"))
+    plan2 = with_config(base, replace(base.config, swap_ab=True, split_k=4, block_m=64, block_n=16,
+                                      num_warps=4))
+
+    def step():
+        rowcol.call(tileq.gemm, out=out1)
+        execute(plan2, problem2)
+
+    for _ in range(2):  # compile and keep the kernels outside the capture
+        step()
+    torch.cuda.synchronize()
+    runs = _count_jit_runs(monkeypatch, launch._gemm_kernel)
+    reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_kernel)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    assert not runs and not reduce_runs  # captured through the direct launcher
+    _refill(rowcol, make_args(family_spec(parse_family("rowcol_fp8xfp8_rcr_decode"), 4, 4096, 4096),
+                              seed=2, device="cuda", bias=True))
+    _refill(args2, make_args(spec2, seed=2, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    got1, got2 = out1.clone(), problem2.out.clone()
+    check_close(got1, rowcol.call(tileq.gemm, backend="reference"), torch.bfloat16)
+    check_close(got2, args2.call(tileq.gemm, backend="reference"), torch.bfloat16)
+    monkeypatch.setenv("TILEQ_DIRECT_LAUNCH", "0")
+    step()
+    torch.cuda.synchronize()
+    assert torch.equal(out1, got1) and torch.equal(problem2.out, got2)

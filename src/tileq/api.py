@@ -37,8 +37,7 @@ class _Unkeyable(Exception):
 
 
 def _arg_key(x):
-    """The part of an argument that validation and planning read (never values; of pointers,
-    only an int4 buffer's address parity)."""
+    """The part of an argument that validation and planning read (never values or pointers)."""
     t = type(x)
     if t in _TENSOR_TYPES:
         return (t, x.shape, x.stride(), x.dtype, x.device)
@@ -48,8 +47,9 @@ def _arg_key(x):
         d = x.data
         if type(d) not in _TENSOR_TYPES:
             raise _Unkeyable
-        # The kernel reads int4 storage as 16-bit words when its address is even (launch.py).
-        return (t, x.shape, x.packed_dim, d.shape, d.stride(), d.dtype, d.device, d.data_ptr() % 2)
+        # (Whether the kernel may read int4 storage as 16-bit words also depends on its address:
+        # GemmLaunch decides that on every call.)
+        return (t, x.shape, x.packed_dim, d.shape, d.stride(), d.dtype, d.device)
     if t in _NUMBER_TYPES:
         return t  # a scale given as a Python number: validation reads only its type
     raise _Unkeyable

@@ -181,7 +181,7 @@ class GemmLaunch:
     """
 
     __slots__ = ("m", "n", "out_dtype", "device", "swapped", "split_k", "ws_shape", "direct",
-                 "main", "reduce")
+                 "main", "main_bytes", "i4_arg", "i4_ld", "reduce")
 
     def __init__(self, problem: Problem, plan):
         spec, cfg = problem.spec, plan.config
@@ -195,10 +195,16 @@ class GemmLaunch:
         sb_cols, sb_g = _scale_strides(spec.b_scale_kind, sb, 1)
         ld_acc = problem.acc.stride(0) if problem.acc is not None else 0
         unit_n = not (spec.b_scale_kind is ScaleKind.GROUP and sb.shape[1] > 1 and sb.stride(1) != 1)
-        i4 = a if spec.a_type is OperandType.I4 else (b if spec.b_type is OperandType.I4 else None)
-        words_ok = i4 is None or i4_storage_word_aligned(i4, lda if i4 is a else ldb)
-        consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n,
-                                i4_word_aligned=words_ok)
+        consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n)
+        # The int4 word path also needs an even storage address: a pointer property, so it is
+        # decided on every call (__call__), between these constexprs and the byte-path ones.
+        self.i4_arg, self.i4_ld, bytes_consts = None, 0, None
+        if OperandType.I4 in (spec.a_type, spec.b_type):
+            bytes_consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n,
+                                          i4_word_aligned=False)
+            if bytes_consts != consts:
+                self.i4_arg = 0 if spec.a_type is OperandType.I4 else 1
+                self.i4_ld = lda if self.i4_arg == 0 else ldb
         if cfg.swap_ab:
             # The kernel's operands, sizes and scales are those of C^T = B^T A^T.
             km, kn, klda, kldb = n, m, ldb, lda
@@ -213,16 +219,25 @@ class GemmLaunch:
         # compiled kernels and keeps the ordinary JIT launch.
         self.direct = problem.device.type == "cuda" and not plan.interpreted
         grid = (_cdiv(km, cfg.block_m) * _cdiv(kn, cfg.block_n), cfg.split_k)
-        self.main = _KernelCall(
-            "_gemm_kernel", grid, (km, kn, k, klda, kldb, ldc, ld_acc) + strides,
-            dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **consts),
-        )
+        ints = (km, kn, k, klda, kldb, ldc, ld_acc) + strides
+        options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        # The pointer arguments' dtypes, as the kernel sees them (a call passes the same ones).
+        target_dtype = torch.float32 if cfg.split_k > 1 else spec.out_dtype
+        ka, kb, ksa, ksb = (b, a, sb, sa) if cfg.swap_ab else (a, b, sa, sb)
+        dtypes = (ka.dtype, kb.dtype, target_dtype, _dtype(ksa), _dtype(ksb), _dtype(problem.bias),
+                  _dtype(problem.acc))
+        self.main = _KernelCall("_gemm_kernel", grid, ints, dict(options, **consts), dtypes)
+        self.main_bytes = None
+        if self.i4_arg is not None:
+            self.main_bytes = _KernelCall("_gemm_kernel", grid, ints, dict(options, **bytes_consts),
+                                          dtypes)
         self.reduce = None
         if cfg.split_k > 1:
             total = km * kn
             self.reduce = _KernelCall(
                 "_splitk_reduce_kernel", (_cdiv(total, REDUCE_BLOCK),), (total, kn, ldc),
                 dict(SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK, SWAPPED=cfg.swap_ab, num_warps=4),
+                (torch.float32, spec.out_dtype),
             )
 
     def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
@@ -237,13 +252,20 @@ class GemmLaunch:
             else:
                 target = _workspace(self.device, self.split_k * self.ws_shape[1] * self.ws_shape[2])
                 target = target.view(self.ws_shape)
+        main = self.main
+        if self.i4_arg is not None and not i4_storage_word_aligned(b if self.i4_arg else a, self.i4_ld):
+            main = self.main_bytes
         if self.swapped:
-            self.main((b, a, target, sb, sa, bias, acc), direct)
+            main((b, a, target, sb, sa, bias, acc), direct)
         else:
-            self.main((a, b, target, sa, sb, bias, acc), direct)
+            main((a, b, target, sa, sb, bias, acc), direct)
         if self.reduce is not None:
             self.reduce((target, out), direct)
         return out
+
+
+def _dtype(t):
+    return None if t is None else t.dtype
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -270,8 +292,8 @@ def _stream_workspace(device: torch.device, numel: int) -> torch.Tensor:
 
 # Compiled-kernel handles for direct launches, keyed by (static id, JITFunction, device, pointer
 # alignment, debug, instrumentation mode): what JITFunction.run's own cache key is made of, given
-# that a static id fixes the integer arguments, constexprs and options. Bounded: an evicted handle
-# only costs one JIT launch to find again.
+# that a static id fixes the pointer dtypes, integer arguments, constexprs and options. Bounded:
+# an evicted handle only costs one JIT launch to find again.
 _HANDLES: dict[tuple, tuple] = {}
 _STATIC_IDS: dict[tuple, int] = {}
 _NEXT_ID = itertools.count()
@@ -312,7 +334,8 @@ def _raw_stream():
 
 class _KernelCall:
     """One launch of a Triton kernel with fixed grid, integer arguments and keyword arguments
-    (launch options and constexprs); only the pointer arguments vary from call to call.
+    (launch options and constexprs) and fixed dtypes of its pointer arguments (None for an
+    absent one); only the pointers vary from call to call.
 
     JITFunction.run binds every argument, computes a specialization key and looks the compiled
     kernel up on each launch (most of tens of microseconds). Here the first launch of each
@@ -325,9 +348,11 @@ class _KernelCall:
 
     __slots__ = ("name", "grid", "ints", "kwargs", "sid")
 
-    def __init__(self, name: str, grid: tuple, ints: tuple, kwargs: dict):
+    def __init__(self, name: str, grid: tuple, ints: tuple, kwargs: dict, ptr_dtypes: tuple):
         self.name, self.grid, self.ints, self.kwargs = name, grid, ints, kwargs
-        static = (name, grid, ints, tuple(sorted(kwargs.items())))
+        # Everything JITFunction.run specializes on except pointer alignment: pointer dtypes (the
+        # output's is no constexpr), integer values, constexprs and options.
+        static = (name, grid, ints, tuple(sorted(kwargs.items())), ptr_dtypes)
         sid = _STATIC_IDS.get(static)
         if sid is None:
             sid = next(_NEXT_ID)  # never reused, so an evicted id cannot alias another launch
