@@ -110,3 +110,19 @@ def test_warmup_needs_cuda_and_describe_builds_specs():
     if not torch.cuda.is_available():
         with pytest.raises(tileq.errors.UnsupportedError, match="device: expected a CUDA device"):
             tileq.warmup([spec], device="cpu")
+
+
+def test_linear_with_packed_int4_activations():
+    """aquant with int4 activations through linear: x is a PackedInt4 [M, K], the output [M, N]."""
+    from tileq.quant import pack_int4
+
+    xq = torch.randint(-8, 8, (3, 256), generator=gen, dtype=torch.int8)
+    w = (torch.randn(16, 256, generator=gen) * 64).to(torch.float8_e4m3fn)
+    sx = torch.rand(3, 2, generator=gen) + 0.5
+    y = tileq.linear(pack_int4(xq, dim=1), w, sx, 1.0, scheme="aquant", out_dtype=torch.float32)
+    assert y.shape == (3, 16)
+    xg = xq.double().reshape(3, 2, 128)  # [M, Gk, 128]
+    wg = w.double().reshape(16, 2, 128)  # [N, Gk, 128]
+    per_group = torch.einsum("mgk,ngk->mng", xg, wg)  # exact group sums
+    want = (per_group * sx.double().unsqueeze(1)).sum(-1)
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-2)

@@ -259,8 +259,8 @@ def linear(
         if out is not None:
             return out
         return _restore_lead(y, hit.lead)
-    if isinstance(x, PackedInt4):
-        lead, k = (), x.shape[1]
+    if isinstance(x, PackedInt4):  # always 2-D: [M, K]
+        lead, k = (x.shape[0],), x.shape[1]
         x2 = x
     else:
         if not isinstance(x, torch.Tensor):
