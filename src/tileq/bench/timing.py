@@ -217,7 +217,7 @@ class Ceilings:
 
 def measure_ceilings(device: torch.device, size: int = 8192) -> Ceilings:
     """Device copy bandwidth and dense 8192^3 rates of torch's bf16, fp8 and int8 products."""
-    timer = Timer(device, TimingConfig(warmup=5, runs=20, flush_l2=False))
+    timer = Timer(device, TimingConfig(warmup=5, runs=20, flush="none"))
     c = Ceilings()
     src = torch.randn(1 << 28, device=device)  # 1 GiB: far larger than any L2
     dst = torch.empty_like(src)
