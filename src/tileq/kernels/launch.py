@@ -26,13 +26,17 @@ _FLIP = {"r": "c", "c": "r"}
 def i4_words_path(spec: ProblemSpec, cfg: TileConfig) -> bool:
     """Whether the kernel reads the int4 operand as 16-bit words of four nibbles (four dots per
     K tile, see the kernel) rather than bytes: an int4 operand packed along K facing an 8-bit
-    float (fp8/bf8), K a multiple of 4, and K tiles of at least 128 (each dot then spans 32,
-    the 8-bit matrix instruction's depth). The storage must also be 2-byte aligned (launcher)."""
+    float (fp8/bf8), K a multiple of 4, K tiles of at least 128 (each dot then spans 32, the
+    8-bit matrix instruction's depth), and a decode-sized activation tile. The storage must also
+    be 2-byte aligned (launcher)."""
     packed_along_k = ((spec.b_type is OperandType.I4 and spec.layout[1] == "c")
                       or (spec.a_type is OperandType.I4 and spec.layout[0] == "r"))
     partner = spec.a_type if spec.b_type is OperandType.I4 else spec.b_type
+    # Decode tiles only (the activation side of the tile at most 64): at prefill tiles the four
+    # dots per K tile ran several times slower than the byte path (H200 benches, 2026-11-29).
+    activation_tile = cfg.block_n if cfg.swap_ab else cfg.block_m
     return (packed_along_k and partner in (OperandType.FP8, OperandType.BF8)
-            and spec.k % 4 == 0 and cfg.block_k >= 128)
+            and spec.k % 4 == 0 and cfg.block_k >= 128 and activation_tile <= 64)
 
 
 def i4_storage_word_aligned(storage: torch.Tensor, leading_dim: int) -> bool:
