@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call: environment, GPU tests, tuning sweeps and benchmarks, logs and CSV under $OUT.
 #   bash scripts/gpu_run.sh [tests] [flush-check] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode]
-#                          [bench-llm-decode] [bench-llm-prefill] [overhead] [demo]
+#                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS.
 # Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src.
@@ -40,7 +40,7 @@ for step in "${steps[@]}"; do
     bench-decode)
       python3 -m tileq bench --suite decode-targets ${BENCH_CASES:+--cases "$BENCH_CASES"} --out "$OUT/decode" \
         --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 | tail -40 | tee "$OUT/bench_decode.log" ;;
-    bench-llm-decode|bench-llm-prefill)
+    bench-llm-decode|bench-llm-prefill|bench-llm-prefill-a|bench-llm-prefill-b)
       suite=${step#bench-}
       python3 -m tileq bench --suite "$suite" --out "$OUT/$suite" --time-budget "${BENCH_SECONDS:-200}" \
         --no-progress 2>&1 | tail -40 | tee "$OUT/bench_$suite.log" ;;

@@ -33,6 +33,8 @@ def test_builtin_suites_load():
     assert len({(s.n, s.k) for s in llm}) == 18
     assert sorted({s.m for s in llm}) == [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 4096, 8192]
     assert len(llm) == len(load_suite("llm-decode")) + len(load_suite("llm-prefill"))
+    halves = load_suite("llm-prefill-a") + load_suite("llm-prefill-b")
+    assert [(s.name, s.m, s.n, s.k) for s in load_suite("llm-prefill")] == [(s.name, s.m, s.n, s.k) for s in halves]
     assert [s.m for s in load_suite("square")] == [512, 1024, 2048, 4096, 8192, 16384]
     ck = load_suite("ck28")
     assert len(ck) == 28 and all(len(s.cases) == 28 for s in ck)

@@ -33,14 +33,18 @@ OPTIONAL = ("schemes", "cases")
 
 # Name -> what it is (the file is suites/<name>.csv). The whole llm suite does not fit one
 # 10-minute GPU command at the default 50 + 100 runs: on an H200 (2026-11-29) it got through 60%
-# of its 1512 (shape, case) items in 400 s, the kernels alone taking 277 s. llm-decode and
-# llm-prefill split it in two that each should (--time-budget stops a sweep cleanly regardless).
+# of its 1512 (shape, case) items in 400 s, the kernels alone taking 277 s. llm-decode took 194 s;
+# llm-prefill about 620 s over two commands, so it is split again into llm-prefill-a and -b
+# (--time-budget stops a sweep cleanly regardless).
 BUILTIN_SUITES = {
     "smoke": "tiny shapes for the CPU interpreter (correctness only there)",
     "llm": "Qwen3-14B, Llama-3-8B/-70B (= Mixtral-8x7B's shapes), DeepSeek-V3 projections x 12 M "
-           "(about 11 min on an H200: use llm-decode + llm-prefill for 10-minute commands)",
+           "(use llm-decode, llm-prefill-a and llm-prefill-b for 10-minute commands)",
     "llm-decode": "the llm projections at M in 1..64",
-    "llm-prefill": "the llm projections at M in 128..8192",
+    "llm-prefill": "the llm projections at M in 128..8192 (about 10.5 min on an H200: "
+                   "llm-prefill-a + llm-prefill-b)",
+    "llm-prefill-a": "llm-prefill's Qwen3-14B and Llama-3-8B projections",
+    "llm-prefill-b": "llm-prefill's Llama-3-70B and DeepSeek-V3 projections",
     "square": "M = N = K from 512 to 16384",
     "ck28": "28 shapes crossed with the 28 AQuant families (CK's parity sweep)",
     "demo": "Qwen3-14B projections at M in {1, 16, 4096} (tileq demo on a GPU)",
