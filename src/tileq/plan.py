@@ -15,7 +15,7 @@ from .catalog.arch import ARCHS, ArchInfo, arch_of_capability, check_types, get_
 from .catalog.config import TileConfig
 from .catalog.heuristic import choose_pipeline, heuristic_config
 from .catalog.names import KernelFamily, KernelInstance
-from .dtypes import compute_type, mma_types
+from .dtypes import OperandType, compute_type, mma_types
 from .errors import UnsupportedError, expect
 from .problem import Problem, ProblemSpec, ScaleKind
 
@@ -121,11 +121,25 @@ class Plan:
                 f"config    : BM={c.block_m} BN={c.block_n} BK={c.block_k} warps={c.num_warps} "
                 f"stages={c.num_stages} split_k={c.split_k}  [{self.config_source}]"
             )
+            lines.append("kernel    : " + "; ".join(kernel_notes(s, c)))
         else:
             lines.append("config    : n/a (the reference runs the same lowering in torch)")
         lines.append("reduction : fixed order, no atomics (bit-identical run to run)")
         lines.append("lowering  : " + " -> ".join(self.stages()))
         return "\n".join(lines)
+
+
+def kernel_notes(spec: ProblemSpec, cfg) -> list[str]:
+    """How the kernel runs this config: orientation, int4 loads, K masking."""
+    from .kernels.launch import i4_words_path
+
+    notes = ["swapped: computes C^T = B^T A^T, the weight on the mma's row side" if cfg.swap_ab
+             else "direct: A rows x B columns"]
+    if OperandType.I4 in (spec.a_type, spec.b_type):
+        notes.append("int4 read as 16-bit words, four dots per K tile (when 2-byte aligned)"
+                     if i4_words_path(spec, cfg) else "int4 read as bytes, unpacked in registers")
+    notes.append("no K masks (K % BK == 0)" if spec.k % cfg.block_k == 0 else "last K tile masked")
+    return notes
 
 
 def lowering(spec: ProblemSpec) -> list[str]:

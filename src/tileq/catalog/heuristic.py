@@ -89,20 +89,29 @@ def heuristic_config(spec: ProblemSpec, arch: ArchInfo, pipeline: str, num_sms: 
 
 def _decode_swapped(spec: ProblemSpec, arch: ArchInfo, bk: int, w: int, s: int,
                     num_sms: int) -> TileConfig | None:
-    """M <= 16 with N of at least 0.6 x SMs 64-row tiles: the swapped kernel (C^T = B^T A^T), the
-    weight on the matrix instruction's 64-row side and M on its 16-wide side, or None.
+    """The swapped decode kernel (C^T = B^T A^T: the weight on the matrix instruction's 64-row
+    side, M on its 16/32/64-wide side) where it measured best, or None.
 
-    From ``tileq tune`` on an H200 (2026-11-29, read-flush timing): m64n16 swapped configs were
-    fastest or within 2% on 16 of the 24 8-bit rowcol problems (six LLM weights x M in {1, 16}),
-    and on all 12 fp8 x int4 bquant ones with a split over K of 4; BK 256 for 8-bit rowcol.
+    From ``tileq tune`` on an H200 (2026-11-29, read-flush timing, six LLM weights):
+    - an int4 weight packed along K (nn.Linear layout) at every decode M: 45 of the 48 tuned
+      int4 problems (M in {1, 16, 32, 64}) chose a swapped config. Unswapped, the unpacked tile
+      is transposed on its way to the mma; at M = 64 that ran 1.5x slower than even the
+      prefill kernel (llm-decode bench);
+    - 8-bit rowcol at M <= 16 with at least 0.6 x SMs 64-row tiles: m64n16 (BK 256) fastest or
+      within 2% on 16 of 24 problems.
     """
-    if spec.m > 16 or math.ceil(spec.n / 64) < 0.6 * num_sms:
+    int4_weight = spec.b_type is OperandType.I4 and spec.layout[1] == "c"
+    tiles = math.ceil(spec.n / 64)
+    if not int4_weight and (spec.m > 16 or tiles < 0.6 * num_sms):
         return None
+    m_tile = 16 if spec.m <= 16 else (32 if spec.m <= 32 else 64)
     if spec.scheme.grouped:
+        # A split over K where 64-row tiles alone leave SMs idle (each split >= 4 K tiles).
         k_tiles = max(math.ceil(spec.k / bk), 1)
-        cfg = TileConfig(64, 16, bk, w, s, max(1, min(4, k_tiles // 4)), swap_ab=True)
+        split = max(1, min(math.ceil(1.2 * num_sms / tiles), 4, k_tiles // 4))
+        cfg = TileConfig(64, m_tile, bk, w, s, split, swap_ab=True)
     else:
-        cfg = TileConfig(64, 16, 256 if _width(spec) == "8bit" else 128, w, s, 1, swap_ab=True)
+        cfg = TileConfig(64, m_tile, 256 if _width(spec) == "8bit" else 128, w, s, 1, swap_ab=True)
     return cfg if config_problem(spec, cfg, arch) is None else None
 
 
