@@ -126,3 +126,21 @@ def test_linear_with_packed_int4_activations():
     per_group = torch.einsum("mgk,ngk->mng", xg, wg)  # exact group sums
     want = (per_group * sx.double().unsqueeze(1)).sum(-1)
     torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-2)
+
+
+def test_explain_names_the_kernel_orientation_and_int4_loads():
+    """The explain command (arch given, no GPU needed) says how the kernel runs the config."""
+    import subprocess
+    import sys
+
+    def explain(*args):
+        return subprocess.run([sys.executable, "-m", "tileq", "explain", "--arch", "sm_90", *args],
+                              capture_output=True, text=True, check=True).stdout
+
+    text = explain("--scheme", "bquant", "--a", "fp8", "--b", "int4", "--m", "16", "--n", "28672",
+                   "--k", "8192")
+    assert "kernel    : swapped" in text and "int4 read as 16-bit words" in text
+    assert "no K masks" in text
+    text = explain("--scheme", "bquant", "--a", "fp8", "--b", "int4", "--m", "4096", "--n", "5120",
+                   "--k", "5000")
+    assert "int4 read as bytes" in text and "last K tile masked" in text

@@ -491,3 +491,11 @@ def test_dispatcher_check_section_counts_losses():
     from tileq.bench.report import best_baseline
 
     assert best_baseline({r.impl: r for r in rows[:2]}) is None
+
+
+def test_timing_flush_modes():
+    from tileq.bench.timing import FLUSH_MODES, TimingConfig
+
+    assert FLUSH_MODES == ("read", "write", "none") and TimingConfig().flush == "read"
+    with pytest.raises(ValueError, match="flush: expected one of read, write, none"):
+        TimingConfig(flush="zero")

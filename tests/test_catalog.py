@@ -81,6 +81,29 @@ def test_heuristic_configs_are_legal_for_every_family_and_arch():
                 assert config_problem(spec, cfg, arch) is None
 
 
+@pytest.mark.parametrize("fam,m,n,k,want", [
+    # int4 nn.Linear weights: swapped at every decode M, the M tile on the narrow side.
+    ("bquant_fp8xi4_rcr_decode", 1, 28672, 8192, (64, 16, True)),
+    ("bquant_bf16xi4_rcr_decode", 64, 57344, 8192, (64, 64, True)),
+    ("bquant_fp8xi4_rcr_decode", 32, 2048, 4096, (64, 32, True)),
+    # 8-bit weights: swapped at M <= 16 with enough 64-row tiles, BK 256 ...
+    ("rowcol_i8xi8_rcr_decode", 1, 28672, 8192, (64, 16, True)),
+    # ... but not with too few tiles, nor above M = 16.
+    ("rowcol_i8xi8_rcr_decode", 1, 2048, 8192, (16, None, False)),
+    ("rowcol_fp8xfp8_rcr_decode", 32, 28672, 8192, (32, None, False)),
+])
+def test_decode_heuristic_orientation(fam, m, n, k, want):
+    f = parse_family(fam)
+    arch = get_arch("sm_90")
+    cfg = heuristic_config(family_spec(f, m, n, k), arch, f.pipeline, arch.typical_sms)
+    block_m, block_n, swapped = want
+    assert (cfg.block_m, cfg.swap_ab) == (block_m, swapped)
+    if block_n is not None:
+        assert cfg.block_n == block_n
+    if swapped and f.a.value == "i8":
+        assert cfg.block_k == 256 and cfg.split_k == 1
+
+
 def test_legality_predicate_refuses():
     fam = parse_family("abquant_fp8xfp8_rcr_prefill")
     spec = family_spec(fam, 256, 256, 1024, group_k=64)
