@@ -38,10 +38,10 @@ def main() -> int:
         w16 = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(max(2, math.ceil(3 * l2 / (2 * n * k))))]
         x16 = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         impls = {
-            "tileq": (lambda i: sets[i % len(sets)].call(tileq.gemm), len(sets)),
-            "torch_bf16_matmul": (lambda i: torch.matmul(x16, w16[i % len(w16)].t()), len(w16)),
+            "tileq": lambda i: sets[i % len(sets)].call(tileq.gemm),
+            "torch_bf16_matmul": lambda i: torch.matmul(x16, w16[i % len(w16)].t()),
         }
-        for impl, (fn, _) in impls.items():
+        for impl, fn in impls.items():
             for method in ("write", "read", "none", "rotate"):
                 timer = Timer(dev, TimingConfig(warmup=30, runs=100,
                                                 flush="none" if method == "rotate" else method))

@@ -85,13 +85,7 @@ def _lookup(key) -> "_Call | None":
 def _remember(key, problem: Problem, plan: _plan.Plan, **extra) -> None:
     if key is None or plan.executor != "triton":
         return
-    entry = _Call(problem, plan, **extra)
-    if len(_CALLS) >= CALL_CACHE_SIZE:
-        try:
-            del _CALLS[next(iter(_CALLS))]  # the oldest signature
-        except (KeyError, RuntimeError, StopIteration):  # another thread got there first
-            pass
-    _CALLS[key] = entry
+    _plan.bounded_put(_CALLS, key, _Call(problem, plan, **extra), CALL_CACHE_SIZE)
 
 
 def clear_call_cache() -> None:

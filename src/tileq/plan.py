@@ -32,6 +32,17 @@ _ENV_ENCODE = getattr(os.environ, "encodekey", None)
 _ENV_KEYS: dict[str, object] = {}
 
 
+def bounded_put(table: dict, key, value, cap: int) -> None:
+    """``table[key] = value``, first dropping the oldest insertion when ``table`` holds ``cap``
+    entries (the call cache and the launch tables: bounded, never locked)."""
+    if len(table) >= cap:
+        try:
+            del table[next(iter(table))]
+        except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+            pass
+    table[key] = value
+
+
 def env_raw(name: str):
     """The stored value of environment variable ``name`` (None when unset), as a cache key:
     compared for equality only, never parsed (it is bytes on POSIX)."""

@@ -13,7 +13,7 @@ import torch
 
 from ..catalog.config import TileConfig
 from ..dtypes import OperandType, PackedInt4, mma_types
-from ..plan import env_raw
+from ..plan import bounded_put, env_raw
 from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
 from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel
 
@@ -306,12 +306,7 @@ _TRITON: dict[str, object] = {}
 
 
 def _bounded_put(table: dict, key, value) -> None:
-    if len(table) >= _TABLE_CAP:
-        try:
-            del table[next(iter(table))]  # the oldest insertion
-        except (KeyError, RuntimeError, StopIteration):  # another thread got there first
-            pass
-    table[key] = value
+    bounded_put(table, key, value, _TABLE_CAP)
 
 
 def _triton():
