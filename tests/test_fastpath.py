@@ -18,7 +18,7 @@ from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
 from tileq.dtypes import PackedInt4
 from tileq.errors import DTypeError, LayoutError, ShapeError, TileqError, UnsupportedError
-from tileq.kernels import launch
+from tileq.kernels import direct, launch
 from tileq.quant import pack_int4
 from tileq.testing import check_close, make_args
 
@@ -314,10 +314,10 @@ def test_cache_is_bounded(recorder, monkeypatch):
 
 
 def test_launch_tables_are_bounded(monkeypatch):
-    monkeypatch.setattr(launch, "_TABLE_CAP", 3)
+    monkeypatch.setattr(direct, "_TABLE_CAP", 3)
     table = {}
     for i in range(10):
-        launch._bounded_put(table, i, i)
+        direct._bounded_put(table, i, i)
     assert list(table) == [7, 8, 9]
 
 
@@ -363,11 +363,11 @@ def fake_triton(monkeypatch):
 
     fake = _FakeJIT(launch._gemm_kernel.fn)
     monkeypatch.setattr(launch, "_gemm_kernel", fake)
-    monkeypatch.setattr(launch, "_TRITON", dict(
+    monkeypatch.setattr(direct, "_TRITON", dict(
         knobs=knobs, CompiledKernel=_FakeCompiled, HookChain=HookChain, JITFunction=_FakeJIT,
         device=lambda: 0, stream=lambda device: 1234,
     ))
-    monkeypatch.setattr(launch, "_HANDLES", {})
+    monkeypatch.setattr(direct, "_HANDLES", {})
     monkeypatch.delenv("TILEQ_DIRECT_LAUNCH", raising=False)
     return fake
 
@@ -443,9 +443,9 @@ def test_direct_launch_switched_off(fake_triton, monkeypatch):
     for _ in range(3):
         gl(*tensors)
     assert len(fake_triton.jit_calls) == 3 and not fake_triton.compiled.launches
-    assert launch.direct_launch_enabled() is False
+    assert direct.direct_launch_enabled() is False
     monkeypatch.setenv("TILEQ_DIRECT_LAUNCH", "1")
-    assert launch.direct_launch_enabled() is True
+    assert direct.direct_launch_enabled() is True
 
 
 def test_direct_launch_split_k_and_swapped(fake_triton, monkeypatch):

@@ -170,7 +170,7 @@ def _refill(args, fresh) -> None:
     ("rowcol_i8xi8_rcr_decode", True, 2),
 ])
 def test_direct_launch_matches_jit_launch(family, swap, split_k, monkeypatch):
-    """Launching the compiled kernel directly (kernels/launch.py _KernelCall) gives bit-identical
+    """Launching the compiled kernel directly (kernels/direct.py KernelCall) gives bit-identical
     results to JITFunction.run, for plain, split-K and swapped configs, and is really taken."""
     from dataclasses import replace
 

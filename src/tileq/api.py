@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import plan as _plan
+from ._runtime import bounded_put, env_raw
 from .dtypes import PackedInt4
 from .errors import DTypeError, ShapeError, expect
 from .problem import Problem, Scheme, build_problem
@@ -66,8 +67,8 @@ def _call_key(op, a, b, a_scale, b_scale, bias, acc, out, scheme, out_dtype, gro
             type(group_n), group_n, type(backend), backend, type(deterministic), deterministic,
             type(pipeline), pipeline, type(fast_accum), fast_accum,
             # What make_plan reads from the environment on every call.
-            _plan.env_raw("TILEQ_BACKEND"), _plan.env_raw("TILEQ_DETERMINISTIC"),
-            _plan.env_raw("TRITON_INTERPRET"),
+            env_raw("TILEQ_BACKEND"), env_raw("TILEQ_DETERMINISTIC"),
+            env_raw("TRITON_INTERPRET"),
         )
     except Exception:  # noqa: BLE001 - e.g. a sparse tensor has no strides: the full path decides
         return None
@@ -85,7 +86,7 @@ def _lookup(key) -> "_Call | None":
 def _remember(key, problem: Problem, plan: _plan.Plan, **extra) -> None:
     if key is None or plan.executor != "triton":
         return
-    _plan.bounded_put(_CALLS, key, _Call(problem, plan, **extra), CALL_CACHE_SIZE)
+    bounded_put(_CALLS, key, _Call(problem, plan, **extra), CALL_CACHE_SIZE)
 
 
 def clear_call_cache() -> None:

@@ -6,18 +6,18 @@ constexprs: the launcher and ``tileq build`` both use it, so what is built is wh
 
 from __future__ import annotations
 
-import itertools
-import os
+import sys
 
 import torch
 
 from ..catalog.config import TileConfig
 from ..dtypes import OperandType, PackedInt4, mma_types
-from ..plan import bounded_put, env_raw
+from .direct import KernelCall, direct_launch_enabled, raw_stream
 from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
 from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel
 
 REDUCE_BLOCK = 1024
+_THIS = sys.modules[__name__]  # KernelCall looks the kernels up here at call time (tests stub them)
 
 
 _FLIP = {"r": "c", "c": "r"}
@@ -230,16 +230,16 @@ class GemmLaunch:
         ka, kb, ksa, ksb = (b, a, sb, sa) if cfg.swap_ab else (a, b, sa, sb)
         dtypes = (ka.dtype, kb.dtype, target_dtype, _dtype(ksa), _dtype(ksb), _dtype(problem.bias),
                   _dtype(problem.acc))
-        self.main = _KernelCall("_gemm_kernel", grid, ints, dict(options, **consts), dtypes)
+        self.main = KernelCall(_THIS, "_gemm_kernel", grid, ints, dict(options, **consts), dtypes)
         self.main_bytes = None
         if self.i4_arg is not None:
-            self.main_bytes = _KernelCall("_gemm_kernel", grid, ints, dict(options, **bytes_consts),
+            self.main_bytes = KernelCall(_THIS, "_gemm_kernel", grid, ints, dict(options, **bytes_consts),
                                           dtypes)
         self.reduce = None
         if cfg.split_k > 1:
             total = km * kn
-            self.reduce = _KernelCall(
-                "_splitk_reduce_kernel", (_cdiv(total, REDUCE_BLOCK),), (total, kn, ldc),
+            self.reduce = KernelCall(
+                _THIS, "_splitk_reduce_kernel", (_cdiv(total, REDUCE_BLOCK),), (total, kn, ldc),
                 dict(SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK, SWAPPED=cfg.swap_ab, num_warps=4),
                 (torch.float32, spec.out_dtype),
             )
@@ -277,153 +277,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def direct_launch_enabled() -> bool:
-    """False when TILEQ_DIRECT_LAUNCH=0: every launch goes through ``JITFunction.run``."""
-    if env_raw("TILEQ_DIRECT_LAUNCH") is None:
-        return True
-    return os.environ.get("TILEQ_DIRECT_LAUNCH", "").strip() != "0"
-
-
 def _stream_workspace(device: torch.device, numel: int) -> torch.Tensor:
     """``_workspace``'s buffer for ``device``'s current stream (same table, same key), whole."""
-    key = (device.index, _raw_stream()(device.index))
+    key = (device.index, raw_stream()(device.index))
     ws = _WORKSPACES.get(key)
     if ws is None or ws.numel() < numel:
         ws = torch.empty(max(numel, 1 << 20), dtype=torch.float32, device=device)
         _WORKSPACES[key] = ws
     return ws
-
-
-# Compiled-kernel handles for direct launches, keyed by (static id, JITFunction, device, pointer
-# alignment, debug, instrumentation mode): what JITFunction.run's own cache key is made of, given
-# that a static id fixes the pointer dtypes, integer arguments, constexprs and options. Bounded:
-# an evicted handle only costs one JIT launch to find again.
-_HANDLES: dict[tuple, tuple] = {}
-_STATIC_IDS: dict[tuple, int] = {}
-_NEXT_ID = itertools.count()
-_TABLE_CAP = 4096
-_TRITON: dict[str, object] = {}
-
-
-def _bounded_put(table: dict, key, value) -> None:
-    bounded_put(table, key, value, _TABLE_CAP)
-
-
-def _triton():
-    """Triton's runtime pieces the direct launch needs, looked up once."""
-    if not _TRITON:
-        from triton import knobs
-        from triton.compiler.compiler import CompiledKernel
-        from triton.knobs import HookChain
-        from triton.runtime.driver import driver
-        from triton.runtime.jit import JITFunction
-
-        _TRITON.update(
-            knobs=knobs, CompiledKernel=CompiledKernel, HookChain=HookChain, JITFunction=JITFunction,
-            # What JITFunction.run calls: torch.cuda.current_device and
-            # torch._C._cuda_getCurrentRawStream (no torch.cuda.Stream object is made).
-            device=driver.active.get_current_device, stream=driver.active.get_current_stream,
-        )
-    return _TRITON
-
-
-def _raw_stream():
-    return _triton()["stream"]
-
-
-class _KernelCall:
-    """One launch of a Triton kernel with fixed grid, integer arguments and keyword arguments
-    (launch options and constexprs) and fixed dtypes of its pointer arguments (None for an
-    absent one); only the pointers vary from call to call.
-
-    JITFunction.run binds every argument, computes a specialization key and looks the compiled
-    kernel up on each launch (most of tens of microseconds). Here the first launch of each
-    specialization goes through it and keeps the compiled kernel it returns; later launches call
-    that kernel's launcher exactly as JITFunction.run does (same arguments in parameter order,
-    the current device's raw stream, launch hooks and metadata). The key adds what JITFunction.run
-    derives from the pointers: each one's 16-byte alignment. Taken only when ``direct`` (a GPU,
-    not interpreted, TILEQ_DIRECT_LAUNCH not 0) and the kernel has no pre-run hooks.
-    """
-
-    __slots__ = ("name", "grid", "ints", "kwargs", "sid")
-
-    def __init__(self, name: str, grid: tuple, ints: tuple, kwargs: dict, ptr_dtypes: tuple):
-        self.name, self.grid, self.ints, self.kwargs = name, grid, ints, kwargs
-        # Everything JITFunction.run specializes on except pointer alignment: pointer dtypes (the
-        # output's is no constexpr), integer values, constexprs and options.
-        static = (name, grid, ints, tuple(sorted(kwargs.items())), ptr_dtypes)
-        sid = _STATIC_IDS.get(static)
-        if sid is None:
-            sid = next(_NEXT_ID)  # never reused, so an evicted id cannot alias another launch
-            _bounded_put(_STATIC_IDS, static, sid)
-        self.sid = sid
-
-    def __call__(self, ptrs: tuple, direct: bool) -> None:
-        fn = globals()[self.name]  # the module's kernel at call time (profiling scripts stub it)
-        if direct:
-            t = _triton()
-            if type(fn) is t["JITFunction"] and not fn.pre_run_hooks:
-                self._direct(fn, ptrs, t)
-                return
-        fn[self.grid](*ptrs, *self.ints, **self.kwargs)
-
-    def _direct(self, fn, ptrs: tuple, t: dict) -> None:
-        knobs = t["knobs"]
-        device = t["device"]()
-        align = 0
-        for i, p in enumerate(ptrs):
-            if p is not None and p.data_ptr() & 15:
-                align |= 1 << i
-        key = (self.sid, fn, device, align, knobs.runtime.debug, knobs.compilation.instrumentation_mode)
-        handle = _HANDLES.get(key)
-        if handle is None:
-            kernel = fn[self.grid](*ptrs, *self.ints, **self.kwargs)
-            if isinstance(kernel, t["CompiledKernel"]) and kernel.function is not None:
-                rest = _constexpr_tail(fn, len(ptrs) + len(self.ints), self.kwargs)
-                if rest is not None:
-                    _bounded_put(_HANDLES, key, (kernel, self.ints + rest))
-            return
-        kernel, rest = handle
-        args = ptrs + rest
-        # JITFunction.run refuses a launch when a global the kernel read at compile time changed.
-        for (name, _), (val, globals_dict) in fn.used_global_vals.items():
-            if (new := globals_dict.get(name, _MISSING)) != val:
-                raise RuntimeError(
-                    f"Global variable {name} has changed since we compiled this kernel, from {val} to {new}"
-                )
-        stream = t["stream"](device)
-        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        if _idle(enter, t) and _idle(leave, t):
-            # No hook would see the metadata: skip building it (empty chains do nothing).
-            meta = enter = leave = None
-        else:
-            meta = kernel.launch_metadata(self.grid, stream, *args)
-        grid = self.grid
-        kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, kernel.function,
-                   kernel.packed_metadata, meta, enter, leave, *args)
-
-
-_MISSING = object()
-
-
-def _idle(hook, t: dict) -> bool:
-    return hook is None or (type(hook) is t["HookChain"] and not hook.calls)
-
-
-def _constexpr_tail(fn, n_runtime: int, kwargs: dict) -> tuple | None:
-    """The values of ``fn``'s parameters after the first ``n_runtime``, in parameter order, as
-    JITFunction.run binds them (keywords, else defaults); None when the keywords do not match the
-    parameters (the JIT launch then reports it, and no direct launch is made)."""
-    params = fn.params[n_runtime:]
-    names = {p.name for p in params}
-    if any(name not in names for name in kwargs if name not in ("num_warps", "num_stages")):
-        return None
-    tail = []
-    for p in params:
-        if p.name in kwargs:
-            tail.append(kwargs[p.name])
-        elif p.has_default:
-            tail.append(p.default)
-        else:
-            return None
-    return tuple(tail)

@@ -1,0 +1,42 @@
+"""Small helpers shared by the planner, the launchers and the model layer: bounded caches,
+environment switches, the interpreter check. They import nothing from tileq, so every layer can
+use them without import cycles.
+"""
+
+from __future__ import annotations
+
+import os
+
+# os.environ.get of an unset variable raises and catches a KeyError inside (0.7 us on the dev
+# machine) and every call of tileq.gemm reads three variables to key its call cache (api.py):
+# os.environ's own dict, looked up with the encoded name, holds the same value for ~50 ns.
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_ENCODE = getattr(os.environ, "encodekey", None)
+_ENV_KEYS: dict[str, object] = {}
+
+
+def bounded_put(table: dict, key, value, cap: int) -> None:
+    """``table[key] = value``, first dropping the oldest insertion when ``table`` holds ``cap``
+    entries (the call cache and the launch tables: bounded, never locked)."""
+    if len(table) >= cap:
+        try:
+            del table[next(iter(table))]
+        except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+            pass
+    table[key] = value
+
+
+def env_raw(name: str):
+    """The stored value of environment variable ``name`` (None when unset), as a cache key:
+    compared for equality only, never parsed (it is bytes on POSIX)."""
+    if type(_ENV_DATA) is not dict or _ENV_ENCODE is None:
+        return os.environ.get(name)
+    key = _ENV_KEYS.get(name)
+    if key is None:
+        key = _ENV_KEYS[name] = _ENV_ENCODE(name)
+    return _ENV_DATA.get(key)
+
+
+def interpreter_active() -> bool:
+    """Triton's interpreter is chosen when TRITON_INTERPRET=1 is set before Triton is imported."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

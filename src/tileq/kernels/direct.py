@@ -1,0 +1,159 @@
+"""Direct launches of compiled Triton kernels: the per-call host cost of every tileq kernel.
+
+``KernelCall`` fixes a launch's grid, integer arguments, constexprs and pointer dtypes once; the
+first launch goes through Triton's ``JITFunction.run`` and later ones call the compiled kernel's
+launcher directly (tens of microseconds less per call). The GEMM launcher (``launch.py``) and the
+activation-quantization launchers use it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+from .._runtime import bounded_put, env_raw
+
+
+def direct_launch_enabled() -> bool:
+    """False when TILEQ_DIRECT_LAUNCH=0: every launch goes through ``JITFunction.run``."""
+    if env_raw("TILEQ_DIRECT_LAUNCH") is None:
+        return True
+    return os.environ.get("TILEQ_DIRECT_LAUNCH", "").strip() != "0"
+
+
+# Compiled-kernel handles for direct launches, keyed by (static id, JITFunction, device, pointer
+# alignment, debug, instrumentation mode): what JITFunction.run's own cache key is made of, given
+# that a static id fixes the pointer dtypes, integer arguments, constexprs and options. Bounded:
+# an evicted handle only costs one JIT launch to find again.
+_HANDLES: dict[tuple, tuple] = {}
+_STATIC_IDS: dict[tuple, int] = {}
+_NEXT_ID = itertools.count()
+_TABLE_CAP = 4096
+_TRITON: dict[str, object] = {}
+
+
+def _bounded_put(table: dict, key, value) -> None:
+    bounded_put(table, key, value, _TABLE_CAP)
+
+
+def _triton():
+    """Triton's runtime pieces the direct launch needs, looked up once."""
+    if not _TRITON:
+        from triton import knobs
+        from triton.compiler.compiler import CompiledKernel
+        from triton.knobs import HookChain
+        from triton.runtime.driver import driver
+        from triton.runtime.jit import JITFunction
+
+        _TRITON.update(
+            knobs=knobs, CompiledKernel=CompiledKernel, HookChain=HookChain, JITFunction=JITFunction,
+            # What JITFunction.run calls: torch.cuda.current_device and
+            # torch._C._cuda_getCurrentRawStream (no torch.cuda.Stream object is made).
+            device=driver.active.get_current_device, stream=driver.active.get_current_stream,
+        )
+    return _TRITON
+
+
+def raw_stream():
+    return _triton()["stream"]
+
+
+class KernelCall:
+    """One launch of a Triton kernel with fixed grid, integer arguments and keyword arguments
+    (launch options and constexprs) and fixed dtypes of its pointer arguments (None for an
+    absent one); only the pointers vary from call to call.
+
+    JITFunction.run binds every argument, computes a specialization key and looks the compiled
+    kernel up on each launch (most of tens of microseconds). Here the first launch of each
+    specialization goes through it and keeps the compiled kernel it returns; later launches call
+    that kernel's launcher exactly as JITFunction.run does (same arguments in parameter order,
+    the current device's raw stream, launch hooks and metadata). The key adds what JITFunction.run
+    derives from the pointers: each one's 16-byte alignment. Taken only when ``direct`` (a GPU,
+    not interpreted, TILEQ_DIRECT_LAUNCH not 0) and the kernel has no pre-run hooks.
+
+    ``module`` holds the kernel as attribute ``name``, looked up at every call (profiling scripts
+    and tests replace it there).
+    """
+
+    __slots__ = ("module", "name", "grid", "ints", "kwargs", "sid")
+
+    def __init__(self, module, name: str, grid: tuple, ints: tuple, kwargs: dict, ptr_dtypes: tuple):
+        self.module, self.name, self.grid, self.ints, self.kwargs = module, name, grid, ints, kwargs
+        # Everything JITFunction.run specializes on except pointer alignment: pointer dtypes (the
+        # output's is no constexpr), integer values, constexprs and options.
+        static = (module.__name__, name, grid, ints, tuple(sorted(kwargs.items())), ptr_dtypes)
+        sid = _STATIC_IDS.get(static)
+        if sid is None:
+            sid = next(_NEXT_ID)  # never reused, so an evicted id cannot alias another launch
+            _bounded_put(_STATIC_IDS, static, sid)
+        self.sid = sid
+
+    def __call__(self, ptrs: tuple, direct: bool) -> None:
+        fn = getattr(self.module, self.name)
+        if direct:
+            t = _triton()
+            if type(fn) is t["JITFunction"] and not fn.pre_run_hooks:
+                self._direct(fn, ptrs, t)
+                return
+        fn[self.grid](*ptrs, *self.ints, **self.kwargs)
+
+    def _direct(self, fn, ptrs: tuple, t: dict) -> None:
+        knobs = t["knobs"]
+        device = t["device"]()
+        align = 0
+        for i, p in enumerate(ptrs):
+            if p is not None and p.data_ptr() & 15:
+                align |= 1 << i
+        key = (self.sid, fn, device, align, knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+        handle = _HANDLES.get(key)
+        if handle is None:
+            kernel = fn[self.grid](*ptrs, *self.ints, **self.kwargs)
+            if isinstance(kernel, t["CompiledKernel"]) and kernel.function is not None:
+                rest = _constexpr_tail(fn, len(ptrs) + len(self.ints), self.kwargs)
+                if rest is not None:
+                    _bounded_put(_HANDLES, key, (kernel, self.ints + rest))
+            return
+        kernel, rest = handle
+        args = ptrs + rest
+        # JITFunction.run refuses a launch when a global the kernel read at compile time changed.
+        for (name, _), (val, globals_dict) in fn.used_global_vals.items():
+            if (new := globals_dict.get(name, _MISSING)) != val:
+                raise RuntimeError(
+                    f"Global variable {name} has changed since we compiled this kernel, from {val} to {new}"
+                )
+        stream = t["stream"](device)
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if _idle(enter, t) and _idle(leave, t):
+            # No hook would see the metadata: skip building it (empty chains do nothing).
+            meta = enter = leave = None
+        else:
+            meta = kernel.launch_metadata(self.grid, stream, *args)
+        grid = self.grid
+        kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, kernel.function,
+                   kernel.packed_metadata, meta, enter, leave, *args)
+
+
+_MISSING = object()
+
+
+def _idle(hook, t: dict) -> bool:
+    return hook is None or (type(hook) is t["HookChain"] and not hook.calls)
+
+
+def _constexpr_tail(fn, n_runtime: int, kwargs: dict) -> tuple | None:
+    """The values of ``fn``'s parameters after the first ``n_runtime``, in parameter order, as
+    JITFunction.run binds them (keywords, else defaults); None when the keywords do not match the
+    parameters (the JIT launch then reports it, and no direct launch is made)."""
+    params = fn.params[n_runtime:]
+    names = {p.name for p in params}
+    if any(name not in names for name in kwargs if name not in ("num_warps", "num_stages")):
+        return None
+    tail = []
+    for p in params:
+        if p.name in kwargs:
+            tail.append(kwargs[p.name])
+        elif p.has_default:
+            tail.append(p.default)
+        else:
+            return None
+    return tuple(tail)
