@@ -1,0 +1,232 @@
+"""``QuantLinear``: an nn.Linear whose weight is stored quantized and whose forward quantizes the
+activation and runs one tileq GEMM with the dequantization and the bias fused.
+
+Stored tensors (all buffers, all in ``state_dict``):
+
+    weight        int8 [N, K] | float8_e4m3fn [N, K] | uint8 [N, K // 2] for int4 (tileq's pk_int4:
+                  pairs along K, element 2j in the high nibble, value = nibble - 8)
+    weight_scale  float32, the b_scale contract's shape for the logical B = weight.t():
+                  [N] per channel; [Gk, Gn] for groups (Gn = N for groups along K only)
+    bias          float32 [N] or None (fp32 so the GEMM reads it without a cast per call)
+    input_scale   float32 0-d static activation scale, or None (dynamic, per call)
+
+The forward call never synchronizes with the host and allocates only its outputs (the quantized
+activation, its scale and the result), so it can be captured in a CUDA graph. Eagerly it calls the
+launchers directly (the host cost of a dispatcher round trip per layer is what an eager decode
+spends its time on); under ``torch.compile`` it goes through the ``tileq::`` custom ops
+(``tileq.ops``), which run the same function.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..dtypes import PackedInt4
+from ..errors import DTypeError, ShapeError, TileqError, UnsupportedError, expect
+from ..quant import quantize_weight
+from .configs import QuantConfig, weight_scale_shape
+from ..quant_linear import LayerSpec, quant_linear_forward
+
+_WEIGHT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "int4": torch.uint8}
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class QuantLinear(nn.Module):
+    """A quantized ``nn.Linear`` (y = x @ W.t() + b) running on tileq's fused GEMMs."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, config: QuantConfig,
+                 dtype: torch.dtype = torch.bfloat16, device=None):
+        super().__init__()
+        if not isinstance(config, QuantConfig):
+            raise UnsupportedError(expect("config", "a tileq quantization config (e.g. tileq.A8W8Config())",
+                                          type(config).__name__))
+        for arg, v in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ShapeError(expect(arg, "an int", repr(v)))
+        why = config.cannot_serve(in_features, out_features)
+        if why is not None:
+            raise UnsupportedError(expect("config", f"a layer {config.name} can serve", why))
+        if dtype not in _OUT_DTYPES:
+            raise DTypeError(expect("dtype", "torch.bfloat16, torch.float16 or torch.float32", dtype))
+        self.in_features, self.out_features, self.config, self.dtype = in_features, out_features, config, dtype
+        self.register_buffer("weight", torch.empty(self.weight_shape, dtype=self.weight_dtype, device=device))
+        self.register_buffer("weight_scale", torch.empty(weight_scale_shape(config, out_features, in_features),
+                                                         dtype=torch.float32, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=torch.float32, device=device) if bias else None)
+        self.register_buffer("input_scale", None)
+        self.spec = LayerSpec.of(config, in_features, out_features)
+        self._w4: PackedInt4 | None = None
+
+    # ------------------------------------------------------------------ construction
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return _WEIGHT_DTYPES[self.config.weight_dtype]
+
+    @property
+    def weight_shape(self) -> tuple:
+        k = self.in_features // 2 if self.config.weight_dtype == "int4" else self.in_features
+        return (self.out_features, k)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: QuantConfig) -> "QuantLinear":
+        """Quantize ``linear``'s weight (on its device) with ``config``; the bias is kept in fp32."""
+        if not isinstance(linear, nn.Linear):
+            raise UnsupportedError(expect("linear", "a torch.nn.Linear", type(linear).__name__))
+        w = linear.weight.detach()
+        if w.device.type == "meta":
+            raise UnsupportedError(expect("linear.weight", "a weight with data", "a meta tensor"))
+        if not w.dtype.is_floating_point:
+            raise DTypeError(expect("linear.weight", "a floating-point weight", w.dtype))
+        dtype = w.dtype if w.dtype in _OUT_DTYPES and w.dtype.itemsize >= 2 else torch.bfloat16
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, config=config,
+                    dtype=dtype, device=w.device)
+        c = config
+        granularity = c.weight_granularity
+        qw, sw = quantize_weight(w, c.weight_dtype, granularity=granularity, group_k=c.group_k,
+                                 group_n=c.group_n)
+        layer.weight.copy_(qw.data if isinstance(qw, PackedInt4) else qw)
+        layer.weight_scale.copy_(sw.reshape(layer.weight_scale.shape))
+        if linear.bias is not None:
+            layer.bias.copy_(linear.bias.detach().float())
+        return layer
+
+    @classmethod
+    def from_quantized(cls, weight: torch.Tensor, weight_scale: torch.Tensor, *, config: QuantConfig,
+                       bias: torch.Tensor | None = None, input_scale=None, in_features: int | None = None,
+                       dtype: torch.dtype = torch.bfloat16) -> "QuantLinear":
+        """A layer from tensors already in the stored layout above (checked, then taken as is:
+        no copy when dtype and device already match). ``in_features`` defaults to weight's K
+        (twice its width for int4)."""
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise ShapeError(expect("weight", "a 2-D tensor", getattr(weight, "shape", type(weight).__name__)))
+        n = weight.shape[0]
+        k = in_features if in_features is not None else (
+            2 * weight.shape[1] if config.weight_dtype == "int4" else weight.shape[1])
+        layer = cls(k, n, bias is not None, config=config, dtype=dtype, device="meta")
+        tensors = {"weight": weight, "weight_scale": weight_scale}
+        if bias is not None:
+            tensors["bias"] = bias
+        if input_scale is not None:
+            tensors["input_scale"] = input_scale
+        for name, t in tensors.items():
+            layer._adopt(name, t, name)
+        return layer
+
+    def _adopt(self, name: str, t, where: str) -> None:
+        """Set buffer ``name`` from ``t`` after checking its dtype and shape exactly."""
+        self._w4 = None
+        want_shape, want_dtype = self._expected(name)
+        if not isinstance(t, torch.Tensor):
+            raise DTypeError(expect(where, "a torch.Tensor", type(t).__name__))
+        if name in ("bias", "input_scale"):
+            if not t.dtype.is_floating_point or t.dtype.itemsize < 2:
+                raise DTypeError(expect(where, "a float32/bfloat16/float16 tensor", t.dtype))
+            t = t.float()
+            if name == "input_scale":
+                if t.numel() != 1:
+                    raise ShapeError(expect(where, "a one-element static activation scale", tuple(t.shape)))
+                t = t.reshape(())
+        elif t.dtype != want_dtype:
+            raise DTypeError(expect(where, f"dtype {want_dtype} for {self.config.name}", t.dtype))
+        if tuple(t.shape) != want_shape:
+            raise ShapeError(expect(where, f"shape {want_shape} for a {self.out_features}x{self.in_features} "
+                                           f"{self.config.name} layer", tuple(t.shape)))
+        if name == "input_scale" and self.config.act_dtype is None:
+            raise UnsupportedError(expect(where, f"no activation scale ({self.config.name} keeps activations "
+                                                 "unquantized)", "a static activation scale"))
+        self._buffers[name] = t.contiguous()
+
+    def _expected(self, name: str) -> tuple:
+        if name == "weight":
+            return self.weight_shape, self.weight_dtype
+        if name == "weight_scale":
+            return weight_scale_shape(self.config, self.out_features, self.in_features), torch.float32
+        if name == "bias":
+            return (self.out_features,), torch.float32
+        if name == "input_scale":
+            return (), torch.float32
+        raise KeyError(name)
+
+    def set_input_scale(self, scale) -> None:
+        """Use a static (calibrated) per-tensor activation scale instead of per-call ones."""
+        if scale is None:
+            self._buffers["input_scale"] = None
+            return
+        t = torch.as_tensor(scale, dtype=torch.float32, device=self.weight.device)
+        self._adopt("input_scale", t, "input_scale")
+
+    # ------------------------------------------------------------------ state dict
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # Strict dtypes and shapes: torch's default load would cast an fp8 weight into an int8
+        # buffer (or a bf16 tensor into fp8) without a word.
+        for name in ("weight", "weight_scale", "bias", "input_scale"):
+            key = prefix + name
+            if key in state_dict:
+                if name == "bias" and self._buffers.get("bias") is None:
+                    unexpected_keys.append(key)
+                    continue
+                t = state_dict[key]
+                dev = self.weight.device
+                self._adopt(name, t.to(dev) if dev.type != "meta" else t, key)
+            elif name in ("weight", "weight_scale") or (name == "bias" and self._buffers.get("bias") is not None):
+                missing_keys.append(key)
+            elif name == "input_scale" and self._buffers.get("input_scale") is not None and strict:
+                missing_keys.append(key)
+
+    # ------------------------------------------------------------------ dtype / device moves
+
+    def _apply(self, fn, recurse=True):
+        # model.to(torch.bfloat16) must not cast an fp8 weight or the fp32 scales: probe what ``fn``
+        # does to an empty tensor of each buffer's dtype and apply only its device move, except
+        # that a float cast changes the output dtype (the layer follows its model).
+        cast = fn(torch.empty(0, dtype=self.dtype, device=self.weight.device)).dtype
+        if cast != self.dtype and cast in _OUT_DTYPES:
+            self.dtype = cast
+        for name, buf in list(self._buffers.items()):
+            if buf is None:
+                continue
+            probe = fn(torch.empty(0, dtype=buf.dtype, device=buf.device))
+            self._buffers[name] = buf.to(device=probe.device) if probe.device != buf.device else buf
+        self._w4 = None
+        return self
+
+    # ------------------------------------------------------------------ forward
+
+    def _weight_operand(self):
+        if self.config.weight_dtype != "int4":
+            return self.weight
+        w4 = self._w4
+        if w4 is None or w4.data is not self.weight:
+            w4 = self._w4 = PackedInt4(self.weight, (self.out_features, self.in_features), 1)
+        return w4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            from ..ops import quant_linear_op
+
+            return quant_linear_op(x, self.weight, self.weight_scale, self.bias, self.input_scale,
+                                   self.spec.key)
+        return quant_linear_forward(self.spec, x, self._weight_operand(), self.weight_scale, self.bias,
+                                    self.input_scale)
+
+    def extra_repr(self) -> str:
+        static = ", static activation scale" if self.input_scale is not None else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, {self.config.describe()}{static}")
+
+
+def quantize_linear_or_reason(linear: nn.Linear, config: QuantConfig) -> tuple[QuantLinear | None, str]:
+    """(layer, "") or (None, why it stays unquantized): quantize_ never stops mid-model."""
+    why = config.cannot_serve(linear.in_features, linear.out_features)
+    if why is not None:
+        return None, why
+    if linear.weight.device.type == "meta":
+        return None, "weight on the meta device (no data to quantize)"
+    try:
+        return QuantLinear.from_linear(linear, config), ""
+    except TileqError as e:
+        return None, str(e)

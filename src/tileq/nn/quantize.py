@@ -1,0 +1,87 @@
+"""``quantize_(model, config, filter_fn=None)``: replace a model's nn.Linear layers in place by
+``QuantLinear`` ones, torchao-style, and say what was done.
+
+Every nn.Linear is either converted or listed with the reason it stays in its dtype (skipped by
+name, refused by ``filter_fn``, a shape the config cannot serve, a weight that cannot be
+quantized): a model is never left half-converted by an exception.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from torch import nn
+
+from ..errors import UnsupportedError, expect
+from .configs import QuantConfig
+from .linear import QuantLinear, quantize_linear_or_reason
+
+log = logging.getLogger("tileq")
+
+
+@dataclass
+class QuantizeSummary:
+    """What ``quantize_`` did: converted layer names and the ones left alone, with reasons."""
+
+    config: QuantConfig
+    converted: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"tileq.quantize_ ({self.config.describe()}): {len(self.converted)} layers converted, "
+                 f"{len(self.skipped)} left unquantized"]
+        for name, why in self.skipped:
+            lines.append(f"  kept {name}: {why}")
+        return "\n".join(lines)
+
+
+def _skipped_by_name(name: str, skip: tuple) -> bool:
+    last = name.rsplit(".", 1)[-1]
+    return name in skip or last in skip
+
+
+def quantize_(model: nn.Module, config: QuantConfig,
+              filter_fn: Callable[[nn.Module, str], bool] | None = None) -> QuantizeSummary:
+    """Convert ``model``'s nn.Linear layers to ``QuantLinear`` with ``config``, in place.
+
+    ``filter_fn(module, name)`` (torchao's convention) returns True for layers to convert; by
+    default every nn.Linear is converted except ``config.skip_modules`` (the output head). The
+    summary is returned and logged on the ``tileq`` logger at INFO.
+    """
+    if not isinstance(model, nn.Module):
+        raise UnsupportedError(expect("model", "a torch.nn.Module", type(model).__name__))
+    if not isinstance(config, QuantConfig):
+        raise UnsupportedError(expect("config", "a tileq quantization config (e.g. tileq.A8W8Config())",
+                                      type(config).__name__))
+    if filter_fn is not None and not callable(filter_fn):
+        raise UnsupportedError(expect("filter_fn", "None or a callable (module, name) -> bool",
+                                      type(filter_fn).__name__))
+    summary = QuantizeSummary(config)
+    targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
+    if isinstance(model, nn.Linear):
+        raise UnsupportedError(expect("model", "a model containing nn.Linear layers (quantize_ replaces "
+                                               "them in their parents)", "an nn.Linear itself; use "
+                                               "tileq.QuantLinear.from_linear"))
+    for name, mod in targets:
+        if _skipped_by_name(name, config.skip_modules):
+            summary.skipped.append((name, "in config.skip_modules"))
+            continue
+        if filter_fn is not None and not filter_fn(mod, name):
+            summary.skipped.append((name, "filter_fn returned False"))
+            continue
+        layer, why = quantize_linear_or_reason(mod, config)
+        if layer is None:
+            summary.skipped.append((name, why))
+            continue
+        _replace(model, name, layer)
+        summary.converted.append(name)
+    log.info("%s", summary)
+    return summary
+
+
+def _replace(model: nn.Module, name: str, layer: QuantLinear) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, layer)

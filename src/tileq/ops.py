@@ -1,0 +1,78 @@
+"""tileq's operations as torch custom ops (``torch.ops.tileq.*``): what ``torch.compile`` traces
+(no graph break: each op is one opaque node with a fake implementation giving its output's
+shape, dtype and strides) and what CUDA graphs capture.
+
+    torch.ops.tileq.linear(x, w, x_scale, w_scale, bias, scheme, out_dtype, group_k, group_n, w_int4_k)
+    torch.ops.tileq.quantize_activation(x, dtype, granularity, group_k, scale, preshuffled)
+    torch.ops.tileq.quant_linear(x, weight, weight_scale, bias, input_scale, layer)
+
+The eager implementations are the public functions themselves (``tileq.linear``,
+``tileq.quantize_activation``, ``QuantLinear``'s forward). ``QuantLinear`` calls them directly
+when not compiling: a dispatcher round trip per layer would add host time to every eager decode
+step (QuACK keeps per-call host cost low the same way).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .activation import quantize_activation
+from .api import linear
+from .dtypes import PackedInt4
+from .quant_linear import quant_linear_forward, spec_of_key, weight_operand
+
+_QDTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "bf8": torch.float8_e5m2}
+
+
+def _weight(w: Tensor, w_int4_k: int):
+    # An int4 weight travels as its uint8 storage [N, K / 2] plus the logical K (custom op
+    # schemas take tensors, not PackedInt4 objects).
+    return PackedInt4(w, (w.shape[0], w_int4_k), 1) if w_int4_k else w
+
+
+@torch.library.custom_op("tileq::linear", mutates_args=())
+def linear_op(x: Tensor, w: Tensor, x_scale: Tensor | None, w_scale: Tensor | None, bias: Tensor | None,
+              scheme: str, out_dtype: torch.dtype, group_k: int, group_n: int, w_int4_k: int) -> Tensor:
+    """``tileq.linear`` (y = x @ w.t(), nn.Linear convention); ``group_n`` 0 means unset."""
+    return linear(x, _weight(w, w_int4_k), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype,
+                  bias=bias, group_k=group_k, group_n=group_n or None)
+
+
+@linear_op.register_fake
+def _linear_fake(x, w, x_scale, w_scale, bias, scheme, out_dtype, group_k, group_n, w_int4_k):
+    return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("tileq::quantize_activation", mutates_args=())
+def quantize_activation_op(x: Tensor, dtype: str, granularity: str, group_k: int, scale: Tensor | None,
+                           preshuffled: bool) -> tuple[Tensor, Tensor]:
+    """``tileq.quantize_activation`` (q, s)."""
+    return quantize_activation(x, dtype, granularity=granularity, group_k=group_k, scale=scale,
+                               preshuffled=preshuffled)
+
+
+@quantize_activation_op.register_fake
+def _quantize_activation_fake(x, dtype, granularity, group_k, scale, preshuffled):
+    m = math.prod(x.shape[:-1])
+    q = x.new_empty(x.shape, dtype=_QDTYPES[dtype])
+    if granularity == "group":
+        gk = -(-x.shape[-1] // group_k)
+        strides = (1, max(m, 1)) if preshuffled else (gk, 1)
+        return q, torch.empty_strided((m, gk), strides, dtype=torch.float32, device=x.device)
+    return q, x.new_empty((m,), dtype=torch.float32)
+
+
+@torch.library.custom_op("tileq::quant_linear", mutates_args=())
+def quant_linear_op(x: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tensor | None,
+                    input_scale: Tensor | None, layer: str) -> Tensor:
+    """A ``QuantLinear`` forward: activation quantization + GEMM; ``layer`` is its spec's key."""
+    spec = spec_of_key(layer)
+    return quant_linear_forward(spec, x, weight_operand(spec, weight), weight_scale, bias, input_scale)
+
+
+@quant_linear_op.register_fake
+def _quant_linear_fake(x, weight, weight_scale, bias, input_scale, layer):
+    return x.new_empty((*x.shape[:-1], spec_of_key(layer).n))
