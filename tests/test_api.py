@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import tileq
+from tileq.errors import DTypeError, ShapeError
 from tileq.plan import make_plan
 from tileq.problem import build_problem
 
@@ -144,3 +145,27 @@ def test_explain_names_the_kernel_orientation_and_int4_loads():
     text = explain("--scheme", "bquant", "--a", "fp8", "--b", "int4", "--m", "4096", "--n", "5120",
                    "--k", "5000")
     assert "int4 read as bytes" in text and "last K tile masked" in text
+
+
+@pytest.mark.parametrize("call, err, match", [
+    (lambda lhs, rhs: tileq.a8w8_matmul_dequant(lhs, rhs, torch.ones(3, 2), torch.ones(5),
+                                                 out_dtype=torch.bfloat16),
+     ShapeError, r"^act_scale: expected"),
+    (lambda lhs, rhs: tileq.a8w8_matmul_dequant(lhs, rhs, torch.ones(3), torch.ones(4, 4),
+                                                 out_dtype=torch.bfloat16),
+     ShapeError, r"^weight_scale: expected"),
+    (lambda lhs, rhs: tileq.a8w8_matmul_dequant(lhs, rhs[:3], torch.ones(3), torch.ones(5),
+                                                 out_dtype=torch.bfloat16),
+     ShapeError, r"^rhs: expected K=4 rows \(lhs is \[logical 3, 4\]\)"),
+    (lambda lhs, rhs: tileq.a8w8_matmul_dequant(lhs, rhs, torch.ones(3), torch.ones(5),
+                                                 out_dtype=torch.bfloat16,
+                                                 acc=torch.zeros(3, 5, dtype=torch.float32)),
+     DTypeError, r"^acc: expected"),
+])
+def test_seed_op_errors_name_its_own_arguments(call, err, match):
+    """a8w8_matmul_dequant's errors name lhs/rhs/act_scale/weight_scale/acc, never gemm's a/b."""
+    lhs = torch.randint(-5, 5, (3, 4), dtype=torch.int8)
+    rhs = torch.randint(-5, 5, (4, 5), dtype=torch.int8)
+    with pytest.raises(err, match=match) as info:
+        call(lhs, rhs)
+    assert "a_scale" not in str(info.value) and "b_scale" not in str(info.value)

@@ -21,7 +21,7 @@ import torch
 from . import plan as _plan
 from ._runtime import bounded_put, env_raw
 from .dtypes import PackedInt4
-from .errors import DTypeError, ShapeError, expect
+from .errors import DTypeError, ShapeError, TileqError, expect
 from .problem import Problem, Scheme, build_problem
 
 # Call signatures kept (oldest dropped first): enough for every layer shape of a model at every
@@ -325,7 +325,29 @@ def a8w8_matmul_dequant(
             raise ShapeError(expect(name, "a 2-D tensor", f"{t.dim()}-D"))
     a = lhs.t() if a_trans else lhs
     b = rhs.t() if b_trans else rhs
-    return gemm(
-        a, b, act_scale, weight_scale, scheme=Scheme.ROWCOL, out_dtype=out_dtype, acc=acc,
-        backend=backend,
-    )
+    try:
+        return gemm(
+            a, b, act_scale, weight_scale, scheme=Scheme.ROWCOL, out_dtype=out_dtype, acc=acc,
+            backend=backend,
+        )
+    except TileqError as e:
+        raise _renamed(e, a_trans, b_trans) from None
+
+
+# The seed op's argument names for gemm's, in the messages of its errors.
+_SEED_NAMES = {"a": "lhs", "b": "rhs", "a_scale": "act_scale", "b_scale": "weight_scale"}
+
+
+def _renamed(e: TileqError, a_trans: bool, b_trans: bool) -> TileqError:
+    """The same error with gemm's argument name at the head of the message replaced by the seed
+    op's (``a_scale: ...`` -> ``act_scale: ...``); shapes stay logical ([M, K] / [K, N])."""
+    msg = str(e)
+    head, sep, rest = msg.partition(": ")
+    if sep and head in _SEED_NAMES:
+        name = _SEED_NAMES[head]
+        note = ""
+        if (head == "a" and a_trans) or (head == "b" and b_trans):
+            note = f" (shapes are logical: {name} is passed transposed)"
+        msg = f"{name}: {rest}{note}"
+    msg = msg.replace("(a is [", "(lhs is [logical ")
+    return type(e)(msg)

@@ -1,4 +1,4 @@
-"""The ``tileq`` command: list, build, explain, selftest, tune, bench, demo."""
+"""The ``tileq`` command: list, build, explain, selftest, tune, bench, overhead, e2e, demo."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ def main(argv=None) -> int:
 
     register_tune(sub)
     from .bench.cli import register_cli as register_bench
+    from .bench.e2e import register_cli as register_e2e
     from .bench.overhead import register_cli as register_overhead
     from .demo import register_cli as register_demo
 
     register_demo(sub)
     register_bench(sub)
     register_overhead(sub)
+    register_e2e(sub)
     args = parser.parse_args(argv)
     from .errors import TileqError
 

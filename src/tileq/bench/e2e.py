@@ -1,0 +1,372 @@
+"""``tileq e2e``: a Qwen3-14B-shaped transformers model (random weights made on the GPU) decoded in
+bf16 and with each tileq config, on the same stack (transformers' model code, a static KV cache,
+greedy decoding), eager and under CUDA graphs.
+
+Per config: TTFT (the prompt's forward + the first token, batch 1, eager), TPOT at each batch
+(eager: wall time of ``eager_tokens`` steps on the GPU timeline, so host gaps count; graphs: one
+captured decode step replayed ``tokens`` times), peak memory, and the share of kernel time spent
+in activation quantization (torch profiler over one eager step: kernels of tileq's
+activation-quantization launchers against all kernels). Every config decodes the same weights
+(same seed) and is checked against bf16 on the first step's logits before it is timed.
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import UnsupportedError, expect
+
+QWEN3_14B = dict(hidden_size=5120, intermediate_size=17408, num_attention_heads=40,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6,
+                 max_position_embeddings=40960, tie_word_embeddings=False, num_hidden_layers=40)
+
+ALL_CONFIGS = ("bf16", "A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8")
+# Kernel-name fragments of tileq's activation-quantization kernels (profiler attribution).
+QUANT_KERNEL_MARKERS = ("quantize", "rmsnorm_quant")
+
+
+def build_model(layers: int, device, seed: int, small: bool = False):
+    """Qwen3ForCausalLM with QWEN3_14B's shapes (or a 1/8-width model with ``small``), random
+    weights, bf16, on ``device``, sdpa attention."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    shape = dict(QWEN3_14B, num_hidden_layers=layers)
+    if small:
+        shape.update(hidden_size=640, intermediate_size=2176, num_attention_heads=5,
+                     num_key_value_heads=1, vocab_size=4096)
+    cfg = Qwen3Config(**shape)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = Qwen3ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.eval()
+
+
+def quantize_model(model, name: str, fuse: bool):
+    """Apply config ``name`` (and the fused decoder path when ``fuse``); returns a summary line."""
+    if name == "bf16":
+        return "bf16 (unquantized)"
+    from ..nn import config_from_name, quantize_
+
+    summary = quantize_(model, config_from_name(name))
+    line = f"{len(summary.converted)} layers quantized, {len(summary.skipped)} kept"
+    if fuse:
+        from ..integrations.hf import fuse_decoder_
+
+        fs = fuse_decoder_(model)
+        line += f"; {fs}".splitlines()[0] if str(fs) else ""
+    return line
+
+
+def _cache(model, batch: int, length: int):
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=length)
+
+
+@torch.inference_mode()
+def _prefill(model, cache, prompt):
+    logits = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits
+    return logits[:, -1:].argmax(-1)
+
+
+def _events():
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+@torch.inference_mode()
+def measure_ttft(model, prompt, reps: int = 3) -> float:
+    """Median ms from the prompt's forward to the first token (batch of ``prompt``, eager)."""
+    times = []
+    for _ in range(reps + 1):
+        cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
+        torch.cuda.synchronize()
+        start, end = _events()
+        start.record()
+        _prefill(model, cache, prompt)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times[1:])
+
+
+@torch.inference_mode()
+def _step(model, cache, tok):
+    return model(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+
+
+@torch.inference_mode()
+def measure_tpot(model, prompt, tokens: int, eager_tokens: int, graphs: bool) -> dict:
+    """TPOT in ms, eager and (when ``graphs``) with one decode step captured in a CUDA graph."""
+    out = {}
+    cache = _cache(model, prompt.shape[0], prompt.shape[1] + eager_tokens + tokens + 16)
+    tok = _prefill(model, cache, prompt)
+    for _ in range(2):  # warm-up steps: kernels compiled, launch caches filled
+        tok = _step(model, cache, tok)
+    torch.cuda.synchronize()
+    start, end = _events()
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(eager_tokens):
+        tok = _step(model, cache, tok)
+    end.record()
+    torch.cuda.synchronize()
+    out["tpot_eager_ms"] = start.elapsed_time(end) / eager_tokens
+    out["host_ms_per_step"] = (time.perf_counter() - t0) * 1e3 / eager_tokens
+    if graphs:
+        static_tok = tok.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            static_tok.copy_(_step(model, cache, static_tok))  # a step on the capture stream
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_tok.copy_(_step(model, cache, static_tok))
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = _events()
+        start.record()
+        for _ in range(tokens):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        out["tpot_graph_ms"] = start.elapsed_time(end) / tokens
+        del graph
+    return out
+
+
+@torch.inference_mode()
+def quant_share(model, prompt) -> float:
+    """Share of one eager decode step's kernel time spent in activation-quantization kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
+    tok = _prefill(model, cache, prompt)
+    tok = _step(model, cache, tok)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _step(model, cache, tok)
+        torch.cuda.synchronize()
+    total = quant = 0.0
+    for evt in prof.key_averages():
+        t = getattr(evt, "device_time_total", None)
+        if t is None:
+            t = getattr(evt, "cuda_time_total", 0.0)
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        total += t
+        if any(mark in evt.key.lower() for mark in QUANT_KERNEL_MARKERS):
+            quant += t
+    return quant / total if total else float("nan")
+
+
+@torch.inference_mode()
+def first_logits(model, prompt) -> torch.Tensor:
+    cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
+    return model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1].float()
+
+
+def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], torch.Tensor | None]:
+    rows = []
+    dev = torch.device("cuda")
+    torch.cuda.empty_cache()
+    t0 = time.time()
+    model = build_model(args.layers, dev, args.seed, small=args.small)
+    how = quantize_model(model, name, args.fuse)
+    setup_s = time.time() - t0
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = dict(config=name, layers=args.layers, setup=how)
+    logits = first_logits(model, prompts[1])
+    agree = {}
+    if ref_logits is not None:
+        rel = ((logits - ref_logits).norm() / ref_logits.norm()).item()
+        cos = torch.nn.functional.cosine_similarity(logits, ref_logits, dim=-1).mean().item()
+        agree = dict(logits_rel_err=rel, logits_cos=cos,
+                     top1_match=float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean()))
+    if not torch.isfinite(logits).all():
+        raise RuntimeError(f"{name}: non-finite logits on the first step")
+    ttft = measure_ttft(model, prompts[1])
+    rows.append(dict(base, metric="ttft_ms", batch=1, value=ttft, **agree))
+    for b in args.batches:
+        r = measure_tpot(model, prompts[b], args.tokens, args.eager_tokens, graphs=not args.no_graphs)
+        for k, v in r.items():
+            rows.append(dict(base, metric=k, batch=b, value=v))
+    try:
+        rows.append(dict(base, metric="quant_share", batch=1, value=quant_share(model, prompts[1])))
+    except Exception as e:  # noqa: BLE001 - the profiler is optional: say why it is missing
+        print(f"  [{name}] profiler share not measured: {e}")
+    rows.append(dict(base, metric="peak_mem_gb", batch=max(args.batches),
+                     value=torch.cuda.max_memory_allocated() / 1e9))
+    rows.append(dict(base, metric="setup_s", batch=0, value=setup_s))
+    keep = logits if name == "bf16" else None
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows, keep
+
+
+FIELDS = ["config", "layers", "metric", "batch", "value", "logits_rel_err", "logits_cos", "top1_match", "setup"]
+
+
+def write_outputs(rows: list[dict], out: Path, args) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "e2e.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    md = report(rows, args)
+    (out / "e2e.md").write_text(md)
+    try:
+        plot(rows, out / "e2e.png")
+    except Exception as e:  # noqa: BLE001 - matplotlib is optional
+        print(f"plot skipped: {e}")
+    return md
+
+
+def _value(rows, config, metric, batch):
+    for r in rows:
+        if r["config"] == config and r["metric"] == metric and r["batch"] == batch:
+            return r["value"]
+    return None
+
+
+def report(rows: list[dict], args) -> str:
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    head = ["config", "TTFT ms (b1)"]
+    for b in args.batches:
+        head += [f"TPOT graph b{b} ms", f"x bf16", f"TPOT eager b{b} ms", "x bf16"]
+    head += ["quant share", "peak GB", "logits cos vs bf16", "top1 match"]
+    lines = [
+        f"# tileq e2e: Qwen3-14B-shaped decode ({args.layers} layers{', 1/8 width' if args.small else ''})",
+        "",
+        f"- date: {time.strftime('%Y-%m-%d')}, GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"transformers {_tf_version()}, Triton {_triton_version()}",
+        f"- prompt {args.prompt} tokens; TPOT over {args.tokens} tokens with CUDA graphs, {args.eager_tokens} "
+        f"eager; static KV cache; greedy; fused decoder: {args.fuse}",
+        f"- command: `tileq e2e --layers {args.layers} --configs {','.join(args.configs)} "
+        f"--batches {','.join(map(str, args.batches))}{' --fuse' if args.fuse else ''}`",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for c in configs:
+        cells = [c, _fmt(_value(rows, c, "ttft_ms", 1))]
+        for b in args.batches:
+            for metric in ("tpot_graph_ms", "tpot_eager_ms"):
+                v, ref = _value(rows, c, metric, b), _value(rows, "bf16", metric, b)
+                cells += [_fmt(v), _fmt(v / ref if v and ref else None, 2)]
+        share = _value(rows, c, "quant_share", 1)
+        cells += [f"{share:.1%}" if share is not None and not math.isnan(share) else "-",
+                  _fmt(_value(rows, c, "peak_mem_gb", max(args.batches)), 1)]
+        agree = next((r for r in rows if r["config"] == c and "logits_cos" in r), {})
+        cells += [_fmt(agree.get("logits_cos"), 4), _fmt(agree.get("top1_match"), 2)]
+        lines.append("| " + " | ".join(cells) + " |")
+    setups = {r["config"]: r["setup"] for r in rows}
+    lines += ["", "Setup per config:", ""] + [f"- {c}: {s}" for c, s in setups.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v, digits=2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _tf_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    metrics = sorted({(r["metric"], r["batch"]) for r in rows if r["metric"].startswith("tpot_")})
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(configs)), 4))
+    width = 0.8 / max(len(metrics), 1)
+    for i, (metric, batch) in enumerate(metrics):
+        vals = [_value(rows, c, metric, batch) or 0 for c in configs]
+        ax.bar([j + i * width for j in range(len(configs))], vals, width,
+               label=f"{metric.removeprefix('tpot_').removesuffix('_ms')} b{batch}")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(configs))], configs)
+    ax.set_ylabel("TPOT (ms)")
+    ax.set_title("Qwen3-14B-shaped decode: time per output token")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run(args) -> int:
+    if not torch.cuda.is_available():
+        raise UnsupportedError(expect("tileq e2e", "a CUDA GPU", "no CUDA device"))
+    bad = [c for c in args.configs if c not in ALL_CONFIGS]
+    if bad:
+        raise UnsupportedError(expect("--configs", f"names from {', '.join(ALL_CONFIGS)}", ",".join(bad)))
+    if "bf16" not in args.configs:
+        args.configs.insert(0, "bf16")
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    vocab = 4096 if args.small else QWEN3_14B["vocab_size"]
+    prompts = {b: torch.randint(0, vocab, (b, args.prompt), generator=gen, device="cuda")
+               for b in sorted(set([1, *args.batches]))}
+    rows, ref = [], None
+    for name in args.configs:
+        t0 = time.time()
+        print(f"[e2e] {name}: building and measuring ...", flush=True)
+        try:
+            got, keep = run_config(name, args, prompts, ref)
+        except Exception as e:  # noqa: BLE001 - one config failing must not hide the others
+            print(f"[e2e] {name}: FAILED: {type(e).__name__}: {e}", flush=True)
+            rows.append(dict(config=name, layers=args.layers, metric="error", batch=0, value=float("nan"),
+                             setup=f"{type(e).__name__}: {e}"))
+            gc.collect()
+            torch.cuda.empty_cache()
+            continue
+        if keep is not None:
+            ref = keep
+        rows.extend(got)
+        summary = ", ".join(f"{r['metric']}[b{r['batch']}]={r['value']:.3f}" for r in got
+                            if r["metric"].startswith(("tpot", "ttft")))
+        print(f"[e2e] {name}: {summary} ({time.time() - t0:.0f} s)", flush=True)
+    md = write_outputs(rows, Path(args.out), args)
+    print(md)
+    return 0
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("e2e", help="decode a Qwen3-14B-shaped transformers model: bf16 vs tileq configs (GPU)")
+    p.add_argument("--layers", type=int, default=40, help="decoder layers (40 = Qwen3-14B)")
+    p.add_argument("--configs", type=lambda s: s.split(","), default=list(ALL_CONFIGS),
+                   help=f"comma list from {','.join(ALL_CONFIGS)}")
+    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 16])
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--tokens", type=int, default=128, help="tokens per TPOT with CUDA graphs")
+    p.add_argument("--eager-tokens", type=int, default=32, help="tokens per eager TPOT")
+    p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--fuse", action="store_true", help="also fuse the decoder layers (integrations.hf)")
+    p.add_argument("--small", action="store_true", help="1/8-width model (quick checks)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/e2e")
+    p.set_defaults(func=run)
