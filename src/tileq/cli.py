@@ -17,6 +17,7 @@ def main(argv=None) -> int:
     register_tune(sub)
     from .bench.cli import register_cli as register_bench
     from .bench.e2e import register_cli as register_e2e
+    from .bench.layers import register_cli as register_layers
     from .bench.overhead import register_cli as register_overhead
     from .demo import register_cli as register_demo
 
@@ -24,6 +25,7 @@ def main(argv=None) -> int:
     register_bench(sub)
     register_overhead(sub)
     register_e2e(sub)
+    register_layers(sub)
     args = parser.parse_args(argv)
     from .errors import TileqError
 

@@ -1,0 +1,122 @@
+"""``tileq layerbench``: one quantized layer of a Qwen3-14B-shaped model, piece by piece, under
+CUDA graphs with the L2 flushed (bench/timing.py): bf16 ``F.linear``, the activation
+quantization alone, the GEMM alone, and the whole ``QuantLinear`` forward, per projection shape
+and M. The activation quantization is also set against its byte floor: (bytes read + bytes
+written) / the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import UnsupportedError, expect
+from .timing import Timer, TimingConfig
+
+# (name, K, N) of Qwen3-14B's projections: q/o 5120x5120, k/v 5120->1024, gate/up 5120->17408,
+# down 17408->5120.
+SHAPES = (("qo", 5120, 5120), ("kv", 5120, 1024), ("gate_up", 5120, 17408), ("down", 17408, 5120))
+CONFIGS = ("A8W8", "FP8Row", "FP8Block", "W4A16", "W4A8")
+
+
+def _quant_bytes(m: int, k: int, act_granularity: str, group_k: int = 128) -> int:
+    scales = m * 4 if act_granularity == "row" else m * -(-k // group_k) * 4
+    return m * k * 2 + m * k + scales  # bf16 read + 8-bit write + fp32 scales
+
+
+def copy_tbps(dev) -> float:
+    """Device copy bandwidth (bytes read + written) over a 1 GiB buffer, measured now."""
+    timer = Timer(dev, TimingConfig(warmup=3, runs=10, flush="none"))
+    src = torch.randn(1 << 28, device=dev)
+    dst = torch.empty_like(src)
+    t = timer.measure(lambda: dst.copy_(src))
+    return 2 * src.numel() * 4 / (t.median_ms * 1e-3) / 1e12
+
+
+def measure(ms, configs, timer: Timer, copy_tbs: float) -> list[dict]:
+    from .. import nn as tnn
+    from ..activation import add_rmsnorm_quantize, quantize_activation
+    from ..api import linear
+
+    dev = torch.device("cuda")
+    rows = []
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for shape, k, n in SHAPES:
+        lin = torch.nn.Linear(k, n, bias=False, device=dev, dtype=torch.bfloat16)
+        with torch.no_grad():
+            lin.weight.normal_(0, 0.02, generator=gen)
+        layers = {c: tnn.QuantLinear.from_linear(lin, tnn.config_from_name(c)) for c in configs}
+        for m in ms:
+            x = torch.randn(m, k, generator=gen, device=dev, dtype=torch.bfloat16)
+            t_bf16 = timer.measure(lambda: torch.nn.functional.linear(x, lin.weight)).median_ms * 1e3
+            rows.append(dict(shape=shape, m=m, k=k, n=n, config="bf16", part="linear", us=t_bf16, vs_bf16=1.0))
+            for c, layer in layers.items():
+                cfg = layer.config
+                parts = {"layer": lambda layer=layer: layer(x)}
+                if cfg.act_dtype is not None:
+                    q, s = quantize_activation(x, cfg.act_dtype, granularity=cfg.act_granularity,
+                                               group_k=cfg.group_k)
+                    parts["quantize"] = lambda cfg=cfg: quantize_activation(
+                        x, cfg.act_dtype, granularity=cfg.act_granularity, group_k=cfg.group_k)
+                    parts["gemm"] = lambda layer=layer, q=q, s=s: linear(
+                        q, layer._weight_operand(), s, layer.weight_scale, scheme=cfg.scheme,
+                        group_k=cfg.group_k, group_n=cfg.group_n)
+                for part, fn in parts.items():
+                    us = timer.measure(fn).median_ms * 1e3
+                    row = dict(shape=shape, m=m, k=k, n=n, config=c, part=part, us=us, vs_bf16=us / t_bf16)
+                    if part == "quantize":
+                        floor = _quant_bytes(m, k, cfg.act_granularity) / (copy_tbs * 1e12) * 1e6
+                        row["floor_us"], row["vs_floor"] = floor, us / floor
+                    rows.append(row)
+        # The fused residual add + RMSNorm + quantize of the Hugging Face integration, at K=5120.
+        if shape == "qo":
+            w = torch.ones(k, device=dev, dtype=torch.bfloat16)
+            for m in ms:
+                x = torch.randn(m, k, generator=gen, device=dev, dtype=torch.bfloat16)
+                r = torch.randn(m, k, generator=gen, device=dev, dtype=torch.bfloat16)
+                us = timer.measure(lambda: add_rmsnorm_quantize(x, r, w, 1e-6, "int8")).median_ms * 1e3
+                floor = (_quant_bytes(m, k, "row") + 2 * m * k * 2) / (copy_tbs * 1e12) * 1e6
+                rows.append(dict(shape="add_rmsnorm_quant", m=m, k=k, n=0, config="A8W8", part="fused_norm",
+                                 us=us, floor_us=floor, vs_floor=us / floor))
+    return rows
+
+
+FIELDS = ["shape", "m", "k", "n", "config", "part", "us", "vs_bf16", "floor_us", "vs_floor"]
+
+
+def run(args) -> int:
+    if not torch.cuda.is_available():
+        raise UnsupportedError(expect("tileq layerbench", "a CUDA GPU", "no CUDA device"))
+    dev = torch.device("cuda")
+    timer = Timer(dev, TimingConfig(warmup=10, runs=args.runs, flush="read", graphs=True))
+    copy = copy_tbps(dev)
+    rows = measure(args.m, args.configs, timer, copy)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "layers.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    lines = [f"# tileq layerbench ({time.strftime('%Y-%m-%d')}, {torch.cuda.get_device_name()}, "
+             f"torch {torch.__version__})", "", timer.describe(), f"copy ceiling {copy:.2f} TB/s", "",
+             "| shape | M | config | part | us | x bf16 | x byte floor |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['m']} | {r['config']} | {r['part']} | {r['us']:.1f} | "
+                     f"{r.get('vs_bf16', float('nan')):.2f} | {r.get('vs_floor', float('nan')):.2f} |")
+    md = "\n".join(lines) + "\n"
+    (out / "layers.md").write_text(md)
+    print(md)
+    return 0
+
+
+def register_cli(sub) -> None:
+    p = sub.add_parser("layerbench", help="one quantized layer piece by piece vs bf16 under CUDA graphs (GPU)")
+    p.add_argument("--m", type=lambda s: [int(v) for v in s.split(",")], default=[1, 16, 4096])
+    p.add_argument("--configs", type=lambda s: s.split(","), default=list(CONFIGS))
+    p.add_argument("--runs", type=int, default=50)
+    p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/layers")
+    p.set_defaults(func=run)
