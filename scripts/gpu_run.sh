@@ -2,8 +2,10 @@
 # One GPU call: environment, GPU tests, tuning sweeps and benchmarks, logs and CSV under $OUT.
 #   bash scripts/gpu_run.sh [tests] [flush-check] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode]
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
+#                          [tests-model] [layerbench] [e2e] [e2e-small]
 # Tables written by the tune steps are used by the later steps of the same call.
-# Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS.
+# Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
+#              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench).
 # Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,18 @@ for step in "${steps[@]}"; do
   case "$step" in
     tests)
       python3 -m pytest -q -p no:cacheprovider -n 12 tests/test_gpu.py tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
+    tests-model)
+      # The model layer's GPU tests: activation quantization, QuantLinear, custom ops, CUDA graphs,
+      # Hugging Face models, checkpoint formats (every test file's gpu-marked tests but the kernels').
+      python3 -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/ --ignore=tests/test_gpu.py \
+        --ignore=tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests_model.log" ;;
+    layerbench)
+      python3 -m tileq layerbench --out "$OUT/layers" ${LAYER_ARGS:-} 2>&1 | tail -60 | tee "$OUT/layerbench.log" ;;
+    e2e)
+      python3 -m tileq e2e --out "$OUT/e2e" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log" | tail -40 ;;
+    e2e-small)
+      python3 -m tileq e2e --out "$OUT/e2e_small" --layers 2 --small --tokens 16 --eager-tokens 4 --prompt 64 \
+        ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_small.log" | tail -40 ;;
     flush-check)
       python3 scripts/flush_check.py 2>&1 | tee "$OUT/flush_check.log" ;;
     tune-prefill)
