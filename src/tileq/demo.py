@@ -1,4 +1,5 @@
-"""``tileq demo``: the main job. Every headline scheme on Qwen3-14B's projection GEMMs.
+"""``tileq demo``: the main job. Every headline scheme on Qwen3-14B's projection GEMMs, then a
+transformers model quantized with every config (demo_model.py).
 
 With a GPU: the projections q/o (N = K = 5120), gate/up (N = 17408, K = 5120) and down
 (N = 5120, K = 17408) at M in {1, 16, 4096}; each scheme is checked against tileq's reference
@@ -32,6 +33,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--runs", type=int, default=100, help="GPU: timed runs per measurement (default: 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random operands (default: 0)")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots (GPU runs)")
+    p.add_argument("--no-model", action="store_true",
+                   help="skip the model part (a transformers model quantized with every config)")
     p.set_defaults(func=run_demo, demo_parser=p)
 
 
@@ -140,7 +143,11 @@ def run_demo(args) -> int:
     print(f"\nall {len(passed)} tileq results match the reference (max rel err "
           f"{max(r.rel_err for r in passed):.2e}; median SQNR vs bf16 {statistics.median(sq):.1f} dB)"
           if passed and sq else f"\n{len(passed)} tileq results checked")
-    return 0
+    if args.no_model:
+        return 0
+    from .demo_model import cpu_model_demo, gpu_model_demo
+
+    return gpu_model_demo(args.out) if gpu else cpu_model_demo(args.seed)
 
 
 def _gpu_name(device) -> str:
