@@ -1,0 +1,125 @@
+"""The model layer on a GPU (scripts/gpu_run.sh tests-model): QuantLinear per config against the
+reference, CUDA-graph capture and replay with inputs changed in place, torch.compile, and a
+transformers decode step captured in a graph. Skipped without CUDA."""
+
+import pytest
+import torch
+from torch import nn
+
+import tileq
+from tileq.nn import QuantLinear, config_from_name, quantize_
+from tileq.testing import check_close
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+CONFIGS = ["A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8"]
+
+
+def _layer(name, k=5120, n=1536, bias=True, seed=0):
+    torch.manual_seed(seed)
+    lin = nn.Linear(k, n, bias=bias, device="cuda", dtype=torch.bfloat16)
+    return lin, QuantLinear.from_linear(lin, config_from_name(name))
+
+
+def _reference(layer, x):
+    """The same layer on CPU tensors: the torch reference executor for quantization and GEMM."""
+    cpu = QuantLinear(layer.in_features, layer.out_features, layer.bias is not None, config=layer.config)
+    cpu.load_state_dict({k: v.cpu() for k, v in layer.state_dict().items()})
+    return cpu(x.cpu())
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("m", [1, 13, 300])
+def test_quant_linear_on_gpu_matches_reference(name, m):
+    lin, layer = _layer(name, seed=m)
+    x = torch.randn(m, 5120, device="cuda", dtype=torch.bfloat16)
+    got = layer(x)
+    want = _reference(layer, x)
+    torch.cuda.synchronize()
+    assert torch.isfinite(got).all() and got.abs().max() > 0.1
+    check_close(got.cpu(), want, torch.bfloat16)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_quant_linear_cuda_graph_replay_with_new_inputs(name):
+    _, layer = _layer(name, seed=1)
+    x = torch.randn(4, 5120, device="cuda", dtype=torch.bfloat16)
+    layer(x)  # compile + fill the launch caches outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = layer(x)
+    for seed in (2, 3):
+        x.copy_(torch.randn(4, 5120, device="cuda", dtype=torch.bfloat16,
+                            generator=torch.Generator(device="cuda").manual_seed(seed)))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, layer(x))  # the replay computed this input, bit for bit
+        check_close(y.cpu(), _reference(layer, x), torch.bfloat16)
+
+
+def test_nan_row_gives_nan_outputs_in_a_graph():
+    _, layer = _layer("A8W8", seed=4)
+    x = torch.randn(3, 5120, device="cuda", dtype=torch.bfloat16)
+    layer(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = layer(x)
+    x[1, 7] = float("nan")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[0]).all() and torch.isfinite(y[2]).all()
+
+
+@pytest.mark.parametrize("name", ["A8W8", "FP8Block", "W4A16"])
+def test_compiled_model_matches_eager_on_gpu(name):
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(1024, 2048), nn.SiLU(), nn.Linear(2048, 1024)).to("cuda", torch.bfloat16)
+    quantize_(model, config_from_name(name))
+    x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
+    eager = model(x)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    got = compiled(x)
+    torch.cuda.synchronize()
+    assert torch.equal(got, eager)
+
+
+@pytest.mark.parametrize("name", ["A8W8", "FP8Row", "W4A16"])
+def test_transformers_decode_step_in_a_cuda_graph(name):
+    """A small Qwen3 with tileq layers: a decode step captured once and replayed gives the tokens of
+    the eager decode (static cache; the cache position advances on the device)."""
+    transformers = pytest.importorskip("transformers")
+    from tileq.bench.e2e import build_model
+
+    ids = torch.randint(0, 4096, (2, 24), device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
+
+    def decode(graphs: bool):
+        model = build_model(2, torch.device("cuda"), seed=0, small=True)
+        quantize_(model, config_from_name(name))
+        cache = transformers.StaticCache(config=model.config, max_cache_len=64)
+        with torch.inference_mode():
+            tok = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            toks = [tok]
+            step = lambda t: model(input_ids=t, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            if not graphs:
+                for _ in range(6):
+                    toks.append(step(toks[-1]))
+                return torch.cat(toks, 1)
+            static = tok.clone()
+            static.copy_(step(static))  # one eager step (also the warm-up)
+            toks.append(static.clone())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static.copy_(step(static))
+            for _ in range(5):
+                graph.replay()
+                toks.append(static.clone())
+            return torch.cat(toks, 1)
+
+    eager, graphed = decode(False), decode(True)
+    torch.cuda.synchronize()
+    assert torch.equal(eager, graphed)
