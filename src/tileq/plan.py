@@ -107,16 +107,10 @@ class Plan:
 
 
 def kernel_notes(spec: ProblemSpec, cfg) -> list[str]:
-    """How the kernel runs this config: orientation, int4 loads, K masking."""
-    from .kernels.launch import i4_words_path
+    """How the kernel runs this config: orientation, int4 loads, K masking (kernels/select.py)."""
+    from .kernels.select import kernel_notes as notes
 
-    notes = ["swapped: computes C^T = B^T A^T, the weight on the mma's row side" if cfg.swap_ab
-             else "direct: A rows x B columns"]
-    if OperandType.I4 in (spec.a_type, spec.b_type):
-        notes.append("int4 read as 16-bit words, four dots per K tile (when 2-byte aligned)"
-                     if i4_words_path(spec, cfg) else "int4 read as bytes, unpacked in registers")
-    notes.append("no K masks (K % BK == 0)" if spec.k % cfg.block_k == 0 else "last K tile masked")
-    return notes
+    return notes(spec, cfg)
 
 
 def lowering(spec: ProblemSpec) -> list[str]:

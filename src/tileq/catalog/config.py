@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from ..dtypes import OperandType, compute_type
+from ..kernels.select import orientation
 from ..problem import ProblemSpec
 from .arch import ArchInfo
 
@@ -56,7 +57,8 @@ def smem_estimate(spec: ProblemSpec, cfg: TileConfig) -> int:
     """Bytes of shared memory: pipelined stored tiles, plus a converted copy when types change."""
     a_tile = cfg.block_m * cfg.block_k
     b_tile = cfg.block_k * cfg.block_n
-    a_t, b_t = (spec.b_type, spec.a_type) if cfg.swap_ab else (spec.a_type, spec.b_type)
+    o = orientation(spec, cfg.swap_ab)  # the kernel's A tile is B's when swapped
+    a_t, b_t = o.a_type, o.b_type
     per_stage = a_tile * _STORAGE_BYTES[a_t] + b_tile * _STORAGE_BYTES[b_t]
     ct = compute_type(spec.a_type, spec.b_type)
     converted = 0.0

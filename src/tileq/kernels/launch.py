@@ -11,32 +11,14 @@ import sys
 import torch
 
 from ..catalog.config import TileConfig
-from ..dtypes import OperandType, PackedInt4, mma_types
+from ..dtypes import OperandType, PackedInt4
 from .direct import KernelCall, direct_launch_enabled, raw_stream
 from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
 from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel
+from .select import i4_words_path, triton_kernel  # noqa: F401 (i4_words_path re-exported)
 
 REDUCE_BLOCK = 1024
 _THIS = sys.modules[__name__]  # KernelCall looks the kernels up here at call time (tests stub them)
-
-
-_FLIP = {"r": "c", "c": "r"}
-
-
-def i4_words_path(spec: ProblemSpec, cfg: TileConfig) -> bool:
-    """Whether the kernel reads the int4 operand as 16-bit words of four nibbles (four dots per
-    K tile, see the kernel) rather than bytes: an int4 operand packed along K facing an 8-bit
-    float (fp8/bf8), K a multiple of 4, K tiles of at least 128 (each dot then spans 32, the
-    8-bit matrix instruction's depth), and a decode-sized activation tile. The storage must also
-    be 2-byte aligned (launcher)."""
-    packed_along_k = ((spec.b_type is OperandType.I4 and spec.layout[1] == "c")
-                      or (spec.a_type is OperandType.I4 and spec.layout[0] == "r"))
-    partner = spec.a_type if spec.b_type is OperandType.I4 else spec.b_type
-    # Decode tiles only (the activation side of the tile at most 64): at prefill tiles the four
-    # dots per K tile ran several times slower than the byte path (H200 benches, 2026-11-29).
-    activation_tile = cfg.block_n if cfg.swap_ab else cfg.block_m
-    return (packed_along_k and partner in (OperandType.FP8, OperandType.BF8)
-            and spec.k % 4 == 0 and cfg.block_k >= 128 and activation_tile <= 64)
 
 
 def i4_storage_word_aligned(storage: torch.Tensor, leading_dim: int) -> bool:
@@ -55,32 +37,29 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
     kernel's K-group-major A scale); contiguous [Gk, Gn] scales do. ``i4_word_aligned``: whether
     an int4 operand's storage allows the 16-bit word path (``i4_storage_word_aligned``).
     """
-    a_ct, b_ct = (t.value for t in mma_types(spec.a_type, spec.b_type))
-    a_group = spec.a_scale_kind is ScaleKind.GROUP
-    b_group = spec.b_scale_kind is ScaleKind.GROUP
+    tk = triton_kernel(spec, cfg)
+    o = tk.orientation
     common = dict(
         # Constant when unused so unrelated values never cause a recompile.
         GROUP_K=spec.group_k if spec.scheme.grouped else 1,
         INT_DOT=spec.integer_mainloop, GROUPED=spec.scheme.grouped,
         HAS_BIAS=spec.has_bias, HAS_ACC=spec.has_acc,
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k,
-        INTERPRETED=interpreted, FAST_ACCUM=spec.fast_accum, SWAPPED=cfg.swap_ab,
+        INTERPRETED=interpreted, FAST_ACCUM=spec.fast_accum, SWAPPED=o.swapped,
         # Every K tile full: no K masks (the loads become plain async copies).
-        EVEN_K=spec.k % cfg.block_k == 0,
+        EVEN_K=tk.even_k,
+        I4_WORDS=tk.i4_words and i4_word_aligned,
+        A_TYPE=o.a_type.value, B_TYPE=o.b_type.value, A_CT=o.a_ct.value, B_CT=o.b_ct.value,
+        A_LAYOUT=o.a_layout, B_LAYOUT=o.b_layout, A_SCALE=o.a_scale.value, B_SCALE=o.b_scale.value,
     )
-    common["I4_WORDS"] = i4_words_path(spec, cfg) and i4_word_aligned
-    if not cfg.swap_ab:
+    a_group = spec.a_scale_kind is ScaleKind.GROUP
+    b_group = spec.b_scale_kind is ScaleKind.GROUP
+    if not o.swapped:
         return dict(
-            A_TYPE=spec.a_type.value, B_TYPE=spec.b_type.value, A_CT=a_ct, B_CT=b_ct,
-            A_LAYOUT=spec.layout[0], B_LAYOUT=spec.layout[1],
-            A_SCALE=spec.a_scale_kind.value, B_SCALE=spec.b_scale_kind.value,
             SA_PRESHUFFLED=a_group and spec.a_scale_layout is ScaleLayout.PRESHUFFLED,
             GROUP_N=spec.group_n if b_group else 1, SA_ROW_GROUP=1, **common,
         )
     return dict(
-        A_TYPE=spec.b_type.value, B_TYPE=spec.a_type.value, A_CT=b_ct, B_CT=a_ct,
-        A_LAYOUT=_FLIP[spec.layout[1]], B_LAYOUT=_FLIP[spec.layout[0]],
-        A_SCALE=spec.b_scale_kind.value, B_SCALE=spec.a_scale_kind.value,
         SA_PRESHUFFLED=b_group and b_scale_unit_n,
         GROUP_N=1, SA_ROW_GROUP=spec.group_n if b_group else 1, **common,
     )
@@ -100,9 +79,8 @@ def signature(spec: ProblemSpec, cfg: TileConfig) -> tuple[dict, dict, dict]:
     for aligned tensors: without them loads are not vectorized and the K loop is not pipelined.
     """
     consts = specialization(spec, cfg)
-    a_t, b_t = (spec.b_type, spec.a_type) if cfg.swap_ab else (spec.a_type, spec.b_type)
-    sa_k, sb_k = ((spec.b_scale_kind, spec.a_scale_kind) if cfg.swap_ab
-                  else (spec.a_scale_kind, spec.b_scale_kind))
+    o = triton_kernel(spec, cfg).orientation
+    a_t, b_t, sa_k, sb_k = o.a_type, o.b_type, o.a_scale, o.b_scale
     sig = {
         "a_ptr": _PTR[a_t], "b_ptr": _PTR[b_t],
         "c_ptr": "*fp32" if cfg.split_k > 1 else _OUT_PTR[spec.out_dtype],
@@ -209,7 +187,8 @@ class GemmLaunch:
             if bytes_consts != consts:
                 self.i4_arg = 0 if spec.a_type is OperandType.I4 else 1
                 self.i4_ld = lda if self.i4_arg == 0 else ldb
-        if cfg.swap_ab:
+        swapped = triton_kernel(spec, cfg).swapped
+        if swapped:
             # The kernel's operands, sizes and scales are those of C^T = B^T A^T.
             km, kn, klda, kldb = n, m, ldb, lda
             strides = (sb_cols, sb_g, sa_g, sa_rows)  # stride_sa_m, _sa_g, _sb_g, _sb_n
@@ -217,7 +196,7 @@ class GemmLaunch:
             km, kn, klda, kldb = m, n, lda, ldb
             strides = (sa_rows, sa_g, sb_g, sb_cols)
         self.m, self.n, self.out_dtype, self.device = m, n, spec.out_dtype, problem.device
-        self.swapped, self.split_k = cfg.swap_ab, cfg.split_k
+        self.swapped, self.split_k = swapped, cfg.split_k
         self.ws_shape = (cfg.split_k, km, kn)
         # Straight through the compiled kernel's launcher only on a GPU: the interpreter has no
         # compiled kernels and keeps the ordinary JIT launch.
@@ -227,7 +206,7 @@ class GemmLaunch:
         options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         # The pointer arguments' dtypes, as the kernel sees them (a call passes the same ones).
         target_dtype = torch.float32 if cfg.split_k > 1 else spec.out_dtype
-        ka, kb, ksa, ksb = (b, a, sb, sa) if cfg.swap_ab else (a, b, sa, sb)
+        ka, kb, ksa, ksb = (b, a, sb, sa) if swapped else (a, b, sa, sb)
         dtypes = (ka.dtype, kb.dtype, target_dtype, _dtype(ksa), _dtype(ksb), _dtype(problem.bias),
                   _dtype(problem.acc))
         self.main = KernelCall(_THIS, "_gemm_kernel", grid, ints, dict(options, **consts), dtypes)
@@ -240,7 +219,7 @@ class GemmLaunch:
             total = km * kn
             self.reduce = KernelCall(
                 _THIS, "_splitk_reduce_kernel", (_cdiv(total, REDUCE_BLOCK),), (total, kn, ldc),
-                dict(SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK, SWAPPED=cfg.swap_ab, num_warps=4),
+                dict(SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK, SWAPPED=swapped, num_warps=4),
                 (torch.float32, spec.out_dtype),
             )
 
