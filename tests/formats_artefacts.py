@@ -100,7 +100,7 @@ def _calibrate_input_amax(model, tokens) -> dict:
 
 
 def ct_quantize(dense_dir, out_dir, scheme: dict, *, ignore=("lm_head",), targets=("Linear",),
-                calib_tokens=TOKENS, extra_groups=None):
+                calib_tokens=TOKENS, extra_groups=None, max_shard_size=None):
     """Quantize ``dense_dir`` with compressed-tensors only and save the compressed checkpoint."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationConfig, QuantizationScheme,
@@ -132,7 +132,7 @@ def ct_quantize(dense_dir, out_dir, scheme: dict, *, ignore=("lm_head",), target
                     m.input_zero_point.copy_(z)
     compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)
-    model.save_pretrained(str(out_dir))
+    model.save_pretrained(str(out_dir), **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     compressor.update_config(str(out_dir))
     return Path(out_dir)
 
