@@ -116,31 +116,29 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
         parsed = dsf.parse_config(qc)
     else:
         parsed = tqf.parse_config(qc)
-    reader = CheckpointReader(path, on_read=on_read)
-    model = _build_skeleton(path, dtype, trust_remote_code, model_class)
-    plans = _plan(model, method, parsed, reader)
-    _check_not_tied(model, plans)
-
-    consumed: set[str] = set()
-    with torch.no_grad():
-        for name, plan in plans.items():
-            linear = model.get_submodule(name)
-            try:
-                if method == ct.QUANT_METHOD:
-                    layer, used = ct.load_layer(reader, name, linear, plan, device=device, dtype=dtype)
-                elif method == dsf.QUANT_METHOD:
-                    layer, used = dsf.load_layer(reader, name, linear, parsed, device=device, dtype=dtype)
-                else:
-                    layer, used = tqf.load_layer(reader, name, linear, *plan, device=device, dtype=dtype)
-            except TileqError as e:
-                if name in str(e):
-                    raise
-                raise type(e)(f"{name}: {e}") from None
-            _replace(model, name, layer)
-            consumed.update(used)
-        consumed |= _load_unquantized(model, reader, device, dtype)
-    _check_leftovers(model, reader, consumed)
-    reader.close()
+    with CheckpointReader(path, on_read=on_read) as reader:
+        model = _build_skeleton(path, dtype, trust_remote_code, model_class)
+        plans = _plan(model, method, parsed, reader)
+        _check_not_tied(model, plans)
+        consumed: set[str] = set()
+        with torch.no_grad():
+            for name, plan in plans.items():
+                linear = model.get_submodule(name)
+                try:
+                    if method == ct.QUANT_METHOD:
+                        layer, used = ct.load_layer(reader, name, linear, plan, device=device, dtype=dtype)
+                    elif method == dsf.QUANT_METHOD:
+                        layer, used = dsf.load_layer(reader, name, linear, parsed, device=device, dtype=dtype)
+                    else:
+                        layer, used = tqf.load_layer(reader, name, linear, *plan, device=device, dtype=dtype)
+                except TileqError as e:
+                    if name in str(e):
+                        raise
+                    raise type(e)(f"{name}: {e}") from None
+                _replace(model, name, layer)
+                consumed.update(used)
+            consumed |= _load_unquantized(model, reader, device, dtype)
+        _check_leftovers(model, reader, consumed)
     model.eval()
     model.tileq_checkpoint_format = method
     return model
@@ -306,10 +304,9 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
     path = Path(path)
     write_checkpoint(tensors, path, max_shard_size=max_shard_size,
                      metadata={"producer": f"tileq {__version__}", "tileq_format": fmt})
-    cfg = config.to_dict()
-    cfg.pop("quantization_config", None)
+    cfg = json.loads(config.to_json_string(use_diff=False))
     cfg["quantization_config"] = qconfig
-    write_json(path / "config.json", json.loads(json.dumps(cfg, default=str)))
+    write_json(path / "config.json", cfg)
     gen = getattr(model, "generation_config", None)
     if gen is not None and hasattr(gen, "save_pretrained"):
         try:
