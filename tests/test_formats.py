@@ -341,8 +341,9 @@ def test_save_tileq_format_when_compressed_tensors_has_no_equivalent(workdir):
 
     # K = 320 for down_proj: int4 groups of 128 leave a partial last group, which tileq serves and
     # compressed-tensors' group quantization refuses.
-    dense = fa.make_dense(workdir / "dense_k320", intermediate_size=320, seed=5)
+    dense = fa.make_dense(workdir / "dense_k320", intermediate_size=320, seed=5, bias=True)
     model = _quantized_dense(dense, W4A16Config())
+    assert _quant_layers(model)[Q_PROJ].bias is not None
     with pytest.raises(UnsupportedError, match=r"model\.layers\.0\.mlp\.down_proj: no compressed-tensors equivalent"):
         save_pretrained(model, workdir / "k320_ct", format="compressed-tensors")
     out = workdir / "k320_tileq"
@@ -358,6 +359,12 @@ def test_save_tileq_format_when_compressed_tensors_has_no_equivalent(workdir):
     model2 = _quantized_dense(dense, _config("FP8Block"))
     assert save_pretrained(model2, out2, format="tileq") == "tileq"
     _assert_same_state(model2, from_pretrained(out2))
+    # The same biased model as compressed-tensors (A8W8 has an equivalent for every layer).
+    out3 = workdir / "k320_ct_a8w8"
+    model3 = _quantized_dense(dense, _config("A8W8"))
+    assert save_pretrained(model3, out3) == "compressed-tensors"
+    _assert_same_state(model3, from_pretrained(out3))
+    _assert_weights_exact(model3, fa.ct_reference(out3, dtype=torch.float32))
 
 
 # ----------------------------------------------------------------------------- sharding, memory
