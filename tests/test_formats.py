@@ -57,6 +57,11 @@ CT_SCHEMES = {
     "w8a16_channel": (dict(weights=_I8CH), "W8A16", False),
     "w4afp8_int_quantized": (dict(weights=dict(_I4, strategy="group", group_size=128), input_activations=_TOKEN_F8),
                              "W4A8", True),
+    # Formats forced through the scheme: int8 weights unpacked (naive-quantized), and int4 x fp8
+    # packed as vLLM's W4A8-fp8 scheme reads it.
+    "w8a16_naive": (dict(weights=_I8CH, format="naive-quantized"), "W8A16", False),
+    "w4afp8_pack_quantized": (dict(weights=dict(_I4, strategy="group", group_size=128), input_activations=_TOKEN_F8,
+                                   format="pack-quantized"), "W4A8", True),
 }
 W4A16_ASYM = dict(weights=dict(_I4, strategy="group", group_size=128, symmetric=False))
 
@@ -216,8 +221,10 @@ def test_compressed_tensors_checkpoint_matches_its_producer(name, ct_artefact, d
         assert layers[Q_PROJ].input_scale is not None
     if name == "w4afp8_int_quantized":
         assert fmt == "int-quantized"  # int4 values stored one per int8, repacked by tileq
-    if name.startswith("w4a16") or name == "w8a16_channel":
+    if name.startswith("w4a16") or name in ("w8a16_channel", "w4afp8_pack_quantized"):
         assert fmt == "pack-quantized"
+    if name == "w8a16_naive":
+        assert fmt == "naive-quantized"
 
 
 LLMC_SCHEMES = {"W8A8": "A8W8", "FP8_DYNAMIC": "FP8Row", "FP8_BLOCK": "FP8Block", "W4A16": "W4A16",
