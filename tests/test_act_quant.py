@@ -132,7 +132,8 @@ def test_markstein_division_is_ieee():
     including values at half-integers of the quotient, and -0.0 keeps its sign."""
     rng = np.random.default_rng(0)
     n = 200_000
-    s = (rng.random(n) * 2 + 1e-3).astype(np.float32) * np.float32(2.0) ** rng.integers(-40, 40, n).astype(np.float32)
+    e = rng.integers(-40, 40, n).astype(np.float32)
+    s = (rng.random(n) * 2 + 1e-3).astype(np.float32) * np.float32(2.0) ** e
     s = np.maximum(s, np.float32(1e-12))
     half = (rng.integers(-255, 256, n) / 2).astype(np.float64)
     v = np.concatenate([((rng.random(n) * 2 - 1) * 448 * s).astype(np.float32),
@@ -167,7 +168,7 @@ def test_leading_dims_and_strided_rows():
         assert same_q(q.reshape(6, k), qa) and same_s(s, sa)
     q, s = quantize_activation(base[0, 0, :k], "int8", backend="triton")  # 1-D: M = 1
     assert q.shape == (k,) and s.shape == (1,)
-    with pytest.raises(LayoutError, match=r"x: expected leading dimensions that flatten to rows of a single stride"):
+    with pytest.raises(LayoutError, match=r"x: expected leading dimensions that flatten to rows"):
         quantize_activation(base[..., :k].transpose(0, 1), "int8")
 
 
@@ -334,7 +335,8 @@ def test_errors():
         (DTypeError, r"out\[0\]: expected dtype torch.float8_e4m3fn, got torch.int8",
          lambda: quantize_activation(x, "fp8", out=(torch.empty(3, 64, dtype=torch.int8), torch.empty(3)))),
         (ShapeError, r"out\[1\]: expected shape \(3, 1\), got \(3,\)",
-         lambda: quantize_activation(x, "int8", granularity="group", out=(torch.empty(3, 64, dtype=torch.int8), torch.empty(3)))),
+         lambda: quantize_activation(x, "int8", granularity="group",
+                                     out=(torch.empty(3, 64, dtype=torch.int8), torch.empty(3)))),
         (LayoutError, r"out\[1\]: expected strides \(1, 3\), got \(2, 1\)",
          lambda: quantize_activation(torch.zeros(3, 256), "int8", granularity="group", preshuffled=True,
                                      out=(torch.empty(3, 256, dtype=torch.int8), torch.empty(3, 2)))),
@@ -400,11 +402,12 @@ def transformers_rmsnorm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> t
 
 
 def exact_sum_inputs(m, k, seed):
-    """Values k/16 with |k| <= 32: every sum of squares is exact in fp32 in any order, so the
-    kernel's reduction order cannot change a bit."""
+    """Values j/16 with |j| <= 8, so |x + r| <= 1: squares are multiples of 2**-8 and their sum
+    stays below K, exact in fp32 in any order for K < 2**16. The kernel's reduction order then
+    cannot change a bit."""
     g = torch.Generator().manual_seed(seed)
-    x = (torch.randint(-32, 33, (m, k), generator=g) / 16).to(torch.bfloat16)
-    r = (torch.randint(-32, 33, (m, k), generator=g) / 16).to(torch.bfloat16)
+    x = (torch.randint(-8, 9, (m, k), generator=g) / 16).to(torch.bfloat16)
+    r = (torch.randint(-8, 9, (m, k), generator=g) / 16).to(torch.bfloat16)
     w = (torch.rand(k, generator=g) + 0.5).to(torch.bfloat16)
     return x, r, w
 
@@ -452,7 +455,8 @@ def test_fused_equals_reference_exactly(granularity, with_residual):
 @interp
 def test_fused_random_inputs_against_transformers_formula():
     g = torch.Generator().manual_seed(7)
-    for m, k, granularity, name in ((4, 1000, "row", "fp8"), (3, 300, "group", "int8"), (2, 257, "row", "int8")):
+    cases = ((4, 1000, "row", "fp8"), (3, 300, "group", "int8"), (2, 257, "row", "int8"))
+    for m, k, granularity, name in cases:
         x = torch.randn(m, k, generator=g).to(torch.bfloat16)
         r = (torch.randn(m, k, generator=g) * 4).to(torch.bfloat16)
         w = (torch.rand(k, generator=g) + 0.5).to(torch.bfloat16)
@@ -502,7 +506,8 @@ def test_fused_fp16_and_errors():
 def test_config_heuristic():
     cfg = aq.act_quant_config(17408, "row", 128)
     assert (cfg.hc, cfg.tc, cfg.num_warps) == (16384, 1024, 16)  # no idle half of a 32768 block
-    assert (aq.act_quant_config(5120, "row", 128).hc, aq.act_quant_config(5120, "row", 128).tc) == (4096, 1024)
+    cfg = aq.act_quant_config(5120, "row", 128)
+    assert (cfg.hc, cfg.tc) == (4096, 1024)
     assert aq.act_quant_config(65536, "row", 128).loop_c == aq.LOOP_CHUNK
     g = aq.act_quant_config(17408, "group", 128)
     assert (g.hr, g.hc, g.grid_k) == (16, 128, 9)  # 136 groups: 9 programs a row, 8 idle slots
@@ -598,7 +603,8 @@ def test_compiles_for_sm90():
 @pytest.mark.parametrize("m", [1, 3, 16, 4096])
 @pytest.mark.parametrize("k", [5120, 17408, 1000])
 @pytest.mark.parametrize("name", ["int8", "fp8"])
-@pytest.mark.parametrize("granularity,preshuffled", [("row", False), ("group", False), ("group", True), ("tensor", False)])
+@pytest.mark.parametrize("granularity,preshuffled",
+                         [("row", False), ("group", False), ("group", True), ("tensor", False)])
 def test_gpu_real_sizes(m, k, name, granularity, preshuffled):
     x = activations(m, k, seed=m + k).cuda()
     if m > 3:
@@ -634,7 +640,8 @@ def test_gpu_fused_real_sizes(granularity, m, k):
         hf = transformers_rmsnorm(x + r, w, 1e-6)
         assert dequant_close(q, s, hf, OTYPES[name], granularity)
         qr, sr, _ = add_rmsnorm_quantize(x, r, w, 1e-6, name, granularity=granularity, backend="reference")
-        rows_same = (bits(q) == bits(qr)).all(dim=1) & (torch.isclose(s, sr, rtol=0, atol=0).reshape(m, -1).all(dim=1))
+        same_scale = (s == sr).reshape(m, -1).all(dim=1)
+        rows_same = (bits(q) == bits(qr)).all(dim=1) & same_scale
         assert rows_same.float().mean() >= 0.9  # most rows bit-identical; the rest within a step
     x_exact, r_exact, w_exact = (t.cuda() for t in exact_sum_inputs(min(m, 64), k, 0))
     got = add_rmsnorm_quantize(x_exact, r_exact, w_exact, 1e-6, "fp8", granularity=granularity)
