@@ -125,10 +125,14 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     kernels = manifest["kernels"]
-    from tileq.catalog.build import wants_swapped_build
+    from tileq.catalog.build import wants_gluon_build, wants_swapped_build
 
-    expected = len(catalog()) + sum(wants_swapped_build(f) for f in catalog())
+    sm90 = get_arch("sm_90")
+    gluon = [f.name for f in catalog() if wants_gluon_build(f, sm90)]
+    assert gluon == ["tensor_fp8xfp8_rcr_prefill", "rowcol_fp8xfp8_rcr_prefill"]
+    expected = len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon)
     assert len(kernels) == expected and all(k["ok"] for k in kernels)
+    assert sorted(k["family"] for k in kernels if "__gluon_" in k["name"]) == sorted(gluon)
     assert manifest["triton"] and manifest["arch"] == "sm_90"
     for k in kernels:
         assert (out / k["binary"]).stat().st_size > 0

@@ -68,7 +68,7 @@ def _call_key(op, a, b, a_scale, b_scale, bias, acc, out, scheme, out_dtype, gro
             type(pipeline), pipeline, type(fast_accum), fast_accum,
             # What make_plan reads from the environment on every call.
             env_raw("TILEQ_BACKEND"), env_raw("TILEQ_DETERMINISTIC"),
-            env_raw("TRITON_INTERPRET"),
+            env_raw("TRITON_INTERPRET"), env_raw("TILEQ_GLUON"),
         )
     except Exception:  # noqa: BLE001 - e.g. a sparse tensor has no strides: the full path decides
         return None
@@ -107,9 +107,9 @@ class _Call:
         self.scalars_to_device = problem.device.type != "cpu"
         self.launch = None
         if spec.m and spec.n:  # an empty result launches nothing (plan.execute)
-            from .kernels.launch import GemmLaunch
+            from .kernels.launch import make_launch
 
-            self.launch = GemmLaunch(problem, plan)
+            self.launch = make_launch(problem, plan)
         # linear only: the output's leading dims, x's K when x is flattened, x_scale's rows.
         self.lead, self.flatten_k, self.x_scale_rows = lead, flatten_k, x_scale_rows
 

@@ -67,6 +67,11 @@ class Plan:
     config_source: str  # 'heuristic' | 'table: <file>' | 'n/a'
     deterministic: bool
     pipeline_reason: str = ""
+    # Which kernel family runs it (kernels/select.py): 'triton' (the portable kernel, also the
+    # fallback of a Gluon plan for calls TMA cannot serve) or 'gluon' (sm_90), and why.
+    impl: str = "triton"
+    impl_reason: str = ""
+    gluon: object = None  # kernels.gluon.config.GluonConfig when impl == 'gluon'
 
     @property
     def pipeline(self) -> str:
@@ -91,8 +96,14 @@ class Plan:
             f"pipeline  : {self.pipeline} ({self.pipeline_reason})",
             f"family    : {self.family.name}",
         ]
+        if self.executor == "triton":
+            lines.append(f"impl      : {self.impl} ({self.impl_reason})")
+        if self.gluon is not None:
+            lines.append(f"gluon     : {self.family.name}__gluon_{self.gluon.tag}_{self.arch.tag}")
+            lines.append(f"            {self.gluon.describe()}")
         if self.instance is not None:
-            lines.append(f"instance  : {self.instance.name}")
+            fallback = " (the Triton fallback)" if self.gluon is not None else ""
+            lines.append(f"instance  : {self.instance.name}{fallback}")
             c = self.config
             lines.append(
                 f"config    : BM={c.block_m} BN={c.block_n} BK={c.block_k} warps={c.num_warps} "
@@ -167,7 +178,7 @@ def family_of(spec: ProblemSpec, pipeline: str) -> KernelFamily:
 @lru_cache(maxsize=4096)
 def _plan_cached(spec: ProblemSpec, executor: str, interpreted: bool, arch_name: str | None,
                  num_sms: int, deterministic: bool, forced_pipeline: str | None = None,
-                 device_name: str | None = None) -> Plan:
+                 device_name: str | None = None, gluon_env: str | None = None) -> Plan:
     pipeline = forced_pipeline or choose_pipeline(spec)
     if forced_pipeline:
         why = "forced by the caller"
@@ -187,7 +198,16 @@ def _plan_cached(spec: ProblemSpec, executor: str, interpreted: bool, arch_name:
         cfg, source = hit
     else:
         cfg, source = heuristic_config(spec, arch, pipeline, num_sms), "heuristic"
-    return Plan(spec, executor, interpreted, arch, family, cfg, source, deterministic, why)
+    from .kernels.select import implementation
+
+    impl = implementation(spec, pipeline, arch.name, interpreted, gluon_env)
+    gcfg = None
+    if impl.name == "gluon":
+        from .kernels.gluon.config import gluon_config
+
+        gcfg = gluon_config(spec, num_sms)
+    return Plan(spec, executor, interpreted, arch, family, cfg, source, deterministic, why,
+                impl.name, impl.reason, gcfg)
 
 
 def _check_pipeline(pipeline: str | None, spec: ProblemSpec) -> str | None:
@@ -220,7 +240,9 @@ def make_plan(spec: ProblemSpec, device: torch.device, *, backend=None, determin
             # The interpreter has no arch: it runs the sm_90 plan (the reference target).
             info = ARCHS["sm_90"]
             arch_name, sms = info.name, info.typical_sms
-    return _plan_cached(spec, executor, interpreted, arch_name, sms, det, forced, device_name)
+    gluon_env = os.environ.get("TILEQ_GLUON") if executor == "triton" else None
+    return _plan_cached(spec, executor, interpreted, arch_name, sms, det, forced, device_name,
+                        gluon_env)
 
 
 def with_config(plan: Plan, cfg: TileConfig, source: str = "forced") -> Plan:
@@ -234,7 +256,10 @@ def with_config(plan: Plan, cfg: TileConfig, source: str = "forced") -> Plan:
     why = config_problem(plan.spec, cfg, plan.arch)
     if why is not None:
         raise UnsupportedError(expect("config", f"a legal config for {plan.arch.name}", why))
-    return replace(plan, config=cfg, config_source=source)
+    # A forced TileConfig is the Triton kernel's: the plan runs that kernel (tuner, experiments).
+    impl_reason = "a forced config of the portable kernel" if plan.impl != "triton" else plan.impl_reason
+    return replace(plan, config=cfg, config_source=source, impl="triton", impl_reason=impl_reason,
+                   gluon=None)
 
 
 def execute(plan: Plan, problem: Problem) -> torch.Tensor:

@@ -72,6 +72,31 @@ def wants_swapped_build(fam: KernelFamily) -> bool:
     return fam.pipeline == "decode" or fam.b.value == "i4"
 
 
+def wants_gluon_build(fam: KernelFamily, arch: ArchInfo) -> bool:
+    """Families the sm_90 Gluon kernel serves (kernels/select.py) get it built too on sm_90."""
+    from ..kernels.select import GLUON_ARCH, gluon_serves
+
+    if arch.name != GLUON_ARCH or fam.pipeline != "prefill":
+        return False
+    return gluon_serves(family_spec(fam, *PREFILL_SHAPE), fam.pipeline) is None
+
+
+def _compile_gluon(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
+    from ..kernels.gluon.config import gluon_config
+    from ..kernels.gluon.launch import compile_sm90
+
+    spec = family_spec(fam, *PREFILL_SHAPE)
+    cfg = gluon_config(spec, arch.typical_sms)
+    name = f"{fam.name}__gluon_{cfg.tag}_{arch.tag}"
+    try:
+        compiled = compile_sm90(spec, cfg)
+    except Exception as e:
+        msg = str(e).strip().splitlines()
+        return BuildResult(name, fam.name, f"gluon_{cfg.tag}", False, time.time() - t0,
+                           error=f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500]), None
+    return BuildResult(name, fam.name, f"gluon_{cfg.tag}", True, time.time() - t0), compiled
+
+
 def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
@@ -90,8 +115,10 @@ def _resource_usage(cubin_path: Path) -> tuple[int | None, int | None]:
     return (int(regs.group(1)) if regs else None), spill
 
 
-def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: bool = False) -> BuildResult:
-    """Compile one family (runs in a worker process)."""
+def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: bool = False,
+                impl: str = "triton") -> BuildResult:
+    """Compile one family (runs in a worker process): the portable Triton kernel, its swapped
+    variant, or (``impl='gluon'``) the sm_90 Gluon kernel."""
     from triton.backends.compiler import GPUTarget
 
     from ..kernels.gemm_kernel import _gemm_kernel
@@ -100,6 +127,11 @@ def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: boo
     fam = parse_family(family_name)
     arch = get_arch(arch_name)
     t0 = time.time()
+    if impl == "gluon":
+        res, compiled = _compile_gluon(fam, arch, t0)
+        if compiled is not None:
+            _finish(res, compiled, out_dir)
+        return res
     try:
         inst, spec = instance_for(fam, arch, swap)
     except Exception as e:  # an illegal family for this arch is a build failure, said loudly
@@ -117,16 +149,21 @@ def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: boo
         msg = str(e).strip().splitlines()
         return BuildResult(inst.name, family_name, inst.config.tag, False, time.time() - t0,
                            error=f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500])
+    res = BuildResult(inst.name, family_name, inst.config.tag, True, time.time() - t0)
+    _finish(res, compiled, out_dir)
+    return res
+
+
+def _finish(res: BuildResult, compiled, out_dir: str | None) -> None:
+    """Shared memory, mma kind, and with an output folder the binary, registers and spills."""
     ptx = compiled.asm.get("ptx", "")
-    mma = "wgmma" if "wgmma.mma_async" in ptx else ("mma" if re.search(r"\bmma\.sync", ptx) else None)
-    res = BuildResult(inst.name, family_name, inst.config.tag, True, time.time() - t0,
-                      shared_bytes=int(compiled.metadata.shared), mma=mma)
+    res.mma = "wgmma" if "wgmma.mma_async" in ptx else ("mma" if re.search(r"\bmma\.sync", ptx) else None)
+    res.shared_bytes = int(compiled.metadata.shared)
     if out_dir:
-        path = Path(out_dir) / f"{inst.name}.cubin"
+        path = Path(out_dir) / f"{res.name}.cubin"
         path.write_bytes(compiled.asm["cubin"])
         res.binary = path.name
         res.registers, res.spills = _resource_usage(path)
-    return res
 
 
 def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = None,
@@ -137,14 +174,15 @@ def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = Non
         raise UnsupportedError("tileq build: TRITON_INTERPRET=1 is set; unset it to compile kernels")
     arch = get_arch(arch_name)
     names = families or [f.name for f in catalog()]
-    work = [(n, False) for n in names]
-    work += [(n, True) for n in names if wants_swapped_build(parse_family(n))]
+    work = [(n, False, "triton") for n in names]
+    work += [(n, True, "triton") for n in names if wants_swapped_build(parse_family(n))]
+    work += [(n, False, "gluon") for n in names if wants_gluon_build(parse_family(n), arch)]
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     jobs = jobs or max(1, os.cpu_count() or 1)
     results: list[BuildResult] = []
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(compile_one, n, arch.name, out_dir, swap) for n, swap in work]
+        futures = [pool.submit(compile_one, n, arch.name, out_dir, swap, impl) for n, swap, impl in work]
         for i, fut in enumerate(futures, 1):
             r = fut.result()
             results.append(r)

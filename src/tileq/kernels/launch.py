@@ -145,10 +145,24 @@ def _scale_strides(kind: ScaleKind, t, rows_dim: int) -> tuple[int, int]:
 
 def launch_gemm(problem: Problem, plan) -> torch.Tensor:
     """Run ``plan`` on ``problem``'s tensors; returns the output."""
-    return GemmLaunch(problem, plan)(
+    return make_launch(problem, plan)(
         _storage(problem.a), _storage(problem.b), problem.a_scale, problem.b_scale, problem.bias,
         problem.acc, problem.out,
     )
+
+
+def make_launch(problem: Problem, plan):
+    """The launch of a plan for tensors of these shapes, strides and dtypes: the Gluon kernel's
+    when the plan chose it and TMA can read A and B (16-byte aligned rows), else the Triton
+    kernel's (``GemmLaunch``, also the Gluon launch's per-call fallback)."""
+    triton_launch = GemmLaunch(problem, plan)
+    if plan.impl == "gluon":
+        from .gluon.launch import GluonLaunch
+
+        gluon_launch = GluonLaunch(problem, plan, triton_launch)
+        if gluon_launch.usable:
+            return gluon_launch
+    return triton_launch
 
 
 class GemmLaunch:

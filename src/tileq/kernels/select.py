@@ -20,7 +20,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ..dtypes import OperandType, mma_types
-from ..problem import ProblemSpec, ScaleKind
+from ..errors import UnsupportedError, expect
+from ..problem import ProblemSpec, ScaleKind, Scheme
 
 if TYPE_CHECKING:  # no runtime import: catalog.config imports this module
     from ..catalog.config import TileConfig
@@ -103,3 +104,94 @@ def kernel_notes(spec: ProblemSpec, cfg: "TileConfig") -> list[str]:
                      if tk.i4_words else "int4 read as bytes, unpacked in registers")
     notes.append("no K masks (K % BK == 0)" if tk.even_k else "last K tile masked")
     return notes
+
+
+# ---------------------------------------------------------------------------- implementation
+
+# The sm_90 Gluon family (kernels/gluon/): what it serves, where it was tested. Anything else
+# runs the portable Triton kernel, the reference implementation and the fallback.
+GLUON_ARCH = "sm_90"
+GLUON_TRITON_VERSIONS = ("3.6.0",)
+GLUON_SCHEMES = (Scheme.TENSOR, Scheme.ROWCOL)
+GLUON_PAIRS = ((OperandType.FP8, OperandType.FP8),)
+GLUON_LAYOUTS = ("rcr",)
+# Shipped off until the kernel has passed its GPU tests and benchmarks: TILEQ_GLUON=1 opts in.
+GLUON_DEFAULT_ON = False
+GLUON_ENV = "TILEQ_GLUON"
+
+_GLUON_ON = ("sm_90 warp-specialized kernel (TMA producer warp + 2 consumer warpgroups, fp32 "
+             "promotion every 128 of K)")
+_ALIGN_NOTE = "a call whose A or B rows or base pointers are not 16-byte aligned runs the Triton kernel"
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """Which kernel family runs a plan: 'triton' (portable) or 'gluon' (sm_90), and why."""
+
+    name: str
+    reason: str
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def gluon_switch(raw) -> bool | None:
+    """TILEQ_GLUON's value: True ('1'), False ('0'), None (unset: the shipped default)."""
+    if raw is None:
+        return None
+    value = raw.decode() if isinstance(raw, bytes) else str(raw)
+    value = value.strip()
+    if value not in ("0", "1"):
+        raise UnsupportedError(expect(GLUON_ENV, "0 or 1", repr(value)))
+    return value == "1"
+
+
+def gluon_serves(spec: ProblemSpec, pipeline: str) -> str | None:
+    """Why the Gluon family does not serve this problem, or None when it does."""
+    from ..catalog.heuristic import DECODE_MAX_M  # (catalog imports this module: no cycle here)
+
+    if pipeline != "prefill" or spec.m <= DECODE_MAX_M:
+        return f"prefill only (M > {DECODE_MAX_M}): the {pipeline} pipeline runs the portable kernel"
+    if (spec.a_type, spec.b_type) not in GLUON_PAIRS or spec.layout not in GLUON_LAYOUTS:
+        return (f"fp8 rcr prefill only (fp8 e4m3 x e4m3, A row-major, B K-major), "
+                f"this is {spec.a_type}x{spec.b_type} {spec.layout}")
+    if spec.scheme not in GLUON_SCHEMES:
+        return f"tensor and rowcol schemes only, this is {spec.scheme}"
+    if spec.has_acc:
+        return "no acc_in: the Gluon epilogue does not read an accumulator"
+    if spec.fast_accum:
+        return "precise accumulation only: fast_accum runs the portable kernel"
+    if spec.k == 0:
+        return "K = 0"
+    return None
+
+
+def implementation(spec: ProblemSpec, pipeline: str, arch_name: str | None, interpreted: bool,
+                   gluon_env=None) -> Implementation:
+    """The kernel family for a Triton-executor plan. ``gluon_env``: TILEQ_GLUON's raw value.
+
+    The Gluon kernel runs only on sm_90, with a Triton version it was tested with, compiled (not
+    interpreted), for the problems it serves (``gluon_serves``), and only when switched on.
+    """
+    if interpreted:
+        return Implementation("triton", "the Triton interpreter runs the portable kernel (Gluon needs a GPU)")
+    if arch_name != GLUON_ARCH:
+        return Implementation("triton", f"Gluon kernels are {GLUON_ARCH} only, this is {arch_name}")
+    version = _triton_version()
+    if version not in GLUON_TRITON_VERSIONS:
+        return Implementation("triton", f"Gluon kernels are tested with Triton "
+                                        f"{', '.join(GLUON_TRITON_VERSIONS)} only, this is {version}")
+    why = gluon_serves(spec, pipeline)
+    if why is not None:
+        return Implementation("triton", why)
+    switch = gluon_switch(gluon_env)
+    if switch is False:
+        return Implementation("triton", f"{GLUON_ENV}=0 switches the Gluon kernel off")
+    if switch is None and not GLUON_DEFAULT_ON:
+        return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but ships "
+                                        f"disabled until validated on a GPU: {GLUON_ENV}=1 opts in")
+    how = f"switched on by {GLUON_ENV}=1" if switch else "on by default"
+    return Implementation("gluon", f"{_GLUON_ON}; {how}; {_ALIGN_NOTE}")

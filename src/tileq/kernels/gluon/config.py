@@ -1,0 +1,77 @@
+"""Configuration of the sm_90 Gluon prefill kernel (``fp8_gemm.py``): tile, ring depth, partitions.
+
+Imports no Triton: the planner and ``tileq explain`` read it on any machine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ...problem import ProblemSpec
+
+# sm_90: 227 KiB of shared memory per program (opt-in maximum, catalog/arch.py) less a margin for
+# the mbarriers and what the compiler adds (256 B measured in the sm_90 build of 2026-12).
+SMEM_BYTES = 232448
+SMEM_MARGIN = 2048
+MAX_STAGES = 8
+
+_OUT_BYTES = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """A persistent, warp-specialized tile kernel: ``block_m`` = 128 rows split between two
+    consumer warpgroups (64 rows each, the height of one wgmma), ``block_k`` = 128 = the
+    promotion interval (fp8 wgmma partial sums are added into fp32 every 128 of K), a ring of
+    ``stages`` shared-memory slots filled by one producer warp."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 128
+    stages: int = 6
+    group_m: int = 8
+    # setmaxnreg budgets per thread. The kernel runs 12 warps (4 + 4 + the producer's warpgroup,
+    # which Triton pads to 4 warps) under maxnreg = 168, i.e. 168 x 384 = 64512 of the 65536
+    # registers: 232 x 128 for each consumer warpgroup and 40 x 128 for the producer's (the
+    # split DeepGEMM uses). A consumer holds two 64 x BN fp32 tiles (its accumulator and the
+    # wgmma partial sum): 128 registers at BN = 128.
+    consumer_regs: int = 232
+    producer_regs: int = 40
+    maxnreg: int = 168
+    num_warps: int = 4  # the default partition (consumer 0); the kernel adds 4 + 1 worker warps
+
+    @property
+    def tag(self) -> str:
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}_ws2x64"
+
+    def describe(self) -> str:
+        return (f"BM={self.block_m} BN={self.block_n} BK={self.block_k} stages={self.stages} "
+                f"GROUP_M={self.group_m}; persistent; 1 TMA producer warp ({self.producer_regs} "
+                f"regs) + 2 consumer warpgroups x 64 rows ({self.consumer_regs} regs); "
+                f"fp32 promotion every {self.block_k} of K")
+
+
+def stage_bytes(cfg: GluonConfig) -> int:
+    """One ring slot: the fp8 A and B tiles."""
+    return cfg.block_m * cfg.block_k + cfg.block_n * cfg.block_k
+
+
+def smem_bytes(cfg: GluonConfig, out_dtype: torch.dtype) -> int:
+    """Ring slots plus the two consumers' output staging buffers (TMA store)."""
+    return cfg.stages * stage_bytes(cfg) + cfg.block_m * cfg.block_n * _OUT_BYTES[out_dtype]
+
+
+def gluon_config(spec: ProblemSpec, num_sms: int) -> GluonConfig:
+    """The deterministic default: 128 x 128 tiles, or 128 x 64 where 128-wide tiles would fill
+    at most half the SMs (a small M; each program then finishes in about half the time), and as
+    many ring slots as shared memory holds (6 for a bf16 output at BN = 128)."""
+    bn = 128
+    if math.ceil(spec.m / 128) * math.ceil(spec.n / 128) * 2 <= num_sms:
+        bn = 64
+    cfg = GluonConfig(block_n=bn)
+    out = cfg.block_m * cfg.block_n * _OUT_BYTES[spec.out_dtype]
+    stages = min(MAX_STAGES, (SMEM_BYTES - SMEM_MARGIN - out) // stage_bytes(cfg))
+    return GluonConfig(block_n=bn, stages=stages)

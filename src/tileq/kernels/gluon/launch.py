@@ -1,0 +1,177 @@
+"""Launch the sm_90 Gluon fp8 prefill kernel (``fp8_gemm.py``) for a plan; compile it ahead of time.
+
+The plan chooses this family (``kernels/select.py``: sm_90, a tested Triton version, fp8 rcr
+prefill, tensor/rowcol, opted in); TMA adds conditions that only tensors can answer:
+- A's and B's rows must be 16-byte aligned (``lda``, ``ldb`` multiples of 16 fp8 elements): a
+  call signature without them gets the portable kernel's launch instead (``usable``);
+- their base addresses must be 16-byte aligned: checked on every call; a call that fails runs
+  the Triton kernel (``fallback``), which computes the same function;
+- the output is written by TMA stores when its rows and base address are 16-byte aligned, by
+  masked stores otherwise (e.g. N = 577 in bf16).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...problem import Problem, ScaleKind
+from .config import GluonConfig
+
+_GL = {}
+
+
+def _gl():
+    """Triton's Gluon pieces, imported on first use (not at tileq import)."""
+    if not _GL:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        from .fp8_gemm import _fp8_gemm_ws_kernel
+
+        _GL.update(gl=gl, TensorDescriptor=TensorDescriptor, kernel=_fp8_gemm_ws_kernel,
+                   dtypes={torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
+                           torch.float16: gl.float16, torch.float32: gl.float32})
+    return _GL
+
+
+def _gl_dtype(torch_dtype: torch.dtype):
+    return _gl()["dtypes"][torch_dtype]
+
+
+def shared_layouts(cfg: GluonConfig, out_dtype: torch.dtype):
+    """NVMMA (swizzled) shared layouts of the A, B and C tiles, as the descriptors carry them."""
+    gl = _gl()["gl"]
+    return (gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], gl.float8e4nv),
+            gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], gl.float8e4nv),
+            gl.NVMMASharedLayout.get_default_for([cfg.block_m // 2, cfg.block_n], _gl_dtype(out_dtype)))
+
+
+def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
+    """The kernel's constexpr arguments for a problem (the launcher and the AOT build share it)."""
+    return dict(
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, STAGES=cfg.stages,
+        A_SCALE=spec.a_scale_kind.value, B_SCALE=spec.b_scale_kind.value, GROUP_N=1,
+        HAS_BIAS=spec.has_bias, TMA_STORE=tma_store,
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+    )
+
+
+def options(cfg: GluonConfig) -> dict:
+    return dict(num_warps=cfg.num_warps, maxnreg=cfg.maxnreg)
+
+
+_OUT_BYTES = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+
+
+def rows_aligned(leading_dim: int, elem_bytes: int) -> bool:
+    """TMA's global strides are multiples of 16 bytes."""
+    return (leading_dim * elem_bytes) % 16 == 0
+
+
+class GluonLaunch:
+    """A plan's Gluon launch for tensors of fixed shapes, strides and dtypes (what ``GemmLaunch``
+    is for the Triton kernel; ``tileq.gemm`` keeps one per call signature). Each call builds the
+    three TMA descriptors (they hold data pointers) and launches through Triton's JIT."""
+
+    __slots__ = ("m", "n", "k", "lda", "ldb", "ldc", "out_dtype", "device", "cfg", "grid",
+                 "ints", "consts", "consts_ptr_store", "c_rows_ok", "fallback", "layouts")
+
+    def __init__(self, problem: Problem, plan, fallback):
+        spec = problem.spec
+        cfg = plan.gluon
+        a, b = problem.a, problem.b
+        self.m, self.n, self.k = spec.m, spec.n, spec.k
+        self.lda = a.stride(0)  # A row-major [M, K]
+        self.ldb = b.stride(1)  # B [K, N] K-contiguous: the rows of the [N, K] weight
+        self.ldc = problem.out.stride(0) if problem.out is not None else spec.n
+        self.out_dtype, self.device, self.cfg = spec.out_dtype, problem.device, cfg
+        self.c_rows_ok = rows_aligned(self.ldc, _OUT_BYTES[spec.out_dtype])
+        sa, sb = problem.a_scale, problem.b_scale
+        stride_sa_m = sa.stride(0) if spec.a_scale_kind is ScaleKind.VECTOR else 0
+        stride_sb_n = sb.stride(1) if spec.b_scale_kind is ScaleKind.VECTOR else 0
+        self.ints = (spec.m, spec.n, spec.k, self.ldc, stride_sa_m, 0, 0, stride_sb_n)
+        self.consts = dict(constexprs(spec, cfg, True), **options(cfg))
+        self.consts_ptr_store = dict(constexprs(spec, cfg, False), **options(cfg))
+        tiles = math.ceil(spec.m / cfg.block_m) * math.ceil(spec.n / cfg.block_n)
+        self.grid = (max(1, min(_num_sms(problem.device), tiles)),)
+        self.fallback = fallback
+        self.layouts = None
+
+    @property
+    def usable(self) -> bool:
+        """A's and B's rows are 16-byte aligned (fp8: leading dimensions multiples of 16)."""
+        return rows_aligned(self.lda, 1) and rows_aligned(self.ldb, 1)
+
+    def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
+        if (a.data_ptr() | b.data_ptr()) & 15:
+            return self.fallback(a, b, sa, sb, bias, acc, out)
+        if out is None:
+            out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
+        g = _gl()
+        if self.layouts is None:
+            self.layouts = shared_layouts(self.cfg, self.out_dtype)
+        a_l, b_l, c_l = self.layouts
+        cfg = self.cfg
+        td = g["TensorDescriptor"]
+        a_desc = td(a, [self.m, self.k], [self.lda, 1], [cfg.block_m, cfg.block_k], a_l)
+        # B's storage is the logical [K, N] view of an [N, K] weight: same pointer, its rows.
+        b_desc = td(b, [self.n, self.k], [self.ldb, 1], [cfg.block_n, cfg.block_k], b_l)
+        if self.c_rows_ok and out.data_ptr() % 16 == 0:
+            c_desc = td(out, [self.m, self.n], [self.ldc, 1], [cfg.block_m // 2, cfg.block_n], c_l)
+            consts = self.consts
+        else:
+            c_desc, consts = None, self.consts_ptr_store
+        g["kernel"][self.grid](a_desc, b_desc, c_desc, out, sa, sb, bias, *self.ints, **consts)
+        return out
+
+
+def _num_sms(device: torch.device) -> int:
+    """The device's SM count (cached by the planner); sm_90's typical count off the GPU (tests)."""
+    from ...catalog.arch import ARCHS
+    from ...plan import _device_arch
+
+    if device.type != "cuda":
+        return ARCHS["sm_90"].typical_sms
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_arch(index)[1]
+
+
+# ---------------------------------------------------------------------------- AOT compile
+
+
+def signature(spec, cfg: GluonConfig, tma_store: bool = True) -> tuple[dict, dict]:
+    """(signature, constexprs) for ``triton.compile`` of this specialization on any machine."""
+    _OUT_TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    a_l, b_l, c_l = shared_layouts(cfg, spec.out_dtype)
+    out_ty = _OUT_TY[spec.out_dtype]
+    sig = {
+        "a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {cfg.block_k}],{a_l!r}>",
+        "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {cfg.block_k}],{b_l!r}>",
+        "c_desc": f"tensordesc<{out_ty}[{cfg.block_m // 2}, {cfg.block_n}],{c_l!r}>" if tma_store else "constexpr",
+        "c_ptr": f"*{out_ty}",
+        "sa_ptr": "*fp32" if spec.a_scale_kind is not ScaleKind.NONE else "constexpr",
+        "sb_ptr": "*fp32" if spec.b_scale_kind is not ScaleKind.NONE else "constexpr",
+        "bias_ptr": "*fp32" if spec.has_bias else "constexpr",
+    }
+    for name in ("M", "N", "K", "ldc", "stride_sa_m", "stride_sa_g", "stride_sb_g", "stride_sb_n"):
+        sig[name] = "i32"
+    consts = constexprs(spec, cfg, tma_store)
+    for name in consts:
+        sig[name] = "constexpr"
+    for name in ("c_desc", "sa_ptr", "sb_ptr", "bias_ptr"):
+        if sig[name] == "constexpr":
+            consts[name] = None
+    return sig, consts
+
+
+def compile_sm90(spec, cfg: GluonConfig, tma_store: bool = True):
+    """Compile the kernel for sm_90 with Triton's own toolchain (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig, consts = signature(spec, cfg, tma_store)
+    src = GluonASTSource(fn=_gl()["kernel"], signature=sig, constexprs=consts, attrs={})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options(cfg))

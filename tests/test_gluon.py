@@ -1,0 +1,441 @@
+"""The sm_90 Gluon prefill kernel (kernels/gluon/): selection, explain, an sm_90 build on the CPU,
+the launcher's TMA conditions, and (on a GPU) correctness against the reference.
+
+CPU: which implementation a plan chooses and why (every reason), the `impl` line of explain,
+the kernel compiled for sm_90 with Triton's own toolchain (wgmma, TMA, mbarriers, setmaxnreg in
+its PTX and SASS), and the launcher's descriptors and fallbacks against a stand-in kernel.
+GPU (`-m gpu`, sm_90 only): odd shapes (TMA bounds do the masking), bias, out=, output dtypes,
+the per-call fallback to the Triton kernel, determinism and CUDA-graph capture.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import tileq
+from tileq import api
+from tileq.catalog.families import family_spec
+from tileq.catalog.names import parse_family
+from tileq.errors import UnsupportedError
+from tileq.kernels import select
+from tileq.kernels.gluon.config import GluonConfig, gluon_config, smem_bytes
+from tileq.testing import check_close, make_args
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin"
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="runs Triton kernels on CPU tensors (the interpreter)")
+
+
+def _spec(family="rowcol_fp8xfp8_rcr_prefill", m=4096, n=5120, k=5120, **kw):
+    return replace(family_spec(parse_family(family), m, n, k), **kw)
+
+
+def _impl(spec, pipeline="prefill", arch="sm_90", interpreted=False, env="1"):
+    return select.implementation(spec, pipeline, arch, interpreted, env)
+
+
+# ---- selection: every reason ---------------------------------------------------------------
+
+
+def test_gluon_chosen_when_switched_on():
+    for fam in ("rowcol_fp8xfp8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill"):
+        impl = _impl(_spec(fam))
+        assert impl.name == "gluon"
+        assert "switched on by TILEQ_GLUON=1" in impl.reason
+        assert "not 16-byte aligned runs the Triton kernel" in impl.reason
+    assert _impl(_spec(m=65)).name == "gluon"
+    assert _impl(_spec(has_bias=True, out_dtype=torch.float32)).name == "gluon"
+
+
+@pytest.mark.parametrize("spec_kw,pipeline,arch,interpreted,env,reason", [
+    ({}, "prefill", "sm_90", True, "1", "the Triton interpreter runs the portable kernel"),
+    ({}, "prefill", "sm_89", False, "1", "Gluon kernels are sm_90 only, this is sm_89"),
+    ({}, "prefill", "sm_100", False, "1", "Gluon kernels are sm_90 only, this is sm_100"),
+    (dict(m=64), "decode", "sm_90", False, "1", "prefill only (M > 64): the decode pipeline"),
+    (dict(m=64), "prefill", "sm_90", False, "1", "prefill only (M > 64): the prefill pipeline"),
+    (dict(m=4096), "decode", "sm_90", False, "1", "prefill only (M > 64): the decode pipeline"),
+    (dict(family="rowcol_i8xi8_rcr_prefill"), "prefill", "sm_90", False, "1",
+     "fp8 rcr prefill only (fp8 e4m3 x e4m3, A row-major, B K-major), this is i8xi8 rcr"),
+    (dict(family="rowcol_bf8xbf8_rcr_prefill"), "prefill", "sm_90", False, "1", "this is bf8xbf8 rcr"),
+    (dict(family="rowcol_fp8xfp8_rrr_prefill"), "prefill", "sm_90", False, "1", "this is fp8xfp8 rrr"),
+    (dict(family="rowcol_fp8xfp8_ccr_prefill"), "prefill", "sm_90", False, "1", "this is fp8xfp8 ccr"),
+    (dict(family="abquant_fp8xfp8_rcr_prefill"), "prefill", "sm_90", False, "1",
+     "tensor and rowcol schemes only, this is abquant"),
+    (dict(has_acc=True), "prefill", "sm_90", False, "1", "no acc_in"),
+    (dict(fast_accum=True), "prefill", "sm_90", False, "1", "precise accumulation only"),
+    (dict(k=0), "prefill", "sm_90", False, "1", "K = 0"),
+    ({}, "prefill", "sm_90", False, "0", "TILEQ_GLUON=0 switches the Gluon kernel off"),
+    ({}, "prefill", "sm_90", False, None,
+     "the Gluon sm_90 kernel serves this problem but ships disabled until validated on a GPU: "
+     "TILEQ_GLUON=1 opts in"),
+])
+def test_triton_chosen_and_why(spec_kw, pipeline, arch, interpreted, env, reason):
+    impl = _impl(_spec(**spec_kw), pipeline, arch, interpreted, env)
+    assert impl.name == "triton"
+    assert reason in impl.reason
+
+
+def test_untested_triton_version(monkeypatch):
+    monkeypatch.setattr(select, "_triton_version", lambda: "3.7.0")
+    impl = _impl(_spec())
+    assert impl == select.Implementation(
+        "triton", "Gluon kernels are tested with Triton 3.6.0 only, this is 3.7.0")
+
+
+def test_switch_values():
+    assert select.gluon_switch(None) is None
+    assert select.gluon_switch(b"1") is True and select.gluon_switch(" 0 ") is False
+    with pytest.raises(UnsupportedError, match=r"TILEQ_GLUON: expected 0 or 1, got 'yes'"):
+        select.gluon_switch("yes")
+    assert not select.GLUON_DEFAULT_ON  # opt-in until the GPU tests below pass on an H200
+
+
+def test_gluon_config():
+    assert gluon_config(_spec(), 132) == GluonConfig(block_n=128, stages=6)
+    assert gluon_config(_spec(out_dtype=torch.float32), 132).stages == 5
+    # 1 x 40 tiles of 128 x 128 fill under half of 132 SMs: 128 x 64 tiles instead.
+    assert gluon_config(_spec(m=128), 132) == GluonConfig(block_n=64, stages=8)
+    for out in (torch.bfloat16, torch.float16, torch.float32):
+        for m in (65, 128, 4096):
+            cfg = gluon_config(_spec(m=m, out_dtype=out), 132)
+            assert smem_bytes(cfg, out) <= 232448 - 2048
+
+
+# ---- the plan and explain ------------------------------------------------------------------
+
+
+def _plan(monkeypatch, env, spec=None, arch="sm_90"):
+    from tileq import plan
+
+    monkeypatch.setattr(plan, "interpreter_active", lambda: False)  # as on a GPU
+    if env is None:
+        monkeypatch.delenv("TILEQ_GLUON", raising=False)
+    else:
+        monkeypatch.setenv("TILEQ_GLUON", env)
+    return plan.make_plan(spec or _spec(has_bias=True), torch.device("cuda"), backend="triton", arch=arch)
+
+
+@pytest.mark.filterwarnings("ignore:tileq. ignoring tuned table")  # the sm_90 table, planning sm_89
+def test_plan_records_the_implementation(monkeypatch):
+    p = _plan(monkeypatch, "1")
+    assert p.impl == "gluon" and p.gluon == GluonConfig(block_n=128, stages=6)
+    text = p.describe()
+    assert re.search(r"^impl      : gluon \(sm_90 warp-specialized kernel", text, re.M)
+    assert "gluon     : rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_sm90" in text
+    assert "(the Triton fallback)" in text
+    p = _plan(monkeypatch, None)
+    assert p.impl == "triton" and p.gluon is None
+    assert "impl      : triton (the Gluon sm_90 kernel serves this problem but ships disabled" in p.describe()
+    p = _plan(monkeypatch, "1", _spec(family="rowcol_i8xi8_rcr_prefill"))
+    assert "impl      : triton (fp8 rcr prefill only" in p.describe()
+    p = _plan(monkeypatch, "1", arch="sm_89")
+    assert "impl      : triton (Gluon kernels are sm_90 only, this is sm_89)" in p.describe()
+
+
+def test_forced_config_runs_the_triton_kernel(monkeypatch):
+    from tileq.catalog.config import TileConfig
+    from tileq.plan import with_config
+
+    p = with_config(_plan(monkeypatch, "1"), TileConfig(128, 128, 128, 8, 3))
+    assert p.impl == "triton" and p.gluon is None
+    assert "impl      : triton (a forced config of the portable kernel)" in p.describe()
+
+
+@needs_interpreter
+def test_interpreter_plans_never_choose_gluon(monkeypatch):
+    from tileq.plan import make_plan
+
+    monkeypatch.setenv("TILEQ_GLUON", "1")
+    p = make_plan(_spec(), torch.device("cpu"), backend="triton")
+    assert p.interpreted and p.impl == "triton"
+    assert "impl      : triton (the Triton interpreter runs the portable kernel" in p.describe()
+
+
+def test_explain_cli_prints_the_impl_line():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    cmd = [sys.executable, "-m", "tileq", "explain", "--scheme", "rowcol", "--a", "fp8", "--b", "fp8",
+           "--m", "4096", "--n", "5120", "--k", "5120", "--arch", "sm_90"]
+    for value, want in (("1", "impl      : gluon (sm_90 warp-specialized kernel"),
+                        ("0", "impl      : triton (TILEQ_GLUON=0 switches the Gluon kernel off)")):
+        out = subprocess.run(cmd, env=dict(env, TILEQ_GLUON=value), capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert want in out.stdout, out.stdout
+
+
+# ---- sm_90 machine code, compiled on the CPU -----------------------------------------------
+
+
+def _sass(cubin: bytes, tmp_path) -> str:
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    return subprocess.run([str(BIN / "nvdisasm"), "-c", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.mark.parametrize("out_dtype,bias,tma_store,m", [
+    (torch.bfloat16, True, True, 4096),
+    (torch.float32, False, False, 4096),
+    (torch.float16, False, True, 128),  # BN = 64, 8 stages
+])
+def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(out_dtype, bias, tma_store, m, tmp_path):
+    from tileq.kernels.gluon.launch import compile_sm90
+
+    spec = _spec(m=m, out_dtype=out_dtype, has_bias=bias,
+                 family="rowcol_fp8xfp8_rcr_prefill" if bias else "tensor_fp8xfp8_rcr_prefill")
+    cfg = gluon_config(spec, 132)
+    k = compile_sm90(spec, cfg, tma_store)
+    ptx = k.asm["ptx"]
+    # Each consumer's K tile: four m64nBNk32 e4m3 wgmmas, the first zero-initialized (scale-d 0).
+    assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{cfg.block_n}k32\.f32\.e4m3\.e4m3", ptx)) == 8
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx  # TMA loads
+    assert ("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx) is tma_store  # TMA stores
+    assert "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait.parity" in ptx
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)  # the producer warp
+    assert re.search(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+232;", ptx)  # the consumers
+    sass = _sass(k.asm["cubin"], tmp_path)
+    ops = re.findall(r"\b(QGMMA|UTMALDG|UTMASTG|USETMAXREG|SYNCS\.ARRIVE\.TRANS64[.A-Z0-9]*)", sass)
+    assert ops.count("QGMMA") == 8 and ops.count("UTMALDG") == 2
+    assert ops.count("UTMASTG") == (2 if tma_store else 0)
+    assert ops.count("USETMAXREG") >= 4
+    assert any(o.startswith("SYNCS.ARRIVE") for o in ops)
+    assert k.metadata.num_warps == 12  # 4 + 4 consumer warps, the producer warp padded to 4
+    assert k.metadata.shared <= 232448
+    usage = subprocess.run([str(BIN / "cuobjdump"), "-res-usage", str(tmp_path / "k.cubin")],
+                           capture_output=True, text=True).stdout
+    assert "STACK:0" in usage and "LOCAL:0" in usage  # no spills
+
+
+# ---- the launcher, against a stand-in kernel -----------------------------------------------
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch_(*args, **kwargs):
+            self.calls.append((grid, args, kwargs))
+
+        return launch_
+
+
+@pytest.fixture
+def gluon_plan_for(monkeypatch):
+    """A Gluon plan for CPU tensors (as make_plan gives on an H200) and a stand-in kernel."""
+    from tileq.kernels.gluon import launch as glaunch
+    from tileq.plan import _plan_cached
+    from tileq.problem import build_problem
+
+    rec = _Recorder()
+    monkeypatch.setitem(glaunch._gl(), "kernel", rec)
+
+    def make(spec, pad=0, seed=0, out=None):
+        args = make_args(spec, seed=seed, pad=pad)
+        problem = args.call(build_problem, out=out)
+        plan = _plan_cached(problem.spec, "triton", False, "sm_90", 132, False, None, None, "1")
+        assert plan.impl == "gluon"
+        return args, problem, plan
+
+    return rec, make
+
+
+def test_launcher_descriptors_and_constexprs(gluon_plan_for):
+    from tileq.kernels.launch import make_launch
+
+    rec, make = gluon_plan_for
+    _, problem, plan = make(_spec(m=300, n=577, k=859, has_bias=True), pad=5)  # lda = ldb = 864
+    gl_launch = make_launch(problem, plan)
+    assert type(gl_launch).__name__ == "GluonLaunch" and gl_launch.usable
+    gl_launch(problem.a, problem.b, problem.a_scale, problem.b_scale, problem.bias, None, None)
+    (grid, args, kwargs), = rec.calls
+    cfg = plan.gluon
+    assert cfg == GluonConfig(block_n=64, stages=8)  # 3 x 5 tiles of 128 x 128 fill few SMs
+    assert grid == (3 * 10,)
+    a_desc, b_desc, c_desc, out = args[:4]
+    assert (a_desc.shape, a_desc.strides, a_desc.block_shape) == ([300, 859], [864, 1], [128, 128])
+    assert (b_desc.shape, b_desc.strides, b_desc.block_shape) == ([577, 859], [864, 1], [64, 128])
+    assert a_desc.base.data_ptr() == problem.a.data_ptr() and b_desc.base.data_ptr() == problem.b.data_ptr()
+    # N = 577 bf16 rows are 1154 bytes: no TMA store, masked stores.
+    assert c_desc is None and kwargs["TMA_STORE"] is False and out.shape == (300, 577)
+    assert args[7:] == (300, 577, 859, 577, 1, 0, 0, 1)  # M N K ldc, scale strides
+    assert kwargs["A_SCALE"] == "vector" and kwargs["B_SCALE"] == "vector" and kwargs["HAS_BIAS"]
+    assert (kwargs["num_warps"], kwargs["maxnreg"], kwargs["STAGES"], kwargs["BN"]) == (4, 168, 8, 64)
+    assert (kwargs["CONSUMER_REGS"], kwargs["PRODUCER_REGS"]) == (232, 40)
+    # An out= with 16-byte aligned rows is written by TMA stores through a [64, BN] descriptor.
+    out = torch.empty(300, 584, dtype=torch.bfloat16)[:, :577]
+    _, problem, plan = make(_spec(m=300, n=577, k=859), pad=5, out=out)
+    make_launch(problem, plan)(problem.a, problem.b, problem.a_scale, problem.b_scale, None, None, out)
+    _, args, kwargs = rec.calls[-1]
+    assert kwargs["TMA_STORE"] is True and args[3] is out
+    assert (args[2].shape, args[2].strides, args[2].block_shape) == ([300, 577], [584, 1], [64, 64])
+
+
+@needs_interpreter
+def test_launcher_falls_back_to_the_triton_kernel(gluon_plan_for):
+    """Unaligned rows: the Triton launch for the signature; an unaligned base pointer: the Triton
+    kernel for that call. Both compute the reference's result (the interpreter runs them here)."""
+    from tileq.kernels.launch import GemmLaunch, make_launch
+
+    rec, make = gluon_plan_for
+    args, problem, plan = make(_spec(m=70, n=40, k=72))  # lda = ldb = 72: 72 % 16 != 0
+    assert type(make_launch(problem, plan)) is GemmLaunch
+    args, problem, plan = make(_spec(m=70, n=40, k=64), seed=3)
+    launch = make_launch(problem, plan)
+    a = problem.a
+    shifted = torch.empty(a.numel() + 16, dtype=torch.uint8)[1:1 + a.numel()].view(a.dtype).view(a.shape)
+    shifted.copy_(a)
+    assert shifted.data_ptr() % 16 and shifted.stride() == a.stride()
+    got = launch(shifted, problem.b, problem.a_scale, problem.b_scale, None, None, None)
+    assert not rec.calls
+    check_close(got, args.call(tileq.gemm, backend="reference"), torch.bfloat16)
+    launch(a, problem.b, problem.a_scale, problem.b_scale, None, None, None)
+    assert len(rec.calls) == 1
+
+
+@needs_interpreter
+def test_call_cache_keys_on_the_switch(monkeypatch):
+    spec = _spec(m=70, n=40, k=64)
+    args = make_args(spec, seed=1)
+    api.clear_call_cache()
+    try:
+        for env in ("0", "1"):
+            monkeypatch.setenv("TILEQ_GLUON", env)
+            args.call(tileq.gemm, backend="triton")
+        assert len(api._CALLS) == 2
+    finally:
+        api.clear_call_cache()
+
+
+# ---- GPU: the kernel against the reference (sm_90) -----------------------------------------
+
+_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not _SM90, reason="needs an sm_90 GPU")(test))
+
+
+@pytest.fixture
+def gluon_on(monkeypatch):
+    """TILEQ_GLUON=1 and a count of the Gluon kernel's launches."""
+    from tileq.kernels.gluon import launch as glaunch
+
+    monkeypatch.setenv("TILEQ_GLUON", "1")
+    api.clear_call_cache()
+    real = glaunch._gl()["kernel"]
+    launches = []
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setitem(glaunch._gl(), "kernel", Counting())
+    yield launches
+    api.clear_call_cache()
+
+
+def _run(spec, *, pad=0, out=None, seed=0):
+    args = make_args(spec, seed=seed, device="cuda", pad=pad)
+    if out is None:
+        out = torch.full((spec.m, spec.n), float("nan"), dtype=spec.out_dtype, device="cuda")
+    got = args.call(tileq.gemm, out=out)
+    want = args.call(tileq.gemm, backend="reference")
+    torch.cuda.synchronize()
+    check_close(got, want, spec.out_dtype)
+    return args, got
+
+
+ODD_SHAPES = [(fam, m, n, k) for fam in ("rowcol_fp8xfp8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill")
+              for m in ((65, 127, 300, 727, 4096) if fam.startswith("rowcol") else (65, 727))
+              for n in (577, 5120) for k in (859, 5120)]
+
+
+@gpu
+@pytest.mark.parametrize("family,m,n,k", ODD_SHAPES)
+def test_gpu_odd_shapes(family, m, n, k, gluon_on):
+    # Leading dimensions padded to multiples of 16 (TMA's row alignment): the K tail, M and N
+    # edges are then zero-filled by TMA; N = 577 bf16 rows take the masked-store epilogue.
+    pad = (-k) % 16
+    _run(_spec(family, m, n, k, has_bias=True), pad=pad, seed=m + n + k)
+    assert len(gluon_on) == 1
+
+
+@gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n,ld", [(577, 584), (5120, 5120)])
+def test_gpu_out_and_dtypes(out_dtype, n, ld, gluon_on):
+    """out= views with 16-byte aligned rows (TMA stores clipped at N), every output dtype."""
+    spec = _spec(m=300, n=n, k=1024, out_dtype=out_dtype)
+    out = torch.full((300, ld), float("nan"), dtype=out_dtype, device="cuda")[:, :n]
+    _, got = _run(spec, out=out)
+    assert got is out and len(gluon_on) == 1
+
+
+@gpu
+def test_gpu_long_k_precise_accumulation(gluon_on):
+    """fp32 output at K = 17408: promoted every 128 of K, as accurate as the Triton kernel."""
+    _run(_spec(m=256, n=1024, k=17408, out_dtype=torch.float32), seed=7)
+    assert len(gluon_on) == 1
+
+
+@gpu
+def test_gpu_fallbacks(gluon_on):
+    """Unaligned rows (contiguous K = 859) and an unaligned base pointer run the Triton kernel."""
+    _run(_spec(m=300, n=577, k=859))
+    assert not gluon_on
+    spec = _spec(m=300, n=512, k=1024)
+    args = make_args(spec, seed=2, device="cuda")
+    buf = torch.empty(300 * 1024 + 16, dtype=torch.uint8, device="cuda")
+    a = buf[1:1 + 300 * 1024].view(torch.float8_e4m3fn).view(300, 1024)
+    a.copy_(args.a)
+    got = tileq.gemm(a, args.b, args.a_scale, args.b_scale, scheme="rowcol")
+    check_close(got, args.call(tileq.gemm, backend="reference"), torch.bfloat16)
+    assert not gluon_on
+    args.call(tileq.gemm)
+    assert len(gluon_on) == 1
+
+
+@gpu
+def test_gpu_deterministic_and_linear(gluon_on):
+    spec = _spec(m=1000, n=2048, k=4096, has_bias=True)
+    args = make_args(spec, seed=3, device="cuda")
+    first = args.call(tileq.gemm)
+    for _ in range(3):
+        assert torch.equal(args.call(tileq.gemm), first)
+    y = tileq.linear(args.a, args.b.t(), args.a_scale, args.b_scale, scheme="rowcol", bias=args.kwargs["bias"])
+    assert torch.equal(y, first)
+    assert len(gluon_on) == 5
+
+
+@gpu
+def test_gpu_cuda_graph_capture(gluon_on):
+    spec = _spec(m=512, n=4096, k=4096, has_bias=True)
+    args = make_args(spec, seed=4, device="cuda")
+    out = torch.empty(512, 4096, dtype=torch.bfloat16, device="cuda")
+    for _ in range(2):
+        args.call(tileq.gemm, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        args.call(tileq.gemm, out=out)
+    fresh = make_args(spec, seed=5, device="cuda")
+    args.a.copy_(fresh.a)
+    args.b.copy_(fresh.b)
+    args.a_scale.copy_(fresh.a_scale)
+    args.b_scale.copy_(fresh.b_scale)
+    args.kwargs["bias"].copy_(fresh.kwargs["bias"])
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_close(out, fresh.call(tileq.gemm, backend="reference"), torch.bfloat16)
+    assert len(gluon_on) == 3
