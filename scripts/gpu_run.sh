@@ -2,7 +2,7 @@
 # One GPU call: environment, GPU tests, tuning sweeps and benchmarks, logs and CSV under $OUT.
 #   bash scripts/gpu_run.sh [tests] [flush-check] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode]
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
-#                          [tests-model] [layerbench] [e2e] [e2e-small]
+#                          [tests-model] [layerbench] [e2e] [e2e-small] [tests-gluon] [bench-gluon]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
 #              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench).
@@ -31,6 +31,13 @@ for step in "${steps[@]}"; do
       # Hugging Face models, checkpoint formats (every test file's gpu-marked tests but the kernels').
       python3 -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/ --ignore=tests/test_gpu.py \
         --ignore=tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests_model.log" ;;
+    tests-gluon)
+      # The sm_90 Gluon prefill kernel (opt-in, TILEQ_GLUON=1 inside the tests) against the reference.
+      python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
+        | tail -40 | tee "$OUT/tests_gluon.log" ;;
+    bench-gluon)
+      # Gluon vs the Triton kernel vs cuBLASLt, fp8 rowcol prefill: table and $OUT/gluon.csv.
+      python3 scripts/gluon_bench.py --out "$OUT" 2>&1 | tee "$OUT/bench_gluon.log" | tail -45 ;;
     layerbench)
       python3 -m tileq layerbench --out "$OUT/layers" ${LAYER_ARGS:-} 2>&1 | tail -60 | tee "$OUT/layerbench.log" ;;
     e2e)

@@ -1,0 +1,200 @@
+"""Time the sm_90 Gluon fp8 prefill kernel against the portable Triton kernel and cuBLASLt.
+
+    OUT=/tmp/tileq-out PYTHONPATH=src python3 scripts/gluon_bench.py
+
+fp8 e4m3 rowcol (per-token x per-channel scales), rcr, bf16 output, precise accumulation, at
+M in {128, 256, 512, 1024, 4096, 8192} x (N, K) in {(5120, 5120), (17408, 5120), (5120, 17408),
+(4096, 4096), (14336, 4096)}. Per problem, shape by shape: every implementation's output is
+checked against tileq's reference first (a failing one is reported and not timed), then the Gluon
+kernel, the Triton kernel (the planner's config: tuned table or heuristic) and
+torch._scaled_mm (row-wise scales, bf16 out, use_fast_accum=False: cuBLASLt) are timed as
+CUDA-graph replays with the L2 flushed before every run (tileq.bench.timing). Prints a table
+(TFLOP/s, ratios to cuBLASLt) and writes $OUT/gluon.csv. About 1-2 minutes on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+import traceback
+from dataclasses import replace
+
+import torch
+
+M_DEFAULT = "128,256,512,1024,4096,8192"
+NK_DEFAULT = "5120x5120,17408x5120,5120x17408,4096x4096,14336x4096"
+FIELDS = ["m", "n", "k", "impl", "config", "ms", "tflops", "vs_cublaslt", "max_rel_err", "note"]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _nks(text: str) -> list[tuple[int, int]]:
+    return [tuple(int(v) for v in x.split("x")) for x in text.split(",") if x]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--m", default=M_DEFAULT, help=f"comma-separated M values (default {M_DEFAULT})")
+    p.add_argument("--nk", default=NK_DEFAULT, help=f"comma-separated NxK (default {NK_DEFAULT})")
+    p.add_argument("--runs", type=int, default=30, help="timed graph replays per implementation")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--bn", type=int, choices=(64, 128), default=None, help="force the Gluon BN")
+    p.add_argument("--stages", type=int, default=None, help="force the Gluon ring depth")
+    p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tileq-out"), help="folder for gluon.csv")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("gluon_bench: needs a CUDA GPU", file=sys.stderr)
+        return 2
+
+    import triton
+
+    import tileq
+    from tileq.bench.timing import Timer, TimingConfig
+    from tileq.catalog.families import family_spec
+    from tileq.catalog.names import parse_family
+    from tileq.kernels.gluon import launch as glaunch
+    from tileq.kernels.gluon.launch import GluonLaunch
+    from tileq.kernels.launch import make_launch
+    from tileq.plan import make_plan
+    from tileq.problem import build_problem
+    from tileq.testing import check_close, make_args
+
+    device = torch.device("cuda")
+    props = torch.cuda.get_device_properties(device)
+    print(f"{props.name} sm_{props.major}{props.minor}, torch {torch.__version__}, triton {triton.__version__}")
+    timer = Timer(device, TimingConfig(warmup=args.warmup, runs=args.runs, flush="read", graphs=True))
+    print(timer.describe())
+    os.makedirs(args.out, exist_ok=True)
+    csv_path = os.path.join(args.out, "gluon.csv")
+    fam = parse_family("rowcol_fp8xfp8_rcr_prefill")
+
+    # Count the Gluon kernel's launches: a call the launcher hands to the Triton fallback would
+    # otherwise be timed as "gluon".
+    real_kernel = glaunch._gl()["kernel"]
+    gluon_launches = []
+
+    class Counting:
+        def __getitem__(self, grid):
+            gluon_launches.append(grid)
+            return real_kernel[grid]
+
+    glaunch._gl()["kernel"] = Counting()
+
+    def plan_with(spec, switch: str):
+        os.environ["TILEQ_GLUON"] = switch
+        try:
+            return make_plan(spec, device)
+        finally:
+            os.environ.pop("TILEQ_GLUON", None)
+
+    rows = []
+    t_start = time.time()
+    header = (f"{'M':>5} {'N':>6} {'K':>6} | {'gluon':>7} {'triton':>7} {'cublasLt':>8} TFLOP/s | "
+              f"{'gluon/cuBLASLt':>14} {'triton/cuBLASLt':>15} | gluon config")
+    print(header)
+    print("-" * len(header))
+    for n, k in _nks(args.nk):
+        for m in _ints(args.m):
+            spec = family_spec(fam, m, n, k)
+            data = make_args(spec, seed=m + n + k, device="cuda")
+            problem = data.call(build_problem)
+            a, b, sa, sb = problem.a, problem.b, problem.a_scale, problem.b_scale
+            ref = data.call(tileq.gemm, backend="reference")
+            flops = 2.0 * m * n * k
+            results = {}
+
+            plan_g = plan_with(spec, "1")
+            if plan_g.impl == "gluon":
+                if args.bn or args.stages:
+                    plan_g = replace(plan_g, gluon=replace(plan_g.gluon, block_n=args.bn or plan_g.gluon.block_n,
+                                                           stages=args.stages or plan_g.gluon.stages))
+                launch_g = make_launch(problem, plan_g)
+                config_g = plan_g.gluon.tag
+            else:
+                launch_g, config_g = None, f"not chosen: {plan_g.impl_reason}"
+            plan_t = plan_with(spec, "0")
+            launch_t = make_launch(problem, plan_t)
+            out_g = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+            out_t = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+            calls = {
+                "gluon": (lambda: launch_g(a, b, sa, sb, None, None, out_g)) if launch_g is not None else None,
+                "triton": lambda: launch_t(a, b, sa, sb, None, None, out_t),
+                # cuBLASLt: row-wise scales [M, 1] x [1, N] fp32, B column-major, precise accumulation.
+                "cublaslt": lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                                     use_fast_accum=False),
+            }
+            configs = {"gluon": config_g, "triton": plan_t.instance.config.tag, "cublaslt": "torch._scaled_mm"}
+            for impl, fn in calls.items():
+                row = dict(m=m, n=n, k=k, impl=impl, config=configs[impl], ms="", tflops="", vs_cublaslt="",
+                           max_rel_err="", note="")
+                results[impl] = row
+                if fn is None:
+                    row["note"] = "Gluon kernel not chosen"
+                    continue
+                if impl == "gluon" and not isinstance(launch_g, GluonLaunch):
+                    row["note"] = "TMA cannot read these operands: the Triton fallback would run"
+                    continue
+                try:
+                    before = len(gluon_launches)
+                    got = fn()
+                    torch.cuda.synchronize()
+                    if impl == "gluon" and len(gluon_launches) == before:
+                        row["note"] = "the call fell back to the Triton kernel"
+                        continue
+                    stats = check_close(got, ref, torch.bfloat16)
+                    row["max_rel_err"] = f"{stats['max_rel']:.2e}"
+                except Exception as e:  # noqa: BLE001 - report and go on: one failure must not hide the rest
+                    row["note"] = f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                    if os.environ.get("GLUON_BENCH_TRACE"):
+                        traceback.print_exc()
+                    continue
+            for impl, fn in calls.items():  # timed only after every output was checked
+                row = results[impl]
+                if fn is None or row["note"]:
+                    continue
+                try:
+                    ms = timer.measure(fn).median_ms
+                except Exception as e:  # noqa: BLE001
+                    row["note"] = f"FAILED timing: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                    continue
+                row["ms"] = f"{ms:.4f}"
+                row["tflops"] = f"{flops / ms / 1e9:.1f}"
+            base = results["cublaslt"]["tflops"]
+            for row in results.values():
+                if row["tflops"] and base:
+                    row["vs_cublaslt"] = f"{float(row['tflops']) / float(base):.3f}"
+                rows.append(row)
+
+            def tf(impl):
+                return results[impl]["tflops"] or "-"
+
+            def ratio(impl):
+                return results[impl]["vs_cublaslt"] or "-"
+
+            notes = "; ".join(f"{i}: {r['note']}" for i, r in results.items() if r["note"])
+            print(f"{m:>5} {n:>6} {k:>6} | {tf('gluon'):>7} {tf('triton'):>7} {tf('cublaslt'):>8}         | "
+                  f"{ratio('gluon'):>14} {ratio('triton'):>15} | {config_g}" + (f"  [{notes}]" if notes else ""),
+                  flush=True)
+            with open(csv_path, "w", newline="") as f:  # rewritten per problem: a cut run keeps its rows
+                w = csv.DictWriter(f, fieldnames=FIELDS)
+                w.writeheader()
+                w.writerows(rows)
+            del data, problem, a, b, ref, out_g, out_t
+    glaunch._gl()["kernel"] = real_kernel
+    ok = [r for r in rows if r["impl"] == "gluon" and r["vs_cublaslt"]]
+    if ok:
+        ratios = sorted(float(r["vs_cublaslt"]) for r in ok)
+        print(f"gluon / cuBLASLt: min {ratios[0]:.3f}, median {ratios[len(ratios) // 2]:.3f}, "
+              f"max {ratios[-1]:.3f} over {len(ok)} problems")
+    failed = [r for r in rows if r["note"].startswith("FAILED")]
+    print(f"{len(rows)} rows -> {csv_path} ({time.time() - t_start:.0f} s); {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
