@@ -94,7 +94,7 @@ SENTENCES = [
     "She plays the violin beautifully.",
 ]
 # Minimum mean cosine similarity of sentence embeddings against the unquantized model.
-MINILM_MIN = {"A8W8": 0.99, "FP8Row": 0.99, "FP8Block": 0.99, "W8A16": 0.99, "W4A16": 0.97, "W4A8": 0.97}
+MINILM_MIN = {"A8W8": 0.99, "FP8Row": 0.99, "FP8Block": 0.99, "W8A16": 0.99, "W4A16": 0.95, "W4A8": 0.95}
 
 
 @pytest.fixture(scope="module")

@@ -85,7 +85,7 @@ class QuantLinear(nn.Module):
         c = config
         granularity = c.weight_granularity
         qw, sw = quantize_weight(w, c.weight_dtype, granularity=granularity, group_k=c.group_k,
-                                 group_n=c.group_n)
+                                 group_n=c.group_n, clip_search=c.weight_dtype == "int4")
         layer.weight.copy_(qw.data if isinstance(qw, PackedInt4) else qw)
         layer.weight_scale.copy_(sw.reshape(layer.weight_scale.shape))
         if linear.bias is not None:
