@@ -43,7 +43,7 @@ for step in "${steps[@]}"; do
     e2e)
       python3 -m tileq e2e --out "$OUT/e2e" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log" | tail -40 ;;
     e2e-small)
-      python3 -m tileq e2e --out "$OUT/e2e_small" --layers 2 --small --tokens 16 --eager-tokens 4 --prompt 64 \
+      python3 -m tileq e2e --out "$OUT/e2e_small" --layers 2 --tokens 16 --eager-tokens 4 --prompt 64 \
         ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_small.log" | tail -40 ;;
     flush-check)
       python3 scripts/flush_check.py 2>&1 | tee "$OUT/flush_check.log" ;;

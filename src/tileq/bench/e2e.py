@@ -56,18 +56,20 @@ def build_model(layers: int, device, seed: int, small: bool = False):
 
 
 def quantize_model(model, name: str, fuse: bool):
-    """Apply config ``name`` (and the fused decoder path when ``fuse``); returns a summary line."""
-    if name == "bf16":
+    """Apply config ``name`` ('A8W8', ...; 'A8W8:fused' adds the fused decoder path of
+    integrations.hf, as ``fuse`` does for every config); returns a summary line."""
+    base, _, variant = name.partition(":")
+    if base == "bf16":
         return "bf16 (unquantized)"
     from ..nn import config_from_name, quantize_
 
-    summary = quantize_(model, config_from_name(name))
+    summary = quantize_(model, config_from_name(base))
     line = f"{len(summary.converted)} layers quantized, {len(summary.skipped)} kept"
-    if fuse:
+    if fuse or variant == "fused":
         from ..integrations.hf import fuse_decoder_
 
         fs = fuse_decoder_(model)
-        line += f"; {fs}".splitlines()[0] if str(fs) else ""
+        line += f"; fused decoder layers: {len(fs.fused)}, kept: {len(fs.kept)}"
     return line
 
 
@@ -322,9 +324,11 @@ def plot(rows: list[dict], path: Path) -> None:
 def run(args) -> int:
     if not torch.cuda.is_available():
         raise UnsupportedError(expect("tileq e2e", "a CUDA GPU", "no CUDA device"))
-    bad = [c for c in args.configs if c not in ALL_CONFIGS]
+    bad = [c for c in args.configs if c.partition(":")[0] not in ALL_CONFIGS
+           or c.partition(":")[2] not in ("", "fused")]
     if bad:
-        raise UnsupportedError(expect("--configs", f"names from {', '.join(ALL_CONFIGS)}", ",".join(bad)))
+        raise UnsupportedError(expect("--configs", f"names from {', '.join(ALL_CONFIGS)}, each optionally "
+                                                   "with ':fused'", ",".join(bad)))
     if "bf16" not in args.configs:
         args.configs.insert(0, "bf16")
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
@@ -359,7 +363,7 @@ def register_cli(sub) -> None:
     p = sub.add_parser("e2e", help="decode a Qwen3-14B-shaped transformers model: bf16 vs tileq configs (GPU)")
     p.add_argument("--layers", type=int, default=40, help="decoder layers (40 = Qwen3-14B)")
     p.add_argument("--configs", type=lambda s: s.split(","), default=list(ALL_CONFIGS),
-                   help=f"comma list from {','.join(ALL_CONFIGS)}")
+                   help=f"comma list from {','.join(ALL_CONFIGS)}; NAME:fused adds the fused decoder path")
     p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 16])
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--tokens", type=int, default=128, help="tokens per TPOT with CUDA graphs")

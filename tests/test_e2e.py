@@ -1,0 +1,47 @@
+"""tileq e2e's CPU-checkable parts: refusal without a GPU, config parsing, the model build and
+quantization on a small model, the report's table."""
+
+import argparse
+
+import pytest
+import torch
+
+import tileq.cli
+from tileq.bench import e2e
+
+pytest.importorskip("transformers")
+
+
+def test_e2e_needs_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    assert tileq.cli.main(["e2e", "--layers", "1"]) == 2
+    assert "tileq e2e: expected a CUDA GPU" in capsys.readouterr().err
+
+
+def test_quantize_model_variants_on_a_small_model():
+    model = e2e.build_model(1, torch.device("cpu"), seed=0, small=True)
+    assert model.config.hidden_size == 640 and next(model.parameters()).dtype == torch.bfloat16
+    assert e2e.quantize_model(model, "bf16", fuse=False) == "bf16 (unquantized)"
+    line = e2e.quantize_model(model, "A8W8:fused", fuse=False)
+    assert line.startswith("7 layers quantized, 1 kept") and "fused decoder layers: 1" in line
+    ids = torch.randint(0, 4096, (1, 5))
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits).all()
+
+
+def test_report_table(monkeypatch):
+    rows = [dict(config="bf16", layers=2, metric="ttft_ms", batch=1, value=40.0, setup="bf16"),
+            dict(config="bf16", layers=2, metric="tpot_graph_ms", batch=1, value=10.0, setup="bf16"),
+            dict(config="bf16", layers=2, metric="tpot_eager_ms", batch=1, value=60.0, setup="bf16"),
+            dict(config="A8W8", layers=2, metric="ttft_ms", batch=1, value=30.0, setup="q",
+                 logits_cos=0.999, top1_match=1.0),
+            dict(config="A8W8", layers=2, metric="tpot_graph_ms", batch=1, value=5.0, setup="q"),
+            dict(config="A8W8", layers=2, metric="tpot_eager_ms", batch=1, value=63.0, setup="q"),
+            dict(config="A8W8", layers=2, metric="quant_share", batch=1, value=0.05, setup="q")]
+    args = argparse.Namespace(layers=2, small=False, prompt=512, tokens=128, eager_tokens=32, fuse=False,
+                              configs=["bf16", "A8W8"], batches=[1])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "no GPU")  # the header names the GPU
+    md = e2e.report(rows, args)
+    assert "| A8W8 | 30.00 | 5.00 | 0.50 | 63.00 | 1.05 | 5.0% |" in md
+    assert "| bf16 | 40.00 | 10.00 | 1.00 | 60.00 | 1.00 |" in md
