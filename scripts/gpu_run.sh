@@ -30,7 +30,7 @@ for step in "${steps[@]}"; do
       # The model layer's GPU tests: activation quantization, QuantLinear, custom ops, CUDA graphs,
       # Hugging Face models, checkpoint formats (every test file's gpu-marked tests but the kernels').
       python3 -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/ --ignore=tests/test_gpu.py \
-        --ignore=tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests_model.log" ;;
+        --ignore=tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$OUT/tests_model.log" | tail -40 ;;
     tests-gluon)
       # The sm_90 Gluon prefill kernel (opt-in, TILEQ_GLUON=1 inside the tests) against the reference.
       python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \

@@ -116,7 +116,7 @@ def measure_tpot(model, prompt, tokens: int, eager_tokens: int, graphs: bool) ->
     out = {}
     cache = _cache(model, prompt.shape[0], prompt.shape[1] + eager_tokens + tokens + 16)
     tok = _prefill(model, cache, prompt)
-    for _ in range(2):  # warm-up steps: kernels compiled, launch caches filled
+    for _ in range(4):  # warm-up steps: kernels compiled, launch caches filled
         tok = _step(model, cache, tok)
     torch.cuda.synchronize()
     start, end = _events()

@@ -85,7 +85,45 @@ def measure(ms, configs, timer: Timer, copy_tbs: float) -> list[dict]:
     return rows
 
 
-FIELDS = ["shape", "m", "k", "n", "config", "part", "us", "vs_bf16", "floor_us", "vs_floor"]
+def act_quant_sweep(ks, ms, timer: Timer, hot: Timer, copy_tbps: float) -> list[dict]:
+    """The row quantization's heuristic at large M, A/B in one run: LARGE_M off (16 warps per
+    row) against elements-per-thread settings; and, at small M, the in-model cost of one call:
+    20 back-to-back calls on L2-resident activations (a layer's input was just written by the
+    kernel before it), per call."""
+    from .. import activation
+    from ..kernels import act_quant
+
+    dev = torch.device("cuda")
+    rows = []
+    saved = (act_quant.LARGE_M, act_quant.LARGE_M_ELEMS_PER_THREAD)
+    try:
+        for k in ks:
+            for m in ms:
+                x = torch.randn(m, k, device=dev).to(torch.bfloat16)
+                floor = _quant_bytes(m, k, "row") / (copy_tbps * 1e12) * 1e6
+                variants = [("16 warps/row", 1 << 30, 64)] + [(f"{e} elems/thread", 1, e) for e in (32, 64, 128)]
+                if m < 256:
+                    variants = [("default", *saved)]
+                for label, large_m, ept in variants:
+                    act_quant.LARGE_M, act_quant.LARGE_M_ELEMS_PER_THREAD = large_m, ept
+                    activation._CACHE.clear()
+                    fn = lambda: activation.quantize_activation(x, "int8")  # noqa: E731
+                    cold = timer.measure(fn).median_ms * 1e3
+                    row = dict(shape=f"act_quant K={k}", m=m, k=k, n=0, config="int8 row", part=label,
+                               us=cold, floor_us=floor, vs_floor=cold / floor)
+                    if m < 256:
+                        calls = 20
+                        burst = hot.measure(lambda: [fn() for _ in range(calls)]).median_ms * 1e3 / calls
+                        row["part"] = f"{label}; in-model {burst:.2f} us/call (hot L2, back to back)"
+                        row["us_hot"] = burst
+                    rows.append(row)
+    finally:
+        act_quant.LARGE_M, act_quant.LARGE_M_ELEMS_PER_THREAD = saved
+        activation._CACHE.clear()
+    return rows
+
+
+FIELDS = ["shape", "m", "k", "n", "config", "part", "us", "vs_bf16", "floor_us", "vs_floor", "us_hot"]
 
 
 def run(args) -> int:
@@ -94,7 +132,10 @@ def run(args) -> int:
     dev = torch.device("cuda")
     timer = Timer(dev, TimingConfig(warmup=10, runs=args.runs, flush="read", graphs=True))
     copy = copy_tbps(dev)
-    rows = measure(args.m, args.configs, timer, copy)
+    hot = Timer(dev, TimingConfig(warmup=5, runs=args.runs, flush="none", graphs=True))
+    rows = act_quant_sweep((5120, 17408), (1, 16, 4096), timer, hot, copy)
+    if not args.act_only:
+        rows += measure(args.m, args.configs, timer, copy)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "layers.csv", "w", newline="") as f:
@@ -118,5 +159,6 @@ def register_cli(sub) -> None:
     p.add_argument("--m", type=lambda s: [int(v) for v in s.split(",")], default=[1, 16, 4096])
     p.add_argument("--configs", type=lambda s: s.split(","), default=list(CONFIGS))
     p.add_argument("--runs", type=int, default=50)
+    p.add_argument("--act-only", action="store_true", help="only the activation-quantization sweep")
     p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/layers")
     p.set_defaults(func=run)

@@ -39,6 +39,11 @@ LOOP_CHUNK = 8192
 # (designed, not yet measured: to be checked on the H200).
 ELEMS_PER_THREAD = 16
 MAX_WARPS = 16
+# From this many rows on, row programs get fewer warps (about 64 elements per thread): with 16
+# warps a program per row left 2-4 programs per SM and the row kernel at M = 4096 ran at 2.1-2.5x
+# its byte floor (H200, 2026-12-01); fewer warps let many programs stream at once.
+LARGE_M = 256
+LARGE_M_ELEMS_PER_THREAD = 64
 # A 'group' program covers about this many elements (several groups), so that small M still
 # spreads over many SMs: K = 17408 with groups of 128 makes 9 programs per row.
 GROUP_TILE_ELEMS = 2048
@@ -91,7 +96,9 @@ def _split(n: int) -> tuple[int, int]:
     return (head, tail) if head + tail < single else (single, 0)
 
 
-def _warps(elems: int) -> int:
+def _warps(elems: int, m: int = 1) -> int:
+    if m >= LARGE_M:
+        return min(MAX_WARPS, max(1, _pow2_floor(-(-elems // (32 * LARGE_M_ELEMS_PER_THREAD)))))
     return min(MAX_WARPS, _pow2_ceil(-(-elems // (32 * ELEMS_PER_THREAD))))
 
 
@@ -104,9 +111,10 @@ def _groups_per_program(n_groups: int, gp: int) -> int:
     return gpp
 
 
-def act_quant_config(k: int, granularity: str, group_k: int, *, fused: bool = False) -> ActQuantConfig:
-    """The deterministic heuristic (K >= 1). Raises UnsupportedError where the kernels have no
-    layout: groups wider than MAX_REGISTER_ELEMS, a fused row longer than it."""
+def act_quant_config(k: int, granularity: str, group_k: int, *, fused: bool = False,
+                     m: int = 1) -> ActQuantConfig:
+    """The deterministic heuristic (K >= 1; ``m`` rows). Raises UnsupportedError where the kernels
+    have no layout: groups wider than MAX_REGISTER_ELEMS, a fused row longer than it."""
     if granularity == "group":
         gp = _pow2_ceil(min(group_k, k))
         n_groups = -(-k // group_k)
@@ -126,7 +134,8 @@ def act_quant_config(k: int, granularity: str, group_k: int, *, fused: bool = Fa
         raise UnsupportedError(expect(
             "x", f"rows (fused) or groups of at most {MAX_REGISTER_ELEMS} elements for the Triton "
             "kernel (they are held in registers); use backend='reference'", what))
-    return ActQuantConfig(cfg.hr, cfg.hc, cfg.tr, cfg.tc, 0, _warps(cfg.elems), cfg.grid_k)
+    rows = m if (granularity != "group" or fused) else 1  # group programs are already small
+    return ActQuantConfig(cfg.hr, cfg.hc, cfg.tr, cfg.tc, 0, _warps(cfg.elems, rows), cfg.grid_k)
 
 
 def config_ok(cfg: ActQuantConfig, k: int, granularity: str, group_k: int) -> bool:
@@ -165,7 +174,7 @@ class ActQuantLaunch:
     def __init__(self, *, x_shape, device, m: int, k: int, row_stride: int, x_dtype, otype,
                  granularity: str, group_k: int, s_shape, s_strides, scale_dtype, scale_val: float,
                  interpreted: bool):
-        cfg = act_quant_config(k, granularity, group_k)
+        cfg = act_quant_config(k, granularity, group_k, m=m)
         grouped = granularity == "group"
         self.q_shape, self.q_dtype = tuple(x_shape), otype.torch_dtype
         self.s_shape, self.s_strides, self.device = tuple(s_shape), tuple(s_strides), device
@@ -205,7 +214,7 @@ class AddRmsNormQuantLaunch:
     def __init__(self, *, x_shape, device, m: int, k: int, x_stride: int, r_stride: int | None,
                  x_dtype, otype, granularity: str, group_k: int, s_shape, s_strides, eps: float,
                  interpreted: bool):
-        cfg = act_quant_config(k, granularity, group_k, fused=True)
+        cfg = act_quant_config(k, granularity, group_k, fused=True, m=m)
         grouped = granularity == "group"
         self.q_shape, self.q_dtype, self.x_dtype = tuple(x_shape), otype.torch_dtype, x_dtype
         self.s_shape, self.s_strides, self.device = tuple(s_shape), tuple(s_strides), device
