@@ -1,15 +1,20 @@
-"""Time the sm_90 Gluon fp8 prefill kernel against the portable Triton kernel and cuBLASLt.
+"""Time the sm_90 Gluon prefill kernel against the portable Triton kernel and cuBLAS(Lt).
 
-    OUT=/tmp/tileq-out PYTHONPATH=src python3 scripts/gluon_bench.py
+    OUT=/tmp/tileq-out PYTHONPATH=src python3 scripts/gluon_bench.py [--scheme rowcol|abquant|int8]
 
-fp8 e4m3 rowcol (per-token x per-channel scales), rcr, bf16 output, precise accumulation, at
-M in {128, 256, 512, 1024, 4096, 8192} x (N, K) in {(5120, 5120), (17408, 5120), (5120, 17408),
-(4096, 4096), (14336, 4096)}. Per problem, shape by shape: every implementation's output is
-checked against tileq's reference first (a failing one is reported and not timed), then the Gluon
-kernel, the Triton kernel (the planner's config: tuned table or heuristic) and
-torch._scaled_mm (row-wise scales, bf16 out, use_fast_accum=False: cuBLASLt) are timed as
-CUDA-graph replays with the L2 flushed before every run (tileq.bench.timing). Prints a table
-(TFLOP/s, ratios to cuBLASLt) and writes $OUT/gluon.csv. About 1-2 minutes on an H200.
+Default: fp8 e4m3 rowcol (per-token x per-channel scales), rcr, bf16 output, precise
+accumulation, at M in {128, 256, 512, 1024, 4096, 8192} x (N, K) in {(5120, 5120),
+(17408, 5120), (5120, 17408), (4096, 4096), (14336, 4096)}, against torch._scaled_mm (row-wise
+scales, bf16 out, use_fast_accum=False: cuBLASLt). --scheme abquant: DeepSeek's 1x128 x 128x128
+fp8 blocks against cuBLASLt block-wise (F.scaled_mm, the harness's baseline); --scheme int8:
+int8 rowcol against torch._int_mm plus an unfused dequantization (torch has no fused one).
+
+Per problem, shape by shape: every implementation's output is checked against tileq's reference
+first (a failing one is reported and not timed), then the Gluon kernel, the Triton kernel (the
+planner's config: tuned table or heuristic) and the torch baseline are timed as CUDA-graph
+replays with the L2 flushed before every run (tileq.bench.timing). Prints a table (TFLOP/s,
+ratios to the baseline) and writes $OUT/gluon.csv (gluon_<scheme>.csv for the other schemes).
+About 1-2 minutes on an H200 per scheme.
 """
 
 from __future__ import annotations
@@ -27,6 +32,32 @@ import torch
 M_DEFAULT = "128,256,512,1024,4096,8192"
 NK_DEFAULT = "5120x5120,17408x5120,5120x17408,4096x4096,14336x4096"
 FIELDS = ["m", "n", "k", "impl", "config", "ms", "tflops", "vs_cublaslt", "max_rel_err", "note"]
+# --scheme: (tileq family, baseline name, csv file)
+SCHEMES = {
+    "rowcol": ("rowcol_fp8xfp8_rcr_prefill", "torch._scaled_mm row-wise (cuBLASLt)", "gluon.csv"),
+    "abquant": ("abquant_fp8xfp8_rcr_prefill", "F.scaled_mm block-wise 1x128 x 128x128 (cuBLASLt)",
+                "gluon_abquant.csv"),
+    "int8": ("rowcol_i8xi8_rcr_prefill", "torch._int_mm + dequantization (cuBLAS)", "gluon_int8.csv"),
+}
+
+
+def _baseline(scheme: str, problem):
+    """The torch baseline's callable for a validated problem (the harness's builders for the
+    block-wise and int8 ones: the same padding and layouts the bench suites use)."""
+    from types import SimpleNamespace
+
+    from tileq.bench import baselines
+
+    a, b, sa, sb = problem.a, problem.b, problem.a_scale, problem.b_scale
+    if scheme == "rowcol":
+        # Row-wise scales [M, 1] x [1, N] fp32, B column-major, precise accumulation.
+        return lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                        use_fast_accum=False)
+    spec = problem.spec
+    ops = SimpleNamespace(m=spec.m, n=spec.n, k=spec.k, a=a, b=b, a_scale=sa, b_scale=sb, bytes=0,
+                          case=SimpleNamespace(scheme=spec.scheme, fast_accum=False))
+    build = baselines.build_blockwise if scheme == "abquant" else baselines.build_int_mm_dequant
+    return build(ops, baselines.Context(a.device, "triton")).fn
 
 
 def _ints(text: str) -> list[int]:
@@ -46,6 +77,7 @@ def main() -> int:
     p.add_argument("--bn", type=int, choices=(64, 128), default=None, help="force the Gluon BN")
     p.add_argument("--stages", type=int, default=None, help="force the Gluon ring depth")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tileq-out"), help="folder for gluon.csv")
+    p.add_argument("--scheme", choices=tuple(SCHEMES), default="rowcol")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("gluon_bench: needs a CUDA GPU", file=sys.stderr)
@@ -70,8 +102,10 @@ def main() -> int:
     timer = Timer(device, TimingConfig(warmup=args.warmup, runs=args.runs, flush="read", graphs=True))
     print(timer.describe())
     os.makedirs(args.out, exist_ok=True)
-    csv_path = os.path.join(args.out, "gluon.csv")
-    fam = parse_family("rowcol_fp8xfp8_rcr_prefill")
+    family, base_name, csv_name = SCHEMES[args.scheme]
+    csv_path = os.path.join(args.out, csv_name)
+    fam = parse_family(family)
+    print(f"{family}: Gluon vs the Triton kernel vs {base_name}")
 
     # Count the Gluon kernel's launches: a call the launcher hands to the Triton fallback would
     # otherwise be timed as "gluon".
@@ -94,8 +128,10 @@ def main() -> int:
 
     rows = []
     t_start = time.time()
-    header = (f"{'M':>5} {'N':>6} {'K':>6} | {'gluon':>7} {'triton':>7} {'cublasLt':>8} TFLOP/s | "
-              f"{'gluon/cuBLASLt':>14} {'triton/cuBLASLt':>15} | gluon config")
+    lib = "cuBLAS" if args.scheme == "int8" else "cuBLASLt"
+    unit = "TOP/s" if args.scheme == "int8" else "TFLOP/s"
+    header = (f"{'M':>5} {'N':>6} {'K':>6} | {'gluon':>7} {'triton':>7} {lib:>8} {unit:<7} | "
+              f"{'gluon/' + lib:>14} {'triton/' + lib:>15} | gluon config")
     print(header)
     print("-" * len(header))
     for n, k in _nks(args.nk):
@@ -124,11 +160,9 @@ def main() -> int:
             calls = {
                 "gluon": (lambda: launch_g(a, b, sa, sb, None, None, out_g)) if launch_g is not None else None,
                 "triton": lambda: launch_t(a, b, sa, sb, None, None, out_t),
-                # cuBLASLt: row-wise scales [M, 1] x [1, N] fp32, B column-major, precise accumulation.
-                "cublaslt": lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
-                                                     use_fast_accum=False),
+                "cublaslt": _baseline(args.scheme, problem),
             }
-            configs = {"gluon": config_g, "triton": plan_t.instance.config.tag, "cublaslt": "torch._scaled_mm"}
+            configs = {"gluon": config_g, "triton": plan_t.instance.config.tag, "cublaslt": base_name}
             for impl, fn in calls.items():
                 row = dict(m=m, n=n, k=k, impl=impl, config=configs[impl], ms="", tflops="", vs_cublaslt="",
                            max_rel_err="", note="")
@@ -177,7 +211,7 @@ def main() -> int:
                 return results[impl]["vs_cublaslt"] or "-"
 
             notes = "; ".join(f"{i}: {r['note']}" for i, r in results.items() if r["note"])
-            print(f"{m:>5} {n:>6} {k:>6} | {tf('gluon'):>7} {tf('triton'):>7} {tf('cublaslt'):>8}         | "
+            print(f"{m:>5} {n:>6} {k:>6} | {tf('gluon'):>7} {tf('triton'):>7} {tf('cublaslt'):>8} {'':<7} | "
                   f"{ratio('gluon'):>14} {ratio('triton'):>15} | {config_g}" + (f"  [{notes}]" if notes else ""),
                   flush=True)
             with open(csv_path, "w", newline="") as f:  # rewritten per problem: a cut run keeps its rows
@@ -189,7 +223,7 @@ def main() -> int:
     ok = [r for r in rows if r["impl"] == "gluon" and r["vs_cublaslt"]]
     if ok:
         ratios = sorted(float(r["vs_cublaslt"]) for r in ok)
-        print(f"gluon / cuBLASLt: min {ratios[0]:.3f}, median {ratios[len(ratios) // 2]:.3f}, "
+        print(f"gluon / {lib}: min {ratios[0]:.3f}, median {ratios[len(ratios) // 2]:.3f}, "
               f"max {ratios[-1]:.3f} over {len(ok)} problems")
     failed = [r for r in rows if r["note"].startswith("FAILED")]
     print(f"{len(rows)} rows -> {csv_path} ({time.time() - t_start:.0f} s); {len(failed)} failed")

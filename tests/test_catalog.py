@@ -129,7 +129,9 @@ def test_build_whole_catalog_for_sm90(tmp_path):
 
     sm90 = get_arch("sm_90")
     gluon = [f.name for f in catalog() if wants_gluon_build(f, sm90)]
-    assert gluon == ["tensor_fp8xfp8_rcr_prefill", "rowcol_fp8xfp8_rcr_prefill"]
+    assert gluon == ["tensor_i8xi8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill", "rowcol_i8xi8_rcr_prefill",
+                     "rowcol_fp8xfp8_rcr_prefill", "aquant_fp8xfp8_rcr_prefill",
+                     "aquant_fp8xfp8_rcr_preshufflequant", "abquant_fp8xfp8_rcr_prefill"]
     expected = len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon)
     assert len(kernels) == expected and all(k["ok"] for k in kernels)
     assert sorted(k["family"] for k in kernels if "__gluon_" in k["name"]) == sorted(gluon)

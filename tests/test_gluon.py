@@ -25,6 +25,7 @@ from tileq.catalog.names import parse_family
 from tileq.errors import UnsupportedError
 from tileq.kernels import select
 from tileq.kernels.gluon.config import GluonConfig, gluon_config, smem_bytes
+from tileq.problem import ScaleLayout
 from tileq.testing import check_close, make_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,14 +45,20 @@ def _impl(spec, pipeline="prefill", arch="sm_90", interpreted=False, env="1"):
 # ---- selection: every reason ---------------------------------------------------------------
 
 
+SERVED = ["rowcol_fp8xfp8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill", "rowcol_i8xi8_rcr_prefill",
+          "tensor_i8xi8_rcr_prefill", "abquant_fp8xfp8_rcr_prefill", "aquant_fp8xfp8_rcr_prefill",
+          "aquant_fp8xfp8_rcr_preshufflequant"]
+
+
 def test_gluon_chosen_when_switched_on():
-    for fam in ("rowcol_fp8xfp8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill"):
-        impl = _impl(_spec(fam))
+    for fam in SERVED:
+        impl = _impl(_spec(fam), parse_family(fam).pipeline)
         assert impl.name == "gluon"
         assert "switched on by TILEQ_GLUON=1" in impl.reason
         assert "not 16-byte aligned runs the Triton kernel" in impl.reason
     assert _impl(_spec(m=65)).name == "gluon"
     assert _impl(_spec(has_bias=True, out_dtype=torch.float32)).name == "gluon"
+    assert _impl(_spec("bquant_fp8xfp8_rcr_prefill", group_n=128)).name == "gluon"  # 128-wide blocks
 
 
 @pytest.mark.parametrize("spec_kw,pipeline,arch,interpreted,env,reason", [
@@ -61,13 +68,23 @@ def test_gluon_chosen_when_switched_on():
     (dict(m=64), "decode", "sm_90", False, "1", "prefill only (M > 64): the decode pipeline"),
     (dict(m=64), "prefill", "sm_90", False, "1", "prefill only (M > 64): the prefill pipeline"),
     (dict(m=4096), "decode", "sm_90", False, "1", "prefill only (M > 64): the decode pipeline"),
-    (dict(family="rowcol_i8xi8_rcr_prefill"), "prefill", "sm_90", False, "1",
-     "fp8 rcr prefill only (fp8 e4m3 x e4m3, A row-major, B K-major), this is i8xi8 rcr"),
-    (dict(family="rowcol_bf8xbf8_rcr_prefill"), "prefill", "sm_90", False, "1", "this is bf8xbf8 rcr"),
+    (dict(family="rowcol_bf8xbf8_rcr_prefill"), "prefill", "sm_90", False, "1",
+     "8-bit rcr prefill only (fp8 e4m3 x e4m3 or int8 x int8; A row-major, B K-major as the 8-bit "
+     "wgmma reads them), this is bf8xbf8 rcr"),
+    (dict(family="rowcol_fp8xbf8_rcr_prefill"), "prefill", "sm_90", False, "1", "this is fp8xbf8 rcr"),
+    (dict(family="rowcol_bf16xi8_rcr_prefill"), "prefill", "sm_90", False, "1", "this is bf16xi8 rcr"),
+    (dict(family="bquant_fp8xi4_rcr_prefill"), "prefill", "sm_90", False, "1", "this is fp8xi4 rcr"),
     (dict(family="rowcol_fp8xfp8_rrr_prefill"), "prefill", "sm_90", False, "1", "this is fp8xfp8 rrr"),
-    (dict(family="rowcol_fp8xfp8_ccr_prefill"), "prefill", "sm_90", False, "1", "this is fp8xfp8 ccr"),
-    (dict(family="abquant_fp8xfp8_rcr_prefill"), "prefill", "sm_90", False, "1",
-     "tensor and rowcol schemes only, this is abquant"),
+    (dict(family="rowcol_i8xi8_ccr_prefill"), "prefill", "sm_90", False, "1", "this is i8xi8 ccr"),
+    (dict(family="abquant_i8xi8_rcr_prefill"), "prefill", "sm_90", False, "1",
+     "int8 x int8: tensor and rowcol schemes only, this is abquant"),
+    (dict(family="abquant_fp8xfp8_rcr_prefill", group_k=64), "prefill", "sm_90", False, "1",
+     "group_k = 128 only (one K tile per group), this is group_k=64"),
+    (dict(family="bquant_fp8xfp8_rcr_prefill"), "prefill", "sm_90", False, "1",
+     "b_scale groups of 128 columns only (128 x 128 weight blocks), this is group_n=1"),
+    (dict(family="abquant_fp8xfp8_rcr_prefill", group_n=1), "prefill", "sm_90", False, "1",
+     "this is group_n=1"),
+    (dict(family="rowcol_i8xi8_rcr_prefill", has_acc=True), "prefill", "sm_90", False, "1", "no acc_in"),
     (dict(has_acc=True), "prefill", "sm_90", False, "1", "no acc_in"),
     (dict(fast_accum=True), "prefill", "sm_90", False, "1", "precise accumulation only"),
     (dict(k=0), "prefill", "sm_90", False, "1", "K = 0"),
@@ -133,8 +150,10 @@ def test_plan_records_the_implementation(monkeypatch):
     p = _plan(monkeypatch, None)
     assert p.impl == "triton" and p.gluon is None
     assert "impl      : triton (the Gluon sm_90 kernel serves this problem but ships disabled" in p.describe()
-    p = _plan(monkeypatch, "1", _spec(family="rowcol_i8xi8_rcr_prefill"))
-    assert "impl      : triton (fp8 rcr prefill only" in p.describe()
+    p = _plan(monkeypatch, "1", _spec(family="rowcol_bf8xbf8_rcr_prefill"))
+    assert "impl      : triton (8-bit rcr prefill only" in p.describe()
+    p = _plan(monkeypatch, "1", _spec(family="aquant_fp8xfp8_rcr_preshufflequant"))
+    assert p.pipeline == "preshufflequant" and p.impl == "gluon"
     p = _plan(monkeypatch, "1", arch="sm_89")
     assert "impl      : triton (Gluon kernels are sm_90 only, this is sm_89)" in p.describe()
 
@@ -174,43 +193,83 @@ def test_explain_cli_prints_the_impl_line():
 # ---- sm_90 machine code, compiled on the CPU -----------------------------------------------
 
 
-def _sass(cubin: bytes, tmp_path) -> str:
-    path = tmp_path / "k.cubin"
-    path.write_bytes(cubin)
-    return subprocess.run([str(BIN / "nvdisasm"), "-c", str(path)], capture_output=True, text=True,
-                          check=True).stdout
-
-
-@pytest.mark.parametrize("out_dtype,bias,tma_store,m", [
-    (torch.bfloat16, True, True, 4096),
-    (torch.float32, False, False, 4096),
-    (torch.float16, False, True, 128),  # BN = 64, 8 stages
-])
-def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(out_dtype, bias, tma_store, m, tmp_path):
-    from tileq.kernels.gluon.launch import compile_sm90
-
-    spec = _spec(m=m, out_dtype=out_dtype, has_bias=bias,
-                 family="rowcol_fp8xfp8_rcr_prefill" if bias else "tensor_fp8xfp8_rcr_prefill")
+# Compiled in a fresh process without TRITON_INTERPRET: interpreted kernels run earlier in a test
+# worker can leave Triton's language module patched, which broke in-process Gluon compiles.
+_BUILD = r"""
+import json, sys
+from dataclasses import replace
+import torch
+from tileq.catalog.families import family_spec
+from tileq.catalog.names import parse_family
+from tileq.kernels.gluon.config import gluon_config
+from tileq.kernels.gluon.launch import compile_sm90
+out_dir, variants = sys.argv[1], json.loads(sys.argv[2])
+res = []
+for i, (family, out, bias, tma, m) in enumerate(variants):
+    spec = replace(family_spec(parse_family(family), m, 5120, 5120, out_dtype=getattr(torch, out)),
+                   has_bias=bias)
     cfg = gluon_config(spec, 132)
-    k = compile_sm90(spec, cfg, tma_store)
-    ptx = k.asm["ptx"]
-    # Each consumer's K tile: four m64nBNk32 e4m3 wgmmas, the first zero-initialized (scale-d 0).
-    assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{cfg.block_n}k32\.f32\.e4m3\.e4m3", ptx)) == 8
+    k = compile_sm90(spec, cfg, tma)
+    base = f"{out_dir}/k{i}"
+    open(base + ".ptx", "w").write(k.asm["ptx"])
+    open(base + ".cubin", "wb").write(k.asm["cubin"])
+    res.append(dict(base=base, num_warps=k.metadata.num_warps, shared=k.metadata.shared,
+                    block_n=cfg.block_n))
+print(json.dumps(res))
+"""
+
+BUILDS = [  # family, output dtype, bias, TMA store, M
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096),
+    ("tensor_fp8xfp8_rcr_prefill", "float32", False, False, 4096),
+    ("tensor_fp8xfp8_rcr_prefill", "float16", False, True, 128),  # BN = 64, 8 stages
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096),
+    ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096),
+]
+
+
+@pytest.fixture(scope="module")
+def sm90_builds(tmp_path_factory):
+    import json
+
+    out = tmp_path_factory.mktemp("gluon_sm90")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    proc = subprocess.run([sys.executable, "-c", _BUILD, str(out), json.dumps(BUILDS)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("index", range(len(BUILDS)), ids=[f"{b[0]}-{b[1]}-{b[4]}" for b in BUILDS])
+def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
+    family, out, bias, tma_store, m = BUILDS[index]
+    spec = _spec(family, m=m, out_dtype=getattr(torch, out), has_bias=bias)
+    assert select.gluon_serves(spec, parse_family(family).pipeline) is None
+    built = sm90_builds[index]
+    ptx = Path(built["base"] + ".ptx").read_text()
+    cubin = built["base"] + ".cubin"
+    # Each consumer's K tile: four m64nBNk32 wgmmas (e4m3 -> f32, or s8 -> s32).
+    kind = r"s32\.s8\.s8" if spec.integer_mainloop else r"f32\.e4m3\.e4m3"
+    n = built["block_n"]
+    assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k32\.{kind}", ptx)) == 8
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx  # TMA loads
     assert ("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx) is tma_store  # TMA stores
     assert "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait.parity" in ptx
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)  # the producer warp
     assert re.search(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+232;", ptx)  # the consumers
-    sass = _sass(k.asm["cubin"], tmp_path)
-    ops = re.findall(r"\b(QGMMA|UTMALDG|UTMASTG|USETMAXREG|SYNCS\.ARRIVE\.TRANS64[.A-Z0-9]*)", sass)
-    assert ops.count("QGMMA") == 8 and ops.count("UTMALDG") == 2
+    sass = subprocess.run([str(BIN / "nvdisasm"), "-c", cubin], capture_output=True, text=True,
+                          check=True).stdout
+    ops = re.findall(r"\b(QGMMA|IGMMA|UTMALDG|UTMASTG|USETMAXREG|SYNCS\.ARRIVE\.TRANS64[.A-Z0-9]*)", sass)
+    mma = "IGMMA" if spec.integer_mainloop else "QGMMA"
+    assert ops.count(mma) == 8 and ops.count("UTMALDG") == 2
     assert ops.count("UTMASTG") == (2 if tma_store else 0)
     assert ops.count("USETMAXREG") >= 4
     assert any(o.startswith("SYNCS.ARRIVE") for o in ops)
-    assert k.metadata.num_warps == 12  # 4 + 4 consumer warps, the producer warp padded to 4
-    assert k.metadata.shared <= 232448
-    usage = subprocess.run([str(BIN / "cuobjdump"), "-res-usage", str(tmp_path / "k.cubin")],
-                           capture_output=True, text=True).stdout
+    assert built["num_warps"] == 12  # 4 + 4 consumer warps, the producer warp padded to 4
+    assert built["shared"] <= 232448
+    usage = subprocess.run([str(BIN / "cuobjdump"), "-res-usage", cubin], capture_output=True,
+                           text=True).stdout
     assert "STACK:0" in usage and "LOCAL:0" in usage  # no spills
 
 
@@ -355,8 +414,8 @@ def _run(spec, *, pad=0, out=None, seed=0):
     return args, got
 
 
-ODD_SHAPES = [(fam, m, n, k) for fam in ("rowcol_fp8xfp8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill")
-              for m in ((65, 127, 300, 727, 4096) if fam.startswith("rowcol") else (65, 727))
+ODD_SHAPES = [(fam, m, n, k) for fam in SERVED
+              for m in ((65, 127, 300, 727, 4096) if fam == "rowcol_fp8xfp8_rcr_prefill" else (65, 727))
               for n in (577, 5120) for k in (859, 5120)]
 
 
@@ -367,6 +426,18 @@ def test_gpu_odd_shapes(family, m, n, k, gluon_on):
     # edges are then zero-filled by TMA; N = 577 bf16 rows take the masked-store epilogue.
     pad = (-k) % 16
     _run(_spec(family, m, n, k, has_bias=True), pad=pad, seed=m + n + k)
+    assert len(gluon_on) == 1
+
+
+@gpu
+@pytest.mark.parametrize("family,kw", [
+    ("bquant_fp8xfp8_rcr_prefill", dict(group_n=128)),  # 128-wide weight blocks, no a_scale groups
+    ("abquant_fp8xfp8_rcr_prefill", dict(a_scale_layout=ScaleLayout.PRESHUFFLED)),  # K-group-major
+    ("abquant_fp8xfp8_rcr_prefill", dict(out_dtype=torch.float32, has_bias=True)),
+])
+@pytest.mark.parametrize("m,n,k", [(300, 577, 859), (4096, 5120, 5120)])
+def test_gpu_block_scale_variants(family, kw, m, n, k, gluon_on):
+    _run(_spec(family, m, n, k, **kw), pad=(-k) % 16, seed=m + k)
     assert len(gluon_on) == 1
 
 
@@ -439,3 +510,21 @@ def test_gpu_cuda_graph_capture(gluon_on):
     torch.cuda.synchronize()
     check_close(out, fresh.call(tileq.gemm, backend="reference"), torch.bfloat16)
     assert len(gluon_on) == 3
+
+
+def test_bench_script_builds_its_baselines():
+    """scripts/gluon_bench.py (GPU only) builds each scheme's torch baseline from a problem."""
+    import importlib.util
+
+    from tileq.problem import build_problem
+
+    path = ROOT / "scripts" / "gluon_bench.py"
+    mod_spec = importlib.util.spec_from_file_location("gluon_bench", path)
+    bench = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(bench)
+    assert bench.SCHEMES["rowcol"][2] == "gluon.csv"
+    for scheme, (family, _, _) in bench.SCHEMES.items():
+        fam = parse_family(family)
+        problem = make_args(family_spec(fam, 128, 256, 384), seed=1).call(build_problem)
+        assert callable(bench._baseline(scheme, problem))
+        assert select.gluon_serves(problem.spec, fam.pipeline) is None

@@ -76,7 +76,7 @@ def wants_gluon_build(fam: KernelFamily, arch: ArchInfo) -> bool:
     """Families the sm_90 Gluon kernel serves (kernels/select.py) get it built too on sm_90."""
     from ..kernels.select import GLUON_ARCH, gluon_serves
 
-    if arch.name != GLUON_ARCH or fam.pipeline != "prefill":
+    if arch.name != GLUON_ARCH or fam.pipeline == "decode":
         return False
     return gluon_serves(family_spec(fam, *PREFILL_SHAPE), fam.pipeline) is None
 

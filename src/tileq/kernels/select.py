@@ -112,15 +112,18 @@ def kernel_notes(spec: ProblemSpec, cfg: "TileConfig") -> list[str]:
 # runs the portable Triton kernel, the reference implementation and the fallback.
 GLUON_ARCH = "sm_90"
 GLUON_TRITON_VERSIONS = ("3.6.0",)
-GLUON_SCHEMES = (Scheme.TENSOR, Scheme.ROWCOL)
-GLUON_PAIRS = ((OperandType.FP8, OperandType.FP8),)
+GLUON_PAIRS = ((OperandType.FP8, OperandType.FP8), (OperandType.I8, OperandType.I8))
 GLUON_LAYOUTS = ("rcr",)
+# int8 accumulates exactly in the wgmma's int32 accumulator: no promotion, no group schemes.
+GLUON_INT8_SCHEMES = (Scheme.TENSOR, Scheme.ROWCOL)
+GLUON_GROUP_K = 128  # the kernel's K tile: a group scale applies to exactly one K tile
+GLUON_GROUP_N = 128  # a b_scale column group spans the kernel's N tile (BN <= 128)
 # Shipped off until the kernel has passed its GPU tests and benchmarks: TILEQ_GLUON=1 opts in.
 GLUON_DEFAULT_ON = False
 GLUON_ENV = "TILEQ_GLUON"
 
-_GLUON_ON = ("sm_90 warp-specialized kernel (TMA producer warp + 2 consumer warpgroups, fp32 "
-             "promotion every 128 of K)")
+_GLUON_ON = ("sm_90 warp-specialized kernel (TMA producer warp + 2 consumer warpgroups; fp8 "
+             "partial sums promoted into fp32 every 128 of K)")
 _ALIGN_NOTE = "a call whose A or B rows or base pointers are not 16-byte aligned runs the Triton kernel"
 
 
@@ -153,13 +156,18 @@ def gluon_serves(spec: ProblemSpec, pipeline: str) -> str | None:
     """Why the Gluon family does not serve this problem, or None when it does."""
     from ..catalog.heuristic import DECODE_MAX_M  # (catalog imports this module: no cycle here)
 
-    if pipeline != "prefill" or spec.m <= DECODE_MAX_M:
+    if pipeline not in ("prefill", "preshufflequant") or spec.m <= DECODE_MAX_M:
         return f"prefill only (M > {DECODE_MAX_M}): the {pipeline} pipeline runs the portable kernel"
     if (spec.a_type, spec.b_type) not in GLUON_PAIRS or spec.layout not in GLUON_LAYOUTS:
-        return (f"fp8 rcr prefill only (fp8 e4m3 x e4m3, A row-major, B K-major), "
-                f"this is {spec.a_type}x{spec.b_type} {spec.layout}")
-    if spec.scheme not in GLUON_SCHEMES:
-        return f"tensor and rowcol schemes only, this is {spec.scheme}"
+        return (f"8-bit rcr prefill only (fp8 e4m3 x e4m3 or int8 x int8; A row-major, B K-major "
+                f"as the 8-bit wgmma reads them), this is {spec.a_type}x{spec.b_type} {spec.layout}")
+    if spec.integer_mainloop and spec.scheme not in GLUON_INT8_SCHEMES:
+        return f"int8 x int8: tensor and rowcol schemes only, this is {spec.scheme}"
+    if spec.scheme.grouped and spec.group_k != GLUON_GROUP_K:
+        return f"group_k = {GLUON_GROUP_K} only (one K tile per group), this is group_k={spec.group_k}"
+    if spec.b_scale_kind is ScaleKind.GROUP and spec.group_n % GLUON_GROUP_N:
+        return (f"b_scale groups of {GLUON_GROUP_N} columns only (128 x 128 weight blocks), "
+                f"this is group_n={spec.group_n}")
     if spec.has_acc:
         return "no acc_in: the Gluon epilogue does not read an accumulator"
     if spec.fast_accum:

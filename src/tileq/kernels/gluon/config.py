@@ -1,4 +1,4 @@
-"""Configuration of the sm_90 Gluon prefill kernel (``fp8_gemm.py``): tile, ring depth, partitions.
+"""Configuration of the sm_90 Gluon prefill kernel (``ws_gemm.py``): tile, ring depth, partitions.
 
 Imports no Triton: the planner and ``tileq explain`` read it on any machine.
 """

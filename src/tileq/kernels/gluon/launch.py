@@ -1,4 +1,4 @@
-"""Launch the sm_90 Gluon fp8 prefill kernel (``fp8_gemm.py``) for a plan; compile it ahead of time.
+"""Launch the sm_90 Gluon prefill kernel (``ws_gemm.py``) for a plan; compile it ahead of time.
 
 The plan chooses this family (``kernels/select.py``: sm_90, a tested Triton version, fp8 rcr
 prefill, tensor/rowcol, opted in); TMA adds conditions that only tensors can answer:
@@ -28,11 +28,12 @@ def _gl():
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        from .fp8_gemm import _fp8_gemm_ws_kernel
+        from .ws_gemm import _ws_gemm_kernel
 
-        _GL.update(gl=gl, TensorDescriptor=TensorDescriptor, kernel=_fp8_gemm_ws_kernel,
-                   dtypes={torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
-                           torch.float16: gl.float16, torch.float32: gl.float32})
+        _GL.update(gl=gl, TensorDescriptor=TensorDescriptor, kernel=_ws_gemm_kernel,
+                   dtypes={torch.float8_e4m3fn: gl.float8e4nv, torch.int8: gl.int8,
+                           torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
+                           torch.float32: gl.float32})
     return _GL
 
 
@@ -40,20 +41,23 @@ def _gl_dtype(torch_dtype: torch.dtype):
     return _gl()["dtypes"][torch_dtype]
 
 
-def shared_layouts(cfg: GluonConfig, out_dtype: torch.dtype):
+def shared_layouts(spec, cfg: GluonConfig):
     """NVMMA (swizzled) shared layouts of the A, B and C tiles, as the descriptors carry them."""
     gl = _gl()["gl"]
-    return (gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], gl.float8e4nv),
-            gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], gl.float8e4nv),
-            gl.NVMMASharedLayout.get_default_for([cfg.block_m // 2, cfg.block_n], _gl_dtype(out_dtype)))
+    op = _gl_dtype(spec.a_type.torch_dtype)  # fp8 e4m3 or int8, both operands
+    return (gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], op),
+            gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], op),
+            gl.NVMMASharedLayout.get_default_for([cfg.block_m // 2, cfg.block_n], _gl_dtype(spec.out_dtype)))
 
 
 def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
     """The kernel's constexpr arguments for a problem (the launcher and the AOT build share it)."""
+    b_group = spec.b_scale_kind is ScaleKind.GROUP
     return dict(
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, STAGES=cfg.stages,
-        A_SCALE=spec.a_scale_kind.value, B_SCALE=spec.b_scale_kind.value, GROUP_N=1,
-        HAS_BIAS=spec.has_bias, TMA_STORE=tma_store,
+        A_SCALE=spec.a_scale_kind.value, B_SCALE=spec.b_scale_kind.value,
+        GROUP_N=spec.group_n if b_group else 1,  # constant when unused: no needless recompiles
+        HAS_BIAS=spec.has_bias, TMA_STORE=tma_store, INT_DOT=spec.integer_mainloop,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -63,6 +67,7 @@ def options(cfg: GluonConfig) -> dict:
 
 
 _OUT_BYTES = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+_2D = (ScaleKind.VECTOR, ScaleKind.GROUP)
 
 
 def rows_aligned(leading_dim: int, elem_bytes: int) -> bool:
@@ -75,23 +80,28 @@ class GluonLaunch:
     is for the Triton kernel; ``tileq.gemm`` keeps one per call signature). Each call builds the
     three TMA descriptors (they hold data pointers) and launches through Triton's JIT."""
 
-    __slots__ = ("m", "n", "k", "lda", "ldb", "ldc", "out_dtype", "device", "cfg", "grid",
+    __slots__ = ("spec", "m", "n", "k", "lda", "ldb", "ldc", "out_dtype", "device", "cfg", "grid",
                  "ints", "consts", "consts_ptr_store", "c_rows_ok", "fallback", "layouts")
 
     def __init__(self, problem: Problem, plan, fallback):
         spec = problem.spec
         cfg = plan.gluon
         a, b = problem.a, problem.b
-        self.m, self.n, self.k = spec.m, spec.n, spec.k
+        self.spec, self.m, self.n, self.k = spec, spec.m, spec.n, spec.k
         self.lda = a.stride(0)  # A row-major [M, K]
         self.ldb = b.stride(1)  # B [K, N] K-contiguous: the rows of the [N, K] weight
         self.ldc = problem.out.stride(0) if problem.out is not None else spec.n
         self.out_dtype, self.device, self.cfg = spec.out_dtype, problem.device, cfg
         self.c_rows_ok = rows_aligned(self.ldc, _OUT_BYTES[spec.out_dtype])
         sa, sb = problem.a_scale, problem.b_scale
-        stride_sa_m = sa.stride(0) if spec.a_scale_kind is ScaleKind.VECTOR else 0
-        stride_sb_n = sb.stride(1) if spec.b_scale_kind is ScaleKind.VECTOR else 0
-        self.ints = (spec.m, spec.n, spec.k, self.ldc, stride_sa_m, 0, 0, stride_sb_n)
+        # a_scale [M, 1] or [M, Gk] (either storage), b_scale [1, N] or [Gk, Gn]; 0 when unused.
+        sa_m, sa_g = (sa.stride(0), sa.stride(1)) if spec.a_scale_kind in _2D else (0, 0)
+        sb_g, sb_n = (sb.stride(0), sb.stride(1)) if spec.b_scale_kind in _2D else (0, 0)
+        if spec.a_scale_kind is ScaleKind.VECTOR:
+            sa_g = 0
+        if spec.b_scale_kind is ScaleKind.VECTOR:
+            sb_g = 0
+        self.ints = (spec.m, spec.n, spec.k, self.ldc, sa_m, sa_g, sb_g, sb_n)
         self.consts = dict(constexprs(spec, cfg, True), **options(cfg))
         self.consts_ptr_store = dict(constexprs(spec, cfg, False), **options(cfg))
         tiles = math.ceil(spec.m / cfg.block_m) * math.ceil(spec.n / cfg.block_n)
@@ -101,7 +111,7 @@ class GluonLaunch:
 
     @property
     def usable(self) -> bool:
-        """A's and B's rows are 16-byte aligned (fp8: leading dimensions multiples of 16)."""
+        """A's and B's rows are 16-byte aligned (8-bit: leading dimensions multiples of 16)."""
         return rows_aligned(self.lda, 1) and rows_aligned(self.ldb, 1)
 
     def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
@@ -111,7 +121,7 @@ class GluonLaunch:
             out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
         g = _gl()
         if self.layouts is None:
-            self.layouts = shared_layouts(self.cfg, self.out_dtype)
+            self.layouts = shared_layouts(self.spec, self.cfg)
         a_l, b_l, c_l = self.layouts
         cfg = self.cfg
         td = g["TensorDescriptor"]
@@ -144,11 +154,12 @@ def _num_sms(device: torch.device) -> int:
 def signature(spec, cfg: GluonConfig, tma_store: bool = True) -> tuple[dict, dict]:
     """(signature, constexprs) for ``triton.compile`` of this specialization on any machine."""
     _OUT_TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-    a_l, b_l, c_l = shared_layouts(cfg, spec.out_dtype)
+    a_l, b_l, c_l = shared_layouts(spec, cfg)
     out_ty = _OUT_TY[spec.out_dtype]
+    op_ty = "i8" if spec.integer_mainloop else "fp8e4nv"
     sig = {
-        "a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {cfg.block_k}],{a_l!r}>",
-        "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {cfg.block_k}],{b_l!r}>",
+        "a_desc": f"tensordesc<{op_ty}[{cfg.block_m}, {cfg.block_k}],{a_l!r}>",
+        "b_desc": f"tensordesc<{op_ty}[{cfg.block_n}, {cfg.block_k}],{b_l!r}>",
         "c_desc": f"tensordesc<{out_ty}[{cfg.block_m // 2}, {cfg.block_n}],{c_l!r}>" if tma_store else "constexpr",
         "c_ptr": f"*{out_ty}",
         "sa_ptr": "*fp32" if spec.a_scale_kind is not ScaleKind.NONE else "constexpr",

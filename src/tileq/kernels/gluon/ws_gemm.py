@@ -1,7 +1,10 @@
-"""sm_90 fp8 prefill GEMM in Gluon: warp-specialized, TMA-fed, wgmma with precise accumulation.
+"""sm_90 8-bit prefill GEMM in Gluon: warp-specialized, TMA-fed, wgmma; fp8 precisely accumulated.
 
-C[M, N] = epilogue(A[M, K] @ B[N, K]^T) for fp8 e4m3 operands, both K-major (layout rcr: the
-8-bit wgmma reads both operands K-major from shared memory), C row-major.
+C[M, N] = epilogue(A[M, K] @ B[N, K]^T) for fp8 e4m3 or int8 operands, both K-major (layout rcr:
+the 8-bit wgmma reads both operands K-major from shared memory), C row-major. fp8 serves the
+tensor, rowcol, aquant, bquant and abquant schemes (group scales of 128 along K, 128 columns for
+b_scale); int8 tensor and rowcol (exact int32 accumulation in the wgmma accumulator, no
+promotion).
 
 Why Gluon: sm_90's fp8 wgmma accumulates with reduced precision, so every 128 of K the partial
 sum is promoted into an fp32 accumulator (FADDs on the CUDA cores). In a single-warpgroup
@@ -72,8 +75,8 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
         off_n = pid_n * BN
         for ki in range(k_tiles):
             s = it % STAGES
-            # An mbarrier starts in phase 0 complete-less; waiting on parity 1 first passes at
-            # once, so the ring fills without waiting for the consumers.
+            # A fresh mbarrier is in phase 0; a wait on parity 1 (the phase "before" it) returns
+            # at once, so the first pass over the ring does not wait for the consumers.
             mbarrier.wait(empty_bars.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready_bars.index(s)
             # The full box counts even where it hangs over the edge (zero-filled).
@@ -90,7 +93,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
               HALF: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
               B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr,
-              TMA_STORE: gl.constexpr):
+              TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr):
     """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue."""
     # The wgmma accumulator layout: 4 warps along M, one m64nBNk32 instruction per K step of 32.
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -103,7 +106,16 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
     k_tiles = gl.cdiv(K, BK)
     if TMA_STORE:
         c_smem = c_bufs.index(HALF)
-    part = gl.zeros((HALF_M, BN), gl.float32, mma)
+    A_GROUP: gl.constexpr = A_SCALE == "group"
+    B_GROUP: gl.constexpr = B_SCALE == "group"
+    # One b_scale per (K group, tile): a column group spans the tile (DeepSeek's 128 x 128 weight
+    # blocks, BN <= 128). Per-column group scales (group_n = 1) are not served: two [BN] scale
+    # vectors and their addresses per thread made this kernel spill (sm_90 build, 2026-12).
+    gl.static_assert(not B_GROUP or GROUP_N % BN == 0, "b_scale groups must span the N tile")
+    if INT_DOT:
+        part = gl.zeros((HALF_M, BN), gl.int32, mma)
+    else:
+        part = gl.zeros((HALF_M, BN), gl.float32, mma)
     it = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
@@ -112,37 +124,54 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
         rows = off_m + gl.arange(0, HALF_M, layout=rows_l)
         cols = off_n + gl.arange(0, BN, layout=cols_l)
         row_ok = rows < M
+        col_ok = cols < N
         acc = gl.zeros((HALF_M, BN), gl.float32, mma)
+        # Group scales of K group 0; inside the loop those of group ki + 1 are loaded while group
+        # ki's wgmma runs (BK = GROUP_K: K tile ki is K group ki).
+        if A_GROUP:
+            sa_next = gl.load(sa_ptr + rows * stride_sa_m, mask=row_ok, other=0.0)
+        if B_GROUP:
+            sb_next = gl.load(sb_ptr + (off_n // GROUP_N) * stride_sb_n)
         for ki in range(k_tiles):
             s = it % STAGES
             mbarrier.wait(ready_bars.index(s), (it // STAGES) & 1)
             a = a_bufs.index(s).slice(HALF * HALF_M, HALF_M, dim=0)  # [64, BK], K-major
             b = b_bufs.index(s).permute((1, 0))  # [BK, BN] view of the K-major [BN, BK] tile
-            # use_acc=False: the chain starts from zero, so `part` holds this K tile's sum
-            # alone, accumulated by wgmma in its reduced fp8 precision over 128 of K at most.
-            part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
+            if INT_DOT:
+                # int8: exact int32 products, accumulated by wgmma over the whole K loop.
+                part = warpgroup_mma(a, b, part, use_acc=ki > 0, is_async=True)
+            else:
+                # use_acc=False: the chain starts from zero, so `part` holds this K tile's sum
+                # alone, accumulated by wgmma in its reduced fp8 precision over 128 of K at most.
+                part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
+            more = ki + 1 < k_tiles
+            if A_GROUP:
+                sa_g = sa_next
+                sa_next = gl.load(sa_ptr + rows * stride_sa_m + (ki + 1) * stride_sa_g,
+                                  mask=row_ok & more, other=0.0)
+            if B_GROUP:
+                sb_g = sb_next
+                sb_next = gl.load(sb_ptr + (ki + 1) * stride_sb_g + (off_n // GROUP_N) * stride_sb_n,
+                                  mask=more, other=0.0)
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             # Shared memory read: hand the slot back to the producer (one arrival per consumer).
             mbarrier.arrive(empty_bars.index(s), count=1)
             # Promotion into fp32, on the CUDA cores, while the other warpgroup's wgmma runs.
-            if A_SCALE == "group" or B_SCALE == "group":
-                if A_SCALE == "group":
-                    sa_g = gl.load(sa_ptr + rows * stride_sa_m + ki * stride_sa_g, mask=row_ok, other=0.0)
-                    if B_SCALE == "group":
-                        # One b_scale per (K group, 128 columns): BN divides GROUP_N.
-                        sb_g = gl.load(sb_ptr + ki * stride_sb_g + (off_n // GROUP_N) * stride_sb_n)
-                        sa_g = sa_g * sb_g
-                    acc += part * sa_g[:, None]
-                else:
-                    sb_g = gl.load(sb_ptr + ki * stride_sb_g + (cols // GROUP_N) * stride_sb_n,
-                                   mask=cols < N, other=0.0)
-                    acc += part * sb_g[None, :]
+            if INT_DOT:
+                pass
+            elif A_GROUP and B_GROUP:
+                acc += part * (sa_g * sb_g)[:, None]
+            elif A_GROUP:
+                acc += part * sa_g[:, None]
+            elif B_GROUP:
+                acc += part * sb_g
             else:
                 acc += part
             it += 1
+        if INT_DOT:
+            acc = part.to(gl.float32)
 
         # ---- epilogue: acc -> * a_scale rows -> * b_scale columns -> + bias -> cast ----
-        col_ok = cols < N
         y = acc
         if A_SCALE == "scalar":
             y = y * gl.load(sa_ptr)
@@ -174,12 +203,12 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
 
 
 @gluon.jit
-def _fp8_gemm_ws_kernel(
+def _ws_gemm_kernel(
     a_desc, b_desc, c_desc, c_ptr, sa_ptr, sb_ptr, bias_ptr,
     M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
     STAGES: gl.constexpr, A_SCALE: gl.constexpr, B_SCALE: gl.constexpr, GROUP_N: gl.constexpr,
-    HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr,
+    HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     gl.static_assert(BM == 2 * HALF_M, "two consumer warpgroups of 64 rows each")
@@ -204,11 +233,11 @@ def _fp8_gemm_ws_kernel(
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      0, BM, BN, BK, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N, HAS_BIAS,
-                     TMA_STORE)),
+                     TMA_STORE, INT_DOT)),
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      1, BM, BN, BK, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N, HAS_BIAS,
-                     TMA_STORE)),
+                     TMA_STORE, INT_DOT)),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K, BM, BN, BK,
                      GROUP_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
