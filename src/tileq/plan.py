@@ -100,7 +100,7 @@ class Plan:
             lines.append(f"impl      : {self.impl} ({self.impl_reason})")
         if self.gluon is not None:
             lines.append(f"gluon     : {self.family.name}__gluon_{self.gluon.tag}_{self.arch.tag}")
-            lines.append(f"            {self.gluon.describe()}")
+            lines.append(f"            {self.gluon.describe(s.integer_mainloop)}")
         if self.instance is not None:
             fallback = " (the Triton fallback)" if self.gluon is not None else ""
             lines.append(f"instance  : {self.instance.name}{fallback}")

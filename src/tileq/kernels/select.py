@@ -122,8 +122,7 @@ GLUON_GROUP_N = 128  # a b_scale column group spans the kernel's N tile (BN <= 1
 GLUON_DEFAULT_ON = False
 GLUON_ENV = "TILEQ_GLUON"
 
-_GLUON_ON = ("sm_90 warp-specialized kernel (TMA producer warp + 2 consumer warpgroups; fp8 "
-             "partial sums promoted into fp32 every 128 of K)")
+_GLUON_ON = "sm_90 warp-specialized kernel (TMA producer warp + 2 consumer warpgroups)"
 _ALIGN_NOTE = "a call whose A or B rows or base pointers are not 16-byte aligned runs the Triton kernel"
 
 

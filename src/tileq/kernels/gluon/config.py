@@ -47,11 +47,12 @@ class GluonConfig:
     def tag(self) -> str:
         return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}_ws2x64"
 
-    def describe(self) -> str:
+    def describe(self, integer: bool = False) -> str:
+        acc = ("int32 in the wgmma accumulator over all of K" if integer
+               else f"fp32 promotion every {self.block_k} of K")
         return (f"BM={self.block_m} BN={self.block_n} BK={self.block_k} stages={self.stages} "
                 f"GROUP_M={self.group_m}; persistent; 1 TMA producer warp ({self.producer_regs} "
-                f"regs) + 2 consumer warpgroups x 64 rows ({self.consumer_regs} regs); "
-                f"fp32 promotion every {self.block_k} of K")
+                f"regs) + 2 consumer warpgroups x 64 rows ({self.consumer_regs} regs); {acc}")
 
 
 def stage_bytes(cfg: GluonConfig) -> int:
