@@ -5,8 +5,9 @@ greedy decoding), eager and under CUDA graphs.
 Per config: TTFT (the prompt's forward + the first token, batch 1, eager), TPOT at each batch
 (eager: wall time of ``eager_tokens`` steps on the GPU timeline, so host gaps count; graphs: one
 captured decode step replayed ``tokens`` times), peak memory, and the share of kernel time spent
-in activation quantization (torch profiler over one eager step: kernels of tileq's
-activation-quantization launchers against all kernels). Every config decodes the same weights
+in activation quantization, and the kernel time of one eager decode step and one prefill by
+category (torch profiler: activation quantization, tileq GEMMs, other matmuls, attention, the
+rest). Every config decodes the same weights
 (same seed) and is checked against bf16 on the first step's logits before it is timed.
 """
 
@@ -29,8 +30,6 @@ QWEN3_14B = dict(hidden_size=5120, intermediate_size=17408, num_attention_heads=
                  max_position_embeddings=40960, tie_word_embeddings=False, num_hidden_layers=40)
 
 ALL_CONFIGS = ("bf16", "A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8")
-# Kernel-name fragments of tileq's activation-quantization kernels (profiler attribution).
-QUANT_KERNEL_MARKERS = ("quantize", "rmsnorm_quant")
 
 
 def build_model(layers: int, device, seed: int, small: bool = False):
@@ -151,29 +150,52 @@ def measure_tpot(model, prompt, tokens: int, eager_tokens: int, graphs: bool) ->
     return out
 
 
+# Kernel categories of the profiler breakdown, by kernel-name fragment (first match wins).
+KERNEL_CATEGORIES = (
+    ("act_quant", ("quantize", "rmsnorm_quant")),
+    ("tileq_gemm", ("_gemm_kernel", "_splitk_reduce", "ws_gemm", "gluon")),
+    ("other_matmul", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "cublas", "splitk")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "softmax")),
+)
+
+
+def _category(name: str) -> str:
+    low = name.lower()
+    for cat, marks in KERNEL_CATEGORIES:
+        if any(m in low for m in marks):
+            return cat
+    return "other"
+
+
 @torch.inference_mode()
-def quant_share(model, prompt) -> float:
-    """Share of one eager decode step's kernel time spent in activation-quantization kernels."""
+def kernel_breakdown(model, prompt, what: str) -> dict:
+    """GPU kernel time (ms) by category over one eager prefill ('prefill') or decode step
+    ('decode'), from the torch profiler: where a step's device time goes."""
     from torch.profiler import ProfilerActivity, profile
 
     cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
-    tok = _prefill(model, cache, prompt)
-    tok = _step(model, cache, tok)
+    tok = _prefill(model, cache, prompt) if what == "decode" else None
+    if what == "decode":
+        tok = _step(model, cache, tok)
+    else:
+        cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _step(model, cache, tok)
+        if what == "decode":
+            _step(model, cache, tok)
+        else:
+            _prefill(model, cache, prompt)
         torch.cuda.synchronize()
-    total = quant = 0.0
+    out = {cat: 0.0 for cat, _ in KERNEL_CATEGORIES}
+    out["other"] = 0.0
     for evt in prof.key_averages():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
         t = getattr(evt, "device_time_total", None)
         if t is None:
             t = getattr(evt, "cuda_time_total", 0.0)
-        if evt.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        total += t
-        if any(mark in evt.key.lower() for mark in QUANT_KERNEL_MARKERS):
-            quant += t
-    return quant / total if total else float("nan")
+        out[_category(evt.key)] += t / 1e3
+    return out
 
 
 @torch.inference_mode()
@@ -209,9 +231,16 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
         for k, v in r.items():
             rows.append(dict(base, metric=k, batch=b, value=v))
     try:
-        rows.append(dict(base, metric="quant_share", batch=1, value=quant_share(model, prompts[1])))
+        for what in ("decode", "prefill"):
+            parts = kernel_breakdown(model, prompts[1], what)
+            total = sum(parts.values())
+            for cat, ms in parts.items():
+                rows.append(dict(base, metric=f"{what}_kernel_ms_{cat}", batch=1, value=ms))
+            if what == "decode":
+                rows.append(dict(base, metric="quant_share", batch=1,
+                                 value=parts["act_quant"] / total if total else float("nan")))
     except Exception as e:  # noqa: BLE001 - the profiler is optional: say why it is missing
-        print(f"  [{name}] profiler share not measured: {e}")
+        print(f"  [{name}] profiler breakdown not measured: {e}")
     rows.append(dict(base, metric="peak_mem_gb", batch=max(args.batches),
                      value=torch.cuda.max_memory_allocated() / 1e9))
     rows.append(dict(base, metric="setup_s", batch=0, value=setup_s))
@@ -278,6 +307,19 @@ def report(rows: list[dict], args) -> str:
         agree = next((r for r in rows if r["config"] == c and "logits_cos" in r), {})
         cells += [_fmt(agree.get("logits_cos"), 4), _fmt(agree.get("top1_match"), 2)]
         lines.append("| " + " | ".join(cells) + " |")
+    cats = [c for c, _ in KERNEL_CATEGORIES] + ["other"]
+    for what in ("decode", "prefill"):
+        if not any(r["metric"].startswith(f"{what}_kernel_ms_") for r in rows):
+            continue
+        lines += ["", f"GPU kernel time of one eager {what} {'step' if what == 'decode' else '(512-token prompt)'} "
+                  "at batch 1, ms (torch profiler):", "",
+                  "| config | " + " | ".join(cats) + " | total |", "|---" * (len(cats) + 2) + "|"]
+        for c in configs:
+            vals = [_value(rows, c, f"{what}_kernel_ms_{cat}", 1) for cat in cats]
+            if all(v is None for v in vals):
+                continue
+            total = sum(v or 0 for v in vals)
+            lines.append(f"| {c} | " + " | ".join(_fmt(v) for v in vals) + f" | {total:.2f} |")
     setups = {r["config"]: r["setup"] for r in rows}
     lines += ["", "Setup per config:", ""] + [f"- {c}: {s}" for c, s in setups.items()]
     return "\n".join(lines) + "\n"
