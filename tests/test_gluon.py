@@ -89,9 +89,6 @@ def test_gluon_chosen_when_switched_on():
     (dict(fast_accum=True), "prefill", "sm_90", False, "1", "precise accumulation only"),
     (dict(k=0), "prefill", "sm_90", False, "1", "K = 0"),
     ({}, "prefill", "sm_90", False, "0", "TILEQ_GLUON=0 switches the Gluon kernel off"),
-    (dict(family="rowcol_i8xi8_rcr_prefill"), "prefill", "sm_90", False, None,
-     "the Gluon sm_90 kernel serves this problem but is off by default until benchmarked against "
-     "the portable kernel for i8xi8: TILEQ_GLUON=1 opts in"),
 ])
 def test_triton_chosen_and_why(spec_kw, pipeline, arch, interpreted, env, reason):
     impl = _impl(_spec(**spec_kw), pipeline, arch, interpreted, env)
@@ -111,11 +108,11 @@ def test_switch_values():
     assert select.gluon_switch(b"1") is True and select.gluon_switch(" 0 ") is False
     with pytest.raises(UnsupportedError, match=r"TILEQ_GLUON: expected 0 or 1, got 'yes'"):
         select.gluon_switch("yes")
-    # On by default for fp8 (GPU tests passed and benchmarked on an H200), opt-in for int8.
-    assert select.GLUON_DEFAULT_ON and select.GLUON_DEFAULT_PAIRS == ((select.OperandType.FP8,
-                                                                       select.OperandType.FP8),)
+    # On by default for the pairs whose GPU tests passed and that were benchmarked on an H200.
+    assert select.GLUON_DEFAULT_ON
     assert _impl(_spec(), env=None).name == "gluon"
-    assert _impl(_spec("rowcol_i8xi8_rcr_prefill"), env=None).name == "triton"
+    assert _impl(_spec("rowcol_i8xi8_rcr_prefill"), env=None).name == "gluon"
+    assert _impl(_spec("rowcol_i8xi8_rcr_prefill"), env="0").name == "triton"
 
 
 def test_gluon_config():
@@ -153,9 +150,9 @@ def test_plan_records_the_implementation(monkeypatch):
     assert "(the Triton fallback)" in text
     p = _plan(monkeypatch, None)
     assert p.impl == "gluon" and "on by default" in p.describe()
-    p = _plan(monkeypatch, None, _spec(family="rowcol_i8xi8_rcr_prefill"))
+    p = _plan(monkeypatch, "0")
     assert p.impl == "triton" and p.gluon is None
-    assert "impl      : triton (the Gluon sm_90 kernel serves this problem but is off by default" in p.describe()
+    assert "impl      : triton (TILEQ_GLUON=0 switches the Gluon kernel off)" in p.describe()
     p = _plan(monkeypatch, "1", _spec(family="rowcol_bf8xbf8_rcr_prefill"))
     assert "impl      : triton (8-bit rcr prefill only" in p.describe()
     p = _plan(monkeypatch, "1", _spec(family="aquant_fp8xfp8_rcr_preshufflequant"))

@@ -118,12 +118,12 @@ GLUON_LAYOUTS = ("rcr",)
 GLUON_INT8_SCHEMES = (Scheme.TENSOR, Scheme.ROWCOL)
 GLUON_GROUP_K = 128  # the kernel's K tile: a group scale applies to exactly one K tile
 GLUON_GROUP_N = 128  # a b_scale column group spans the kernel's N tile (BN <= 128)
-# On by default where the GPU tests passed and the benchmark beat the portable kernel: fp8 on an
-# H200, 2026-12-01 (bench/results/h200/gluon/): rowcol at 0.95x cuBLASLt (median of 30 shapes,
-# the Triton kernel 0.61x), abquant 0.79x (Triton 0.52x). int8 passed its tests but is not yet
-# benchmarked against the Triton kernel (which runs at 2.4x torch's int8 path): TILEQ_GLUON=1.
+# On by default where the GPU tests passed and the benchmark beat the portable kernel (H200,
+# 2026-12-01, bench/results/h200/gluon/, 30 shapes each): fp8 rowcol at 0.95x cuBLASLt (median;
+# the Triton kernel 0.61x), fp8 abquant 0.79x (Triton 0.52x), int8 rowcol 1.20x the Triton
+# kernel's speed (median; 0.95x at worst, 2.05x at best).
 GLUON_DEFAULT_ON = True
-GLUON_DEFAULT_PAIRS = ((OperandType.FP8, OperandType.FP8),)
+GLUON_DEFAULT_PAIRS = ((OperandType.FP8, OperandType.FP8), (OperandType.I8, OperandType.I8))
 GLUON_ENV = "TILEQ_GLUON"
 
 _GLUON_ON = "sm_90 warp-specialized kernel (TMA producer warp + 2 consumer warpgroups)"
