@@ -253,7 +253,7 @@ def test_compile_fullgraph(config):
     if config.act_dtype is None:
         assert ops == {"tileq.quant_linear.default"}
     else:
-        assert {"tileq.rmsnorm_quantize.default", "tileq.add_rmsnorm_quantize.default", "tileq.linear"} <= ops
+        assert {"tileq.rmsnorm_quantize.default", "tileq.add_rmsnorm_quantize.default", "tileq.linear.default"} <= ops
 
 
 def test_compile_inductor():

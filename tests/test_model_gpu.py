@@ -123,3 +123,31 @@ def test_transformers_decode_step_in_a_cuda_graph(name):
     eager, graphed = decode(False), decode(True)
     torch.cuda.synchronize()
     assert torch.equal(eager, graphed)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("shape", [(1, 5120), (2, 8, 5120), (300, 5120)])
+def test_eager_runner_matches_the_plain_path(name, shape):
+    """QuantLinear's eager fast path (a LayerRunner per call signature, scratch buffers at decode
+    sizes) computes exactly what the public functions compute, and follows weight changes."""
+    from tileq.quant_linear import quant_linear_forward
+
+    _, layer = _layer(name, seed=6)
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    first = layer(x)  # plain path, builds the runner
+    assert len(layer._runners) == 1
+    for seed in (7, 8):
+        x.copy_(torch.randn(*shape, device="cuda", dtype=torch.bfloat16,
+                            generator=torch.Generator(device="cuda").manual_seed(seed)))
+        fast = layer(x)
+        plain = quant_linear_forward(layer.spec, x, layer.weight_operand(), layer.weight_scale, layer.bias,
+                                     layer.input_scale)
+        assert torch.equal(fast, plain) and fast.shape == first.shape
+    _, other = _layer(name, seed=9)
+    layer.load_state_dict(other.state_dict())  # new weights: the runners are dropped
+    assert not layer._runners
+    assert torch.equal(layer(x), other(x))
+    if layer.config.act_dtype is not None:
+        layer.set_input_scale(x.float().abs().max() / 100)
+        y = layer(x)
+        assert torch.equal(layer(x), y) and torch.isfinite(y).all()

@@ -292,6 +292,26 @@ def linear(
     return _restore_lead(y, lead)
 
 
+def linear_call(x, w, x_scale, w_scale, *, scheme, out_dtype, bias, group_k, group_n):
+    """The validated, planned launch of ``linear`` for these arguments' signature (x 2-D [M, K]),
+    for callers that run the same signature many times and keep it (``QuantLinear``): its
+    ``run(x, w_storage, x_scale, w_scale, bias, None, None)`` launches with no per-call checks.
+    None when the call is not cached (the reference executor, an unkeyable argument): use
+    ``linear``. A first call of a new signature runs the GEMM once (that is how it is planned)."""
+    if x.dim() != 2:
+        return None
+    key = _call_key("linear", x, w, x_scale, w_scale, bias, None, None, scheme, out_dtype, group_k,
+                    group_n, None, None, None, False)
+    hit = _lookup(key)
+    if hit is None:
+        linear(x, w, x_scale, w_scale, scheme=scheme, out_dtype=out_dtype, bias=bias, group_k=group_k,
+               group_n=group_n)
+        hit = _lookup(key)
+    if hit is None or hit.flatten_k is not None or hit.x_scale_rows is not None:
+        return None
+    return hit
+
+
 def _restore_lead(y: torch.Tensor, lead: tuple) -> torch.Tensor:
     shape = (*lead, y.shape[-1])
     return y if y.shape == shape else y.reshape(shape)

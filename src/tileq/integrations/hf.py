@@ -71,7 +71,6 @@ import torch
 from torch import Tensor, nn
 
 from ..activation import add_rmsnorm_quantize
-from ..api import linear
 from ..errors import UnsupportedError, expect
 from ..nn.linear import QuantLinear
 from ..ops import _quantize_activation_fake
@@ -291,12 +290,7 @@ def add_rmsnorm_quantize_for(x: Tensor, residual: Tensor, norm: nn.Module,
 def linear_prequantized(layer: QuantLinear, q: Tensor, s: Tensor, out_dtype: torch.dtype) -> Tensor:
     """``layer``'s GEMM on an activation already quantized for it (what ``quant_linear_forward``
     does after its quantization step): dequantization, bias and the cast fused."""
-    spec = layer.spec
-    if torch.compiler.is_compiling():
-        return torch.ops.tileq.linear(q, layer.weight, s, layer.weight_scale, layer.bias, spec.scheme,
-                                      out_dtype, spec.group_k, spec.group_n, spec.k if spec.weight_int4 else 0)
-    return linear(q, layer._weight_operand(), s, layer.weight_scale, scheme=spec.scheme, out_dtype=out_dtype,
-                  bias=layer.bias, group_k=spec.group_k, group_n=spec.group_n)
+    return layer.forward_quantized(q, s, out_dtype)
 
 
 # ----------------------------------------------------------------------------- fused modules

@@ -24,9 +24,10 @@ from torch import nn
 
 from ..dtypes import PackedInt4
 from ..errors import DTypeError, ShapeError, TileqError, UnsupportedError, expect
+from ..api import linear, linear_call
 from ..quant import quantize_weight
 from .configs import QuantConfig, weight_scale_shape
-from ..quant_linear import LayerSpec, quant_linear_forward
+from ..quant_linear import LayerRunner, LayerSpec, quant_linear_forward, runner_key
 
 _WEIGHT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "int4": torch.uint8}
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -57,6 +58,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("input_scale", None)
         self.spec = LayerSpec.of(config, in_features, out_features)
         self._w4: PackedInt4 | None = None
+        self._runners: dict = {}  # eager fast path: one LayerRunner per call signature
 
     # ------------------------------------------------------------------ construction
 
@@ -117,6 +119,7 @@ class QuantLinear(nn.Module):
     def _adopt(self, name: str, t, where: str) -> None:
         """Set buffer ``name`` from ``t`` after checking its dtype and shape exactly."""
         self._w4 = None
+        self._runners = {}
         want_shape, want_dtype = self._expected(name)
         if not isinstance(t, torch.Tensor):
             raise DTypeError(expect(where, "a torch.Tensor", type(t).__name__))
@@ -151,6 +154,7 @@ class QuantLinear(nn.Module):
 
     def set_input_scale(self, scale) -> None:
         """Use a static (calibrated) per-tensor activation scale instead of per-call ones."""
+        self._runners = {}
         if scale is None:
             self._buffers["input_scale"] = None
             return
@@ -192,9 +196,14 @@ class QuantLinear(nn.Module):
             probe = fn(torch.empty(0, dtype=buf.dtype, device=buf.device))
             self._buffers[name] = buf.to(device=probe.device) if probe.device != buf.device else buf
         self._w4 = None
+        self._runners = {}
         return self
 
     # ------------------------------------------------------------------ forward
+
+    def weight_operand(self):
+        """The stored weight as ``tileq.linear`` takes it (int4: a PackedInt4 over its bytes)."""
+        return self._weight_operand()
 
     def _weight_operand(self):
         if self.config.weight_dtype != "int4":
@@ -210,8 +219,43 @@ class QuantLinear(nn.Module):
 
             return quant_linear_op(x, self.weight, self.weight_scale, self.bias, self.input_scale,
                                    self.spec.key)
-        return quant_linear_forward(self.spec, x, self._weight_operand(), self.weight_scale, self.bias,
-                                    self.input_scale)
+        # Eager: a runner per call signature skips the per-call validation and cache keys of the
+        # public functions (host time is what an eager decode spends; see LayerRunner).
+        scale = self.input_scale
+        key = runner_key(x, scale is not None)
+        runner = self._runners.get(key)
+        if runner is not None:
+            return runner(x, self.weight, self.weight_scale, self.bias, scale)
+        y = quant_linear_forward(self.spec, x, self._weight_operand(), self.weight_scale, self.bias, scale)
+        if x.device.type == "cuda" and len(self._runners) < 64:
+            runner = LayerRunner.build(self.spec, x, self._weight_operand(), self.weight_scale, self.bias, scale)
+            if runner is not None:
+                self._runners[key] = runner
+        return y
+
+    def forward_quantized(self, q: torch.Tensor, s: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+        """The layer's GEMM on an activation already quantized for it (q [M, K] and its scale, as
+        ``tileq.quantize_activation`` / ``add_rmsnorm_quantize`` return them): dequantization,
+        bias and the cast fused. The fused decoder path of ``tileq.integrations.hf`` calls it."""
+        spec = self.spec
+        if torch.compiler.is_compiling():
+            from ..ops import linear_op
+
+            return linear_op(q, self.weight, s, self.weight_scale, self.bias, spec.scheme, out_dtype,
+                             spec.group_k, spec.group_n, spec.k if spec.weight_int4 else 0)
+        key = ("q", q.shape, q.stride(), q.dtype, q.device, None if s is None else (s.shape, s.stride()),
+               out_dtype)
+        call = self._runners.get(key)
+        if call is not None:
+            return call.run(q, self.weight, s, self.weight_scale, self.bias, None, None)
+        y = linear(q, self._weight_operand(), s, self.weight_scale, scheme=spec.scheme, out_dtype=out_dtype,
+                   bias=self.bias, group_k=spec.group_k, group_n=spec.group_n)
+        if q.device.type == "cuda" and q.dim() == 2 and len(self._runners) < 64:
+            call = linear_call(q, self._weight_operand(), s, self.weight_scale, scheme=spec.scheme,
+                               out_dtype=out_dtype, bias=self.bias, group_k=spec.group_k, group_n=spec.group_n)
+            if call is not None:
+                self._runners[key] = call
+        return y
 
     def extra_repr(self) -> str:
         static = ", static activation scale" if self.input_scale is not None else ""
