@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import cProfile
 import io
+import os
 import pstats
 import sys
 
@@ -17,7 +18,8 @@ import tileq
 from tileq.bench.overhead import _device_us_per_call, _graph_us_per_call, host_us_per_call
 from tileq.nn import QuantLinear, config_from_name
 
-CONFIGS = ("A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8")
+CONFIGS = tuple(os.environ.get("HOST_COST_CONFIGS", "A8W8,FP8Row,FP8Block,W8A16,W4A16,W4A8").split(","))
+PROFILES = int(os.environ.get("HOST_COST_PROFILES", "2"))
 
 
 def main(ms) -> None:
@@ -48,7 +50,7 @@ def main(ms) -> None:
                       f"{_graph_us_per_call(fn, 300):>9.1f}   {parts}", flush=True)
                 worst.append((host, name, m, fn))
     worst.sort(key=lambda t: -t[0])
-    for host, name, m, fn in worst[:2]:
+    for host, name, m, fn in worst[:PROFILES]:
         prof = cProfile.Profile()
         with torch.inference_mode():
             prof.enable()

@@ -247,3 +247,16 @@ def test_compile_fullgraph_matches_eager():
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(x), eager)
+
+
+def test_static_input_scale_on_block_weights():
+    """FP8Block with a calibrated per-tensor activation scale: one scale per row against 128x128
+    weight blocks (scheme bquant), as close to the bf16 layer as the dynamic per-group version."""
+    lin = _linear(k=256, n=256)
+    x = torch.randn(5, 256, dtype=torch.bfloat16)
+    layer = QuantLinear.from_linear(lin, FP8BlockConfig())
+    dynamic = layer(x)
+    layer.set_input_scale(x.float().abs().max() / 448)
+    static = layer(x)
+    assert _rel(static, lin(x)) < TOL["fp8"] and _rel(dynamic, lin(x)) < TOL["fp8"]
+    assert not torch.equal(static, dynamic)

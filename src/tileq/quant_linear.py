@@ -40,6 +40,11 @@ class LayerSpec:
         return cls(out_features, in_features, config.scheme, config.act_dtype, config.act_granularity,
                    config.weight_dtype == "int4", config.group_k, config.group_n)
 
+    def scheme_for(self, static_scale: bool) -> str:
+        """The GEMM scheme of a call: a static per-tensor activation scale arrives as one value
+        per row ([M]), which block-scaled weights read through 'bquant' instead of 'abquant'."""
+        return "bquant" if static_scale and self.scheme == "abquant" else self.scheme
+
     @property
     def key(self) -> str:
         return (f"n={self.n};k={self.k};scheme={self.scheme};act={self.act_dtype}:{self.act_granularity};"
@@ -70,8 +75,8 @@ def quant_linear_forward(spec: LayerSpec, x: torch.Tensor, weight, weight_scale:
     else:
         a, a_scale = quantize_activation(x, spec.act_dtype, granularity=spec.act_granularity,
                                          group_k=spec.group_k)
-    return linear(a, weight, a_scale, weight_scale, scheme=spec.scheme, out_dtype=x.dtype, bias=bias,
-                  group_k=spec.group_k, group_n=spec.group_n)
+    return linear(a, weight, a_scale, weight_scale, scheme=spec.scheme_for(input_scale is not None),
+                  out_dtype=x.dtype, bias=bias, group_k=spec.group_k, group_n=spec.group_n)
 
 
 def weight_operand(spec: LayerSpec, weight: torch.Tensor):
@@ -133,8 +138,8 @@ class LayerRunner:
             if r.m <= SCRATCH_MAX_M:
                 r.scratch = (q, a_scale)
             a = q.view(r.m, r.k)
-        r.gemm = linear_call(a, weight, a_scale, weight_scale, scheme=spec.scheme, out_dtype=x.dtype,
-                             bias=bias, group_k=spec.group_k, group_n=spec.group_n)
+        r.gemm = linear_call(a, weight, a_scale, weight_scale, scheme=spec.scheme_for(input_scale is not None),
+                             out_dtype=x.dtype, bias=bias, group_k=spec.group_k, group_n=spec.group_n)
         return r if r.gemm is not None else None
 
     def __call__(self, x, weight_storage, weight_scale, bias, input_scale):
