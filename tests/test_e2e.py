@@ -45,3 +45,20 @@ def test_report_table(monkeypatch):
     md = e2e.report(rows, args)
     assert "| A8W8 | 30.00 | 5.00 | 0.50 | 63.00 | 1.05 | 5.0% |" in md
     assert "| bf16 | 40.00 | 10.00 | 1.00 | 60.00 | 1.00 |" in md
+
+
+def test_checkpoint_models_for_e2e(tmp_path):
+    """tileq e2e --checkpoint: the quantized model comes from tileq.from_pretrained, the baseline is
+    the bf16 model its config.json describes."""
+    import tileq
+    from tileq.nn import QuantLinear
+
+    model = e2e.build_model(1, torch.device("cpu"), seed=0, small=True)
+    tileq.quantize_(model, tileq.A8W8Config())
+    tileq.save_pretrained(model, tmp_path / "ckpt")
+    loaded, how = e2e.load_checkpoint(str(tmp_path / "ckpt"), torch.device("cpu"), fuse=True)
+    assert "fused decoder layers: 1" in how
+    assert isinstance(loaded.model.layers[0].mlp.down_proj, QuantLinear)
+    dense = e2e.dense_like(str(tmp_path / "ckpt"), torch.device("cpu"), seed=0)
+    assert isinstance(dense.model.layers[0].mlp.down_proj, torch.nn.Linear)
+    assert next(dense.parameters()).dtype == torch.bfloat16

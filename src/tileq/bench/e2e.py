@@ -73,6 +73,39 @@ def quantize_model(model, name: str, fuse: bool):
     return line
 
 
+def load_checkpoint(path: str, device, fuse: bool):
+    """A quantized checkpoint (compressed-tensors, DeepSeek fp8, tileq) through tileq.from_pretrained."""
+    from ..formats import from_pretrained
+
+    model = from_pretrained(path, device=device).eval()
+    how = f"tileq.from_pretrained({path})"
+    if fuse:
+        from ..integrations.hf import fuse_decoder_
+
+        fs = fuse_decoder_(model)
+        how += f"; fused decoder layers: {len(fs.fused)}, kept: {len(fs.kept)}"
+    return model, how
+
+
+def dense_like(path: str, device, seed: int):
+    """The bf16 model a checkpoint's config.json describes, with random weights (the baseline)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(path)
+    cfg.quantization_config = None
+    if hasattr(cfg, "_attn_implementation"):
+        cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.eval()
+
+
 def _cache(model, batch: int, length: int):
     from transformers import StaticCache
 
@@ -217,15 +250,21 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
     dev = torch.device("cuda")
     torch.cuda.empty_cache()
     t0 = time.time()
-    model = build_model(args.layers, dev, args.seed, small=args.small)
-    how = quantize_model(model, name, args.fuse)
+    checkpoint = getattr(args, "checkpoint", None)
+    if checkpoint and name.partition(":")[0] == "checkpoint":
+        model, how = load_checkpoint(checkpoint, dev, fuse=args.fuse or name.endswith(":fused"))
+    elif checkpoint:  # bf16 with the checkpoint's shapes (random weights), as the baseline
+        model, how = dense_like(checkpoint, dev, args.seed), "bf16 (unquantized), the checkpoint's shapes"
+    else:
+        model = build_model(args.layers, dev, args.seed, small=args.small)
+        how = quantize_model(model, name, args.fuse)
     setup_s = time.time() - t0
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = dict(config=name, layers=args.layers, setup=how)
     logits = first_logits(model, prompts[1])
     agree = {}
-    if ref_logits is not None:
+    if ref_logits is not None and not checkpoint:  # a checkpoint's baseline has random weights
         rel = ((logits - ref_logits).norm() / ref_logits.norm()).item()
         cos = torch.nn.functional.cosine_similarity(logits, ref_logits, dim=-1).mean().item()
         agree = dict(logits_rel_err=rel, logits_cos=cos,
@@ -291,7 +330,9 @@ def report(rows: list[dict], args) -> str:
         head += [f"TPOT graph b{b} ms", f"x bf16", f"TPOT eager b{b} ms", "x bf16"]
     head += ["quant share", "peak GB", "logits cos vs bf16", "top1 match"]
     lines = [
-        f"# tileq e2e: Qwen3-14B-shaped decode ({args.layers} layers{', 1/8 width' if args.small else ''})",
+        (f"# tileq e2e: {args.checkpoint} against bf16 with its shapes (random weights)"
+         if getattr(args, "checkpoint", None) else
+         f"# tileq e2e: Qwen3-14B-shaped decode ({args.layers} layers{', 1/8 width' if args.small else ''})"),
         "",
         f"- date: {time.strftime('%Y-%m-%d')}, GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"transformers {_tf_version()}, Triton {_triton_version()}",
@@ -374,7 +415,12 @@ def plot(rows: list[dict], path: Path) -> None:
 def run(args) -> int:
     if not torch.cuda.is_available():
         raise UnsupportedError(expect("tileq e2e", "a CUDA GPU", "no CUDA device"))
-    bad = [c for c in args.configs if c.partition(":")[0] not in ALL_CONFIGS
+    if getattr(args, "checkpoint", None):
+        args.configs = ["bf16", "checkpoint:fused" if args.fuse else "checkpoint"]
+        from transformers import AutoConfig
+
+        args.vocab = AutoConfig.from_pretrained(args.checkpoint).vocab_size
+    bad = [c for c in args.configs if c.partition(":")[0] not in (*ALL_CONFIGS, "checkpoint")
            or c.partition(":")[2] not in ("", "fused")]
     if bad:
         raise UnsupportedError(expect("--configs", f"names from {', '.join(ALL_CONFIGS)}, each optionally "
@@ -382,7 +428,7 @@ def run(args) -> int:
     if "bf16" not in args.configs:
         args.configs.insert(0, "bf16")
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    vocab = 4096 if args.small else QWEN3_14B["vocab_size"]
+    vocab = getattr(args, "vocab", None) or (4096 if args.small else QWEN3_14B["vocab_size"])
     prompts = {b: torch.randint(0, vocab, (b, args.prompt), generator=gen, device="cuda")
                for b in sorted(set([1, *args.batches]))}
     rows, ref = [], None
@@ -422,5 +468,7 @@ def register_cli(sub) -> None:
     p.add_argument("--fuse", action="store_true", help="also fuse the decoder layers (integrations.hf)")
     p.add_argument("--small", action="store_true", help="1/8-width model (quick checks)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", default=None,
+                   help="a quantized checkpoint folder (tileq.from_pretrained) timed against bf16 with its shapes")
     p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/e2e")
     p.set_defaults(func=run)
