@@ -44,12 +44,17 @@ def build_model(layers: int, device, seed: int, small: bool = False):
                      num_key_value_heads=1, vocab_size=4096)
     cfg = Qwen3Config(**shape)
     cfg._attn_implementation = "sdpa"
+    return _bf16_model(lambda: Qwen3ForCausalLM(cfg), device, seed)
+
+
+def _bf16_model(make, device, seed: int):
+    """``make()`` with bf16 parameters created on ``device`` (no fp32 copy first), eval mode."""
     torch.manual_seed(seed)
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device(device):
-            model = Qwen3ForCausalLM(cfg)
+            model = make()
     finally:
         torch.set_default_dtype(old)
     return model.eval()
@@ -95,15 +100,7 @@ def dense_like(path: str, device, seed: int):
     cfg.quantization_config = None
     if hasattr(cfg, "_attn_implementation"):
         cfg._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(cfg)
-    finally:
-        torch.set_default_dtype(old)
-    return model.eval()
+    return _bf16_model(lambda: AutoModelForCausalLM.from_config(cfg), device, seed)
 
 
 def _cache(model, batch: int, length: int):
