@@ -29,6 +29,11 @@ from ..quant import quantize_weight
 from .configs import QuantConfig, weight_scale_shape
 from ..quant_linear import LayerRunner, LayerSpec, quant_linear_forward, runner_key
 
+# Eager fast path bookkeeping: call signatures kept per layer, and the marks of a signature seen
+# once (a runner is built on its second call) or one the plain path must serve.
+MAX_RUNNERS = 64
+_SEEN, _PLAIN = object(), object()
+
 _WEIGHT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "int4": torch.uint8}
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -221,16 +226,19 @@ class QuantLinear(nn.Module):
                                    self.spec.key)
         # Eager: a runner per call signature skips the per-call validation and cache keys of the
         # public functions (host time is what an eager decode spends; see LayerRunner).
+        # A runner is built on a signature's second call: building one costs an extra launch or
+        # two, which a prefill whose length never repeats should not pay.
         scale = self.input_scale
         key = runner_key(x, scale is not None)
         runner = self._runners.get(key)
-        if runner is not None:
+        if type(runner) is LayerRunner:
             return runner(x, self.weight, self.weight_scale, self.bias, scale)
         y = quant_linear_forward(self.spec, x, self._weight_operand(), self.weight_scale, self.bias, scale)
-        if x.device.type == "cuda" and len(self._runners) < 64:
-            runner = LayerRunner.build(self.spec, x, self._weight_operand(), self.weight_scale, self.bias, scale)
-            if runner is not None:
-                self._runners[key] = runner
+        if x.device.type == "cuda" and runner is None and len(self._runners) < MAX_RUNNERS:
+            self._runners[key] = _SEEN
+        elif runner is _SEEN:
+            built = LayerRunner.build(self.spec, x, self._weight_operand(), self.weight_scale, self.bias, scale)
+            self._runners[key] = built if built is not None else _PLAIN
         return y
 
     def forward_quantized(self, q: torch.Tensor, s: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
@@ -250,7 +258,7 @@ class QuantLinear(nn.Module):
             return call.run(q, self.weight, s, self.weight_scale, self.bias, None, None)
         y = linear(q, self._weight_operand(), s, self.weight_scale, scheme=spec.scheme, out_dtype=out_dtype,
                    bias=self.bias, group_k=spec.group_k, group_n=spec.group_n)
-        if q.device.type == "cuda" and q.dim() == 2 and len(self._runners) < 64:
+        if q.device.type == "cuda" and q.dim() == 2 and len(self._runners) < MAX_RUNNERS:
             call = linear_call(q, self._weight_operand(), s, self.weight_scale, scheme=spec.scheme,
                                out_dtype=out_dtype, bias=self.bias, group_k=spec.group_k, group_n=spec.group_n)
             if call is not None:
