@@ -93,6 +93,34 @@ SENTENCES = [
     "The stock market fell sharply today after the announcement.",
     "She plays the violin beautifully.",
 ]
+# GPTQ's calibration sentences: none of them is among SENTENCES (the evaluation set).
+CALIBRATION = [
+    "The weather was cold and windy all week.", "He reads a book every evening before bed.",
+    "Scientists discovered a new species of frog in the rainforest.", "The train to the city leaves at nine.",
+    "Please send me the report by Friday afternoon.", "Children were laughing in the park.",
+    "The recipe needs two cups of flour and an egg.", "Our team won the final match last night.",
+    "Prices of vegetables rose sharply this month.", "A quiet village sits at the foot of the mountains.",
+    "The museum opens a new exhibition on ancient maps.", "She fixed the bicycle with a borrowed wrench.",
+    "A woman is slicing an onion on a wooden board.", "The pilot announced a short delay before takeoff.",
+    "Heavy rain flooded several streets downtown.", "The committee approved the new budget on Tuesday.",
+    "My grandfather grows tomatoes in his garden.", "The orchestra tuned their instruments before the concert.",
+    "A boy is throwing a ball to his dog.", "The software update fixed a serious security bug.",
+    "Tourists crowded the old bridge to take photos.", "The doctor recommended more sleep and less coffee.",
+    "An old ship lay wrecked on the rocky shore.", "The students presented their research to the class.",
+    "A man is playing a guitar on the street corner.", "The bakery sells fresh bread every morning.",
+    "Investors reacted nervously to the interest rate decision.", "The cat chased a mouse across the kitchen floor.",
+    "Snow covered the mountain peaks in early October.", "She painted the fence a bright shade of blue.",
+    "The company plans to hire two hundred engineers.", "A group of friends is hiking up a steep trail.",
+    "The library extended its opening hours during exams.", "Fireworks lit up the sky over the harbor.",
+    "The chef tasted the soup and added more salt.", "A child is drawing a house with a red roof.",
+    "The new highway will shorten the trip by an hour.", "Two men are repairing the roof of a barn.",
+    "The novel tells the story of a family across three generations.", "Farmers hope for rain after a long dry summer.",
+    "The phone battery lasts nearly two days.", "A horse is grazing in a green meadow.",
+    "The judge postponed the trial until next month.", "Volunteers cleaned plastic waste from the beach.",
+    "The singer released her first album in ten years.", "A cyclist is racing down a winding road.",
+    "The river froze completely during the winter.", "He forgot his umbrella on the bus again.",
+]
+
 # Minimum mean cosine similarity of sentence embeddings against the unquantized model.
 MINILM_MIN = {"A8W8": 0.99, "FP8Row": 0.99, "FP8Block": 0.99, "W8A16": 0.99, "W4A16": 0.95, "W4A8": 0.95}
 
@@ -103,7 +131,8 @@ def minilm():
     path = str(pkg.get_model_path())
     tok = transformers.AutoTokenizer.from_pretrained(path)
     batch = tok(SENTENCES, padding=True, return_tensors="pt")
-    return path, batch
+    calibration = tok(CALIBRATION, padding=True, return_tensors="pt")
+    return path, batch, calibration
 
 
 def _embed(model, batch):
@@ -117,7 +146,7 @@ def _embed(model, batch):
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_minilm_embeddings_stay_close(name, minilm):
     """Real pretrained weights (not random): embeddings of the quantized model against the fp32 model."""
-    path, batch = minilm
+    path, batch, _ = minilm
     ref = transformers.AutoModel.from_pretrained(path).eval()
     want = _embed(ref, batch)
     model = transformers.AutoModel.from_pretrained(path).eval()
@@ -126,3 +155,15 @@ def test_minilm_embeddings_stay_close(name, minilm):
     cos = torch.nn.functional.cosine_similarity(_embed(model, batch), want, dim=-1)
     print(f"MiniLM {name}: mean cos {cos.mean():.4f}, min {cos.min():.4f}")
     assert cos.mean().item() >= MINILM_MIN[name], (name, cos.tolist())
+
+
+@pytest.mark.parametrize("name", ["W4A16", "W4A8"])
+def test_minilm_int4_with_gptq_calibration(name, minilm):
+    """int4 with GPTQ (quantize_(..., calibration=...)) on 48 sentences, evaluated on 8 others."""
+    path, batch, calibration = minilm
+    want = _embed(transformers.AutoModel.from_pretrained(path).eval(), batch)
+    model = transformers.AutoModel.from_pretrained(path).eval()
+    quantize_(model, config_from_name(name), calibration=lambda m: m(**calibration))
+    cos = torch.nn.functional.cosine_similarity(_embed(model, batch), want, dim=-1)
+    print(f"MiniLM {name} GPTQ: mean cos {cos.mean():.4f}, min {cos.min():.4f}")
+    assert cos.mean().item() >= 0.97, (name, cos.tolist())

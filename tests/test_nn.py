@@ -260,3 +260,38 @@ def test_static_input_scale_on_block_weights():
     static = layer(x)
     assert _rel(static, lin(x)) < TOL["fp8"] and _rel(dynamic, lin(x)) < TOL["fp8"]
     assert not torch.equal(static, dynamic)
+
+
+def test_gptq_rounds_int4_for_the_calibration_inputs():
+    """GPTQ's int4 weights give smaller output error on inputs like the calibration ones than
+    round-to-nearest, on the same grid (q in [-8, 7], scale [Gk, N])."""
+    from tileq.nn.gptq import HessianCollector, gptq_int4
+
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 64, bias=False)
+    mix = torch.randn(256, 256) * torch.linspace(0.1, 3.0, 256)  # correlated, uneven inputs
+    xs = torch.randn(512, 256) @ mix
+    col = HessianCollector({"lin": lin})
+    with torch.no_grad():
+        lin(xs)
+    col.remove()
+    q, s = gptq_int4(lin.weight, col.h["lin"], 128)
+    assert q.dtype == torch.int8 and q.min() >= -8 and q.max() <= 7 and s.shape == (2, 64)
+    deq = q.float() * s.t().repeat_interleave(128, dim=1)
+    rtn = QuantLinear.from_linear(lin, W4A16Config())
+    q_rtn = tileq.quant.unpack_int4(tileq.PackedInt4(rtn.weight, (64, 256), 1)).float()
+    deq_rtn = q_rtn * rtn.weight_scale.t().repeat_interleave(128, dim=1)
+    test = torch.randn(256, 256) @ mix
+    want = test @ lin.weight.detach().t()
+    assert _rel(test @ deq.t(), want) < 0.97 * _rel(test @ deq_rtn.t(), want)
+
+
+def test_quantize_with_calibration_and_its_refusals():
+    model = _Block().to(torch.float32)
+    x = torch.randn(64, 256)
+    summary = quantize_(model, W4A16Config(), calibration=lambda m: m(x))
+    assert summary.converted == ["up", "down"] and torch.isfinite(model(x)).all()
+    with pytest.raises(UnsupportedError, match="calibration: expected a callable, with an int4 config"):
+        quantize_(_Block(), A8W8Config(), calibration=lambda m: m(x))
+    with pytest.raises(UnsupportedError, match="hessian: expected an int4 config"):
+        QuantLinear.from_linear(_linear(), A8W8Config(), hessian=torch.eye(320))

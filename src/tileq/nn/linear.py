@@ -77,8 +77,12 @@ class QuantLinear(nn.Module):
         return (self.out_features, k)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, config: QuantConfig) -> "QuantLinear":
-        """Quantize ``linear``'s weight (on its device) with ``config``; the bias is kept in fp32."""
+    def from_linear(cls, linear: nn.Linear, config: QuantConfig, *, hessian: torch.Tensor | None = None
+                    ) -> "QuantLinear":
+        """Quantize ``linear``'s weight (on its device) with ``config``; the bias is kept in fp32.
+
+        ``hessian`` (int4 configs): H = 2 X^T X of the layer's calibration inputs [K, K]; the
+        weight is then rounded with GPTQ (``tileq.nn.gptq``) instead of to nearest."""
         if not isinstance(linear, nn.Linear):
             raise UnsupportedError(expect("linear", "a torch.nn.Linear", type(linear).__name__))
         w = linear.weight.detach()
@@ -91,8 +95,17 @@ class QuantLinear(nn.Module):
                     dtype=dtype, device=w.device)
         c = config
         granularity = c.weight_granularity
-        qw, sw = quantize_weight(w, c.weight_dtype, granularity=granularity, group_k=c.group_k,
-                                 group_n=c.group_n, clip_search=c.weight_dtype == "int4")
+        if hessian is not None:
+            if c.weight_dtype != "int4":
+                raise UnsupportedError(expect("hessian", "an int4 config (GPTQ rounds int4 weights)", c.name))
+            from ..quant import pack_int4
+            from .gptq import gptq_int4
+
+            q, sw = gptq_int4(w, hessian.to(w.device), getattr(c, "group_size", c.group_k))
+            qw = pack_int4(q, dim=1)
+        else:
+            qw, sw = quantize_weight(w, c.weight_dtype, granularity=granularity, group_k=c.group_k,
+                                     group_n=c.group_n, clip_search=c.weight_dtype == "int4")
         layer.weight.copy_(qw.data if isinstance(qw, PackedInt4) else qw)
         layer.weight_scale.copy_(sw.reshape(layer.weight_scale.shape))
         if linear.bias is not None:
@@ -271,7 +284,8 @@ class QuantLinear(nn.Module):
                 f"bias={self.bias is not None}, {self.config.describe()}{static}")
 
 
-def quantize_linear_or_reason(linear: nn.Linear, config: QuantConfig) -> tuple[QuantLinear | None, str]:
+def quantize_linear_or_reason(linear: nn.Linear, config: QuantConfig, hessian=None
+                              ) -> tuple[QuantLinear | None, str]:
     """(layer, "") or (None, why it stays unquantized): quantize_ never stops mid-model."""
     why = config.cannot_serve(linear.in_features, linear.out_features)
     if why is not None:
@@ -279,6 +293,6 @@ def quantize_linear_or_reason(linear: nn.Linear, config: QuantConfig) -> tuple[Q
     if linear.weight.device.type == "meta":
         return None, "weight on the meta device (no data to quantize)"
     try:
-        return QuantLinear.from_linear(linear, config), ""
+        return QuantLinear.from_linear(linear, config, hessian=hessian), ""
     except TileqError as e:
         return None, str(e)

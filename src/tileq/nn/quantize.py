@@ -43,12 +43,17 @@ def _skipped_by_name(name: str, skip: tuple) -> bool:
 
 
 def quantize_(model: nn.Module, config: QuantConfig,
-              filter_fn: Callable[[nn.Module, str], bool] | None = None) -> QuantizeSummary:
+              filter_fn: Callable[[nn.Module, str], bool] | None = None, *,
+              calibration: Callable[[nn.Module], object] | None = None) -> QuantizeSummary:
     """Convert ``model``'s nn.Linear layers to ``QuantLinear`` with ``config``, in place.
 
     ``filter_fn(module, name)`` (torchao's convention) returns True for layers to convert; by
     default every nn.Linear is converted except ``config.skip_modules`` (the output head). The
     summary is returned and logged on the ``tileq`` logger at INFO.
+
+    ``calibration`` (int4 configs): a function run once on the unquantized model, e.g.
+    ``lambda m: m(**batch)``; the inputs it feeds each layer make the layer's Hessian, and its
+    int4 weights are rounded with GPTQ instead of to nearest.
     """
     if not isinstance(model, nn.Module):
         raise UnsupportedError(expect("model", "a torch.nn.Module", type(model).__name__))
@@ -58,12 +63,17 @@ def quantize_(model: nn.Module, config: QuantConfig,
     if filter_fn is not None and not callable(filter_fn):
         raise UnsupportedError(expect("filter_fn", "None or a callable (module, name) -> bool",
                                       type(filter_fn).__name__))
+    if calibration is not None and (not callable(calibration) or config.weight_dtype != "int4"):
+        raise UnsupportedError(expect("calibration", "a callable, with an int4 config (GPTQ rounds int4 "
+                                                     "weights)", f"{type(calibration).__name__} with "
+                                                     f"{config.name}"))
     summary = QuantizeSummary(config)
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
     if isinstance(model, nn.Linear):
         raise UnsupportedError(expect("model", "a model containing nn.Linear layers (quantize_ replaces "
                                                "them in their parents)", "an nn.Linear itself; use "
                                                "tileq.QuantLinear.from_linear"))
+    chosen = []
     for name, mod in targets:
         if _skipped_by_name(name, config.skip_modules):
             summary.skipped.append((name, "in config.skip_modules"))
@@ -71,7 +81,10 @@ def quantize_(model: nn.Module, config: QuantConfig,
         if filter_fn is not None and not filter_fn(mod, name):
             summary.skipped.append((name, "filter_fn returned False"))
             continue
-        layer, why = quantize_linear_or_reason(mod, config)
+        chosen.append((name, mod))
+    hessians = _hessians(model, dict(chosen), calibration) if calibration is not None else {}
+    for name, mod in chosen:
+        layer, why = quantize_linear_or_reason(mod, config, hessians.get(name))
         if layer is None:
             summary.skipped.append((name, why))
             continue
@@ -79,6 +92,21 @@ def quantize_(model: nn.Module, config: QuantConfig,
         summary.converted.append(name)
     log.info("%s", summary)
     return summary
+
+
+def _hessians(model: nn.Module, layers: dict, calibration) -> dict:
+    """H = 2 X^T X per layer from the inputs ``calibration(model)`` gives it (unquantized model)."""
+    import torch
+
+    from .gptq import HessianCollector
+
+    collector = HessianCollector(layers)
+    try:
+        with torch.no_grad():
+            calibration(model)
+    finally:
+        collector.remove()
+    return collector.h
 
 
 def _replace(model: nn.Module, name: str, layer: QuantLinear) -> None:
