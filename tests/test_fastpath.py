@@ -20,7 +20,7 @@ from tileq.dtypes import PackedInt4
 from tileq.errors import DTypeError, LayoutError, ShapeError, TileqError, UnsupportedError
 from tileq.kernels import direct, launch
 from tileq.quant import pack_int4
-from tileq.testing import check_close, make_args
+from tileq.testing import KernelRecorder, check_close, make_args
 
 
 @pytest.fixture(autouse=True)
@@ -30,24 +30,11 @@ def _fresh_cache():
     api.clear_call_cache()
 
 
-class _Recorder:
-    """Stands in for a Triton kernel: records each launch's grid, arguments and keywords."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __getitem__(self, grid):
-        def launch_(*args, **kwargs):
-            self.calls.append((grid, args, kwargs))
-
-        return launch_
-
-
 @pytest.fixture
 def recorder(monkeypatch):
-    rec = _Recorder()
+    rec = KernelRecorder()
     monkeypatch.setattr(launch, "_gemm_kernel", rec)
-    monkeypatch.setattr(launch, "_splitk_reduce_kernel", _Recorder())
+    monkeypatch.setattr(launch, "_splitk_reduce_kernel", KernelRecorder())
     return rec
 
 

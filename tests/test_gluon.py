@@ -26,7 +26,7 @@ from tileq.errors import UnsupportedError
 from tileq.kernels import select
 from tileq.kernels.gluon.config import GluonConfig, gluon_config, smem_bytes
 from tileq.problem import ScaleLayout
-from tileq.testing import check_close, make_args
+from tileq.testing import KernelRecorder, check_close, make_args
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin"
@@ -282,17 +282,6 @@ def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
 # ---- the launcher, against a stand-in kernel -----------------------------------------------
 
 
-class _Recorder:
-    def __init__(self):
-        self.calls = []
-
-    def __getitem__(self, grid):
-        def launch_(*args, **kwargs):
-            self.calls.append((grid, args, kwargs))
-
-        return launch_
-
-
 @pytest.fixture
 def gluon_plan_for(monkeypatch):
     """A Gluon plan for CPU tensors (as make_plan gives on an H200) and a stand-in kernel."""
@@ -300,7 +289,7 @@ def gluon_plan_for(monkeypatch):
     from tileq.plan import _plan_cached
     from tileq.problem import build_problem
 
-    rec = _Recorder()
+    rec = KernelRecorder()
     monkeypatch.setitem(glaunch._gl(), "kernel", rec)
 
     def make(spec, pad=0, seed=0, out=None):

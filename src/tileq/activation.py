@@ -101,6 +101,15 @@ def add_rmsnorm_quantize(x, residual, weight, eps, dtype, *, granularity="row", 
     return launch(x, residual, weight)
 
 
+def quantize_launch(x, dtype, *, granularity, group_k, scale, out):
+    """The Triton launch ``quantize_activation`` makes for this call signature writing into
+    ``out`` = (q, s), for a caller that keeps it (QuantLinear's eager runner): call it as
+    ``launch(x, scale if it is a tensor else None, out)``. None when the call launches no Triton
+    kernel (reference executor, M = 0, K = 0)."""
+    launch = _build_quantize(x, dtype, granularity, group_k, scale, False, out, None)
+    return launch if isinstance(launch, _aq.ActQuantLaunch) else None
+
+
 # ----------------------------------------------------------------------------- call keys
 
 

@@ -12,7 +12,9 @@ import time
 
 import torch
 
-CONFIG_NAMES = ("A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8")
+from .nn.configs import CONFIGS
+
+CONFIG_NAMES = tuple(CONFIGS)
 # Floors of the mean cosine between quantized and bf16 last-position logits of the tiny model.
 COS_FLOOR = {"A8W8": 0.99, "FP8Row": 0.97, "FP8Block": 0.97, "W8A16": 0.995, "W4A16": 0.9, "W4A8": 0.9}
 

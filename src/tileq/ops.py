@@ -21,23 +21,17 @@ from torch import Tensor
 
 from .activation import quantize_activation
 from .api import linear
-from .dtypes import PackedInt4
 from .quant_linear import quant_linear_forward, spec_of_key, weight_operand
 
 _QDTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "bf8": torch.float8_e5m2}
-
-
-def _weight(w: Tensor, w_int4_k: int):
-    # An int4 weight travels as its uint8 storage [N, K / 2] plus the logical K (custom op
-    # schemas take tensors, not PackedInt4 objects).
-    return PackedInt4(w, (w.shape[0], w_int4_k), 1) if w_int4_k else w
 
 
 @torch.library.custom_op("tileq::linear", mutates_args=())
 def linear_op(x: Tensor, w: Tensor, x_scale: Tensor | None, w_scale: Tensor | None, bias: Tensor | None,
               scheme: str, out_dtype: torch.dtype, group_k: int, group_n: int, w_int4_k: int) -> Tensor:
     """``tileq.linear`` (y = x @ w.t(), nn.Linear convention); ``group_n`` 0 means unset."""
-    return linear(x, _weight(w, w_int4_k), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype,
+    # Custom op schemas take tensors, not PackedInt4 objects: int4 travels as storage + K.
+    return linear(x, weight_operand(w, w_int4_k), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype,
                   bias=bias, group_k=group_k, group_n=group_n or None)
 
 
@@ -70,7 +64,7 @@ def quant_linear_op(x: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tenso
                     input_scale: Tensor | None, layer: str) -> Tensor:
     """A ``QuantLinear`` forward: activation quantization + GEMM; ``layer`` is its spec's key."""
     spec = spec_of_key(layer)
-    return quant_linear_forward(spec, x, weight_operand(spec, weight), weight_scale, bias, input_scale)
+    return quant_linear_forward(spec, x, weight_operand(weight, spec.int4_k), weight_scale, bias, input_scale)
 
 
 @quant_linear_op.register_fake

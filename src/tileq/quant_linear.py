@@ -12,9 +12,8 @@ from functools import lru_cache
 
 import torch
 
-from . import activation as _activation
 from ._runtime import env_raw
-from .activation import quantize_activation
+from .activation import quantize_activation, quantize_launch
 from .api import linear, linear_call
 from .dtypes import PackedInt4
 from .kernels.direct import raw_stream
@@ -40,10 +39,19 @@ class LayerSpec:
         return cls(out_features, in_features, config.scheme, config.act_dtype, config.act_granularity,
                    config.weight_dtype == "int4", config.group_k, config.group_n)
 
+    def granularity_for(self, static_scale: bool) -> str | None:
+        """The activation quantization of a call: 'tensor' with a static (calibrated) scale."""
+        return "tensor" if static_scale else self.act_granularity
+
     def scheme_for(self, static_scale: bool) -> str:
         """The GEMM scheme of a call: a static per-tensor activation scale arrives as one value
         per row ([M]), which block-scaled weights read through 'bquant' instead of 'abquant'."""
         return "bquant" if static_scale and self.scheme == "abquant" else self.scheme
+
+    @property
+    def int4_k(self) -> int:
+        """The logical K of an int4 weight, 0 for the 8-bit ones (``weight_operand``, the ops)."""
+        return self.k if self.weight_int4 else 0
 
     @property
     def key(self) -> str:
@@ -70,18 +78,18 @@ def quant_linear_forward(spec: LayerSpec, x: torch.Tensor, weight, weight_scale:
     if spec.act_dtype is None:
         a = x if x.dtype in _16BIT else x.to(torch.bfloat16)
         a_scale = None
-    elif input_scale is not None:
-        a, a_scale = quantize_activation(x, spec.act_dtype, granularity="tensor", scale=input_scale)
     else:
-        a, a_scale = quantize_activation(x, spec.act_dtype, granularity=spec.act_granularity,
-                                         group_k=spec.group_k)
+        gran = spec.granularity_for(input_scale is not None)
+        a, a_scale = quantize_activation(x, spec.act_dtype, granularity=gran, group_k=spec.group_k,
+                                         scale=input_scale)
     return linear(a, weight, a_scale, weight_scale, scheme=spec.scheme_for(input_scale is not None),
                   out_dtype=x.dtype, bias=bias, group_k=spec.group_k, group_n=spec.group_n)
 
 
-def weight_operand(spec: LayerSpec, weight: torch.Tensor):
-    """The stored weight as ``tileq.linear`` takes it (int4: a PackedInt4 over the same bytes)."""
-    return PackedInt4(weight, (spec.n, spec.k), 1) if spec.weight_int4 else weight
+def weight_operand(weight: torch.Tensor, int4_k: int):
+    """The stored weight as ``tileq.linear`` takes it: int4 (``int4_k``, its logical K, not 0)
+    travels as uint8 storage [N, K / 2] and becomes a PackedInt4 over the same bytes."""
+    return PackedInt4(weight, (weight.shape[0], int4_k), 1) if int4_k else weight
 
 
 # ----------------------------------------------------------------------------- eager fast path
@@ -127,12 +135,12 @@ class LayerRunner:
                 return None
             a, a_scale = x.reshape(r.m, r.k), None
         else:
-            gran = "tensor" if input_scale is not None else spec.act_granularity
+            gran = spec.granularity_for(input_scale is not None)
             q, a_scale = quantize_activation(x, spec.act_dtype, granularity=gran, group_k=spec.group_k,
                                              scale=input_scale)
-            launch = _activation._build_quantize(x, spec.act_dtype, gran, spec.group_k, input_scale, False,
-                                                 (q, a_scale), None)
-            if not isinstance(launch, _activation._aq.ActQuantLaunch):
+            launch = quantize_launch(x, spec.act_dtype, granularity=gran, group_k=spec.group_k,
+                                     scale=input_scale, out=(q, a_scale))
+            if launch is None:
                 return None
             r.aq = launch
             if r.m <= SCRATCH_MAX_M:

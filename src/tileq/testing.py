@@ -148,3 +148,17 @@ def check_close(out: torch.Tensor, ref: torch.Tensor, out_dtype=None, tol: float
     assert st["nonzero_out"] > 0, "output is all zeros"
     assert st["max_rel"] <= tol, f"max error {st['max_rel']:.3g} of max|ref| exceeds {tol:g} ({st})"
     return st
+
+
+class KernelRecorder:
+    """Stands in for a Triton kernel in tests: records each launch's grid, arguments and keywords
+    (``kernel[grid](*args, **kwargs)``) instead of running it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch_(*args, **kwargs):
+            self.calls.append((grid, args, kwargs))
+
+        return launch_

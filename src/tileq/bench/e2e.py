@@ -24,13 +24,14 @@ from pathlib import Path
 import torch
 
 from ..errors import UnsupportedError, expect
+from ..nn.configs import CONFIGS
 
 QWEN3_14B = dict(hidden_size=5120, intermediate_size=17408, num_attention_heads=40,
                  num_key_value_heads=8, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6,
                  max_position_embeddings=40960, tie_word_embeddings=False, num_hidden_layers=40)
 
 EAGER_ROUNDS = 4
-ALL_CONFIGS = ("bf16", "A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8")
+ALL_CONFIGS = ("bf16", *CONFIGS)  # the baseline and every tileq config, by name
 
 
 def build_model(layers: int, device, seed: int, small: bool = False):
@@ -212,11 +213,8 @@ def kernel_breakdown(model, prompt, what: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
-    tok = _prefill(model, cache, prompt) if what == "decode" else None
-    if what == "decode":
-        tok = _step(model, cache, tok)
-    else:
-        cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
+    if what == "decode":  # a prefill and one step first: the profiled step is a steady one
+        tok = _step(model, cache, _prefill(model, cache, prompt))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         if what == "decode":

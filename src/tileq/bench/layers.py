@@ -63,7 +63,7 @@ def measure(ms, configs, timer: Timer, copy_tbs: float) -> list[dict]:
                     parts["quantize"] = lambda cfg=cfg: quantize_activation(
                         x, cfg.act_dtype, granularity=cfg.act_granularity, group_k=cfg.group_k)
                     parts["gemm"] = lambda layer=layer, q=q, s=s: linear(
-                        q, layer._weight_operand(), s, layer.weight_scale, scheme=cfg.scheme,
+                        q, layer.weight_operand(), s, layer.weight_scale, scheme=cfg.scheme,
                         group_k=cfg.group_k, group_n=cfg.group_n)
                 for part, fn in parts.items():
                     us = timer.measure(fn).median_ms * 1e3

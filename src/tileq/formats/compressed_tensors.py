@@ -90,16 +90,21 @@ _ARGS_KEYS = {"num_bits", "type", "symmetric", "group_size", "strategy", "block_
 _STRATEGIES = ("tensor", "channel", "group", "block", "token", "tensor_group", "attn_head")
 
 
+def _check_object(d, keys, where: str, kind: str) -> None:
+    """``d`` is a JSON object of compressed-tensors' ``kind`` with no field outside ``keys``."""
+    if not isinstance(d, dict):
+        raise UnsupportedError(expect(where, f"a {kind} object", type(d).__name__))
+    unknown = sorted(set(d) - keys)
+    if unknown:
+        raise UnsupportedError(expect(where, f"{kind} fields ({', '.join(sorted(keys))})",
+                                      f"unknown field(s) {unknown}"))
+
+
 def parse_args(d, where: str) -> Args | None:
     """QuantizationArgs from its JSON form, with the package's validation rules."""
     if d is None:
         return None
-    if not isinstance(d, dict):
-        raise UnsupportedError(expect(where, "a QuantizationArgs object", type(d).__name__))
-    unknown = sorted(set(d) - _ARGS_KEYS)
-    if unknown:
-        raise UnsupportedError(expect(where, f"QuantizationArgs fields ({', '.join(sorted(_ARGS_KEYS))})",
-                                      f"unknown field(s) {unknown}"))
+    _check_object(d, _ARGS_KEYS, where, "QuantizationArgs")
     num_bits = d.get("num_bits", 8)
     qtype = str(d.get("type", "int")).lower()
     symmetric = d.get("symmetric", True)
@@ -226,12 +231,7 @@ def parse_config(qc: dict) -> CTConfig:
         gw = f"{where}.config_groups.{gname}"
         if isinstance(g, list):  # a preset name mapped to its targets
             g = {"targets": g, **_preset(gname)}
-        if not isinstance(g, dict):
-            raise UnsupportedError(expect(gw, "a QuantizationScheme object", type(g).__name__))
-        unknown = sorted(set(g) - _SCHEME_KEYS)
-        if unknown:
-            raise UnsupportedError(expect(gw, f"QuantizationScheme fields ({', '.join(sorted(_SCHEME_KEYS))})",
-                                          f"unknown field(s) {unknown}"))
+        _check_object(g, _SCHEME_KEYS, gw, "QuantizationScheme")
         targets = g.get("targets")
         if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
             raise UnsupportedError(expect(f"{gw}.targets", "a non-empty list of names", repr(targets)))

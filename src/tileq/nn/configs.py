@@ -53,10 +53,6 @@ class QuantConfig:
     def group_n(self) -> int:
         return 1
 
-    def weight_group_k(self, k: int) -> int:
-        """The K extent of one weight scale group for a layer with ``k`` inputs."""
-        return self.group_k
-
     def describe(self) -> str:
         act = "bf16/fp16" if self.act_dtype is None else f"{self.act_dtype} {_act_words(self)}"
         w = f"{self.weight_dtype} {_weight_words(self)}"

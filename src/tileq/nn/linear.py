@@ -27,7 +27,7 @@ from ..errors import DTypeError, ShapeError, TileqError, UnsupportedError, expec
 from ..api import linear, linear_call
 from ..quant import quantize_weight
 from .configs import QuantConfig, weight_scale_shape
-from ..quant_linear import LayerRunner, LayerSpec, quant_linear_forward, runner_key
+from ..quant_linear import LayerRunner, LayerSpec, quant_linear_forward, runner_key, weight_operand
 
 # Eager fast path bookkeeping: call signatures kept per layer, and the marks of a signature seen
 # once (a runner is built on its second call) or one the plain path must serve.
@@ -228,7 +228,7 @@ class QuantLinear(nn.Module):
             return self.weight
         w4 = self._w4
         if w4 is None or w4.data is not self.weight:
-            w4 = self._w4 = PackedInt4(self.weight, (self.out_features, self.in_features), 1)
+            w4 = self._w4 = weight_operand(self.weight, self.spec.int4_k)
         return w4
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -263,7 +263,7 @@ class QuantLinear(nn.Module):
             from ..ops import linear_op
 
             return linear_op(q, self.weight, s, self.weight_scale, self.bias, spec.scheme, out_dtype,
-                             spec.group_k, spec.group_n, spec.k if spec.weight_int4 else 0)
+                             spec.group_k, spec.group_n, spec.int4_k)
         key = ("q", q.shape, q.stride(), q.dtype, q.device, None if s is None else (s.shape, s.stride()),
                out_dtype)
         call = self._runners.get(key)
