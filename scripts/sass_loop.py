@@ -2,14 +2,18 @@
 
     python scripts/sass_loop.py bquant_fp8xi4_rcr_decode 1 28672 8192 m64n16k128_w4_s4_sk4_swap
 
+    python scripts/sass_loop.py --prepacked bf16 16 group     # tileq.int4p's kernel, BM = 16
+
 Prints registers, shared memory, and the instruction mix between the main loop's first wait on
-the async copies (DEPBAR.LE SB0) and its backward branch, the part that runs once per K tile.
+the async copies (DEPBAR.LE SB0) and its backward branch, the part that runs once per K tile
+(``--json``: the same as one JSON line).
 Writes the PTX and SASS next to the cubin under --out (default /tmp/tileq-sass). Needs no GPU:
 Triton's own ptxas, cuobjdump and nvdisasm do the work.
 """
 
 import argparse
 import collections
+import json
 import os
 import re
 import subprocess
@@ -27,26 +31,53 @@ from tileq.kernels.launch import signature
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
+def _prepacked_source(ct: str, bm: int, w_scale: str):
+    from tileq.int4p.kernel import _i4p_kernel
+
+    sig = {"w_ptr": "*i32", "x_ptr": f"*{ct}", "c_ptr": "*bf16", "sw_ptr": "*fp32", "sx_ptr": "*fp32",
+           "bias_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "ldx": "i32", "ldc": "i32",
+           "stride_sw_g": "i32", "stride_sw_n": "i32", "stride_sx": "i32"}
+    # What the JIT launch specializes on for LLM shapes: 16-aligned pointers, N, K and strides.
+    div16 = ("N", "K", "ldx", "ldc", "stride_sw_g")
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, t) in enumerate(sig.items())
+             if t.startswith("*") or name in div16}
+    consts = dict(CT="fp16" if ct == "fp16" else "bf16", W_SCALE=w_scale,
+                  X_SCALE="vector" if ct.startswith("fp8") else "none", GROUP_K=128, HAS_BIAS=False,
+                  BM=bm, SPLIT_K=1, EVEN_K=True, INTERPRETED=False)
+    return triton.compiler.ASTSource(fn=_i4p_kernel, signature=sig, constexprs=consts, attrs=attrs)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("family")
-    p.add_argument("m", type=int)
-    p.add_argument("n", type=int)
-    p.add_argument("k", type=int)
-    p.add_argument("config", help="a config tag, e.g. m64n16k256_w4_s4_swap")
+    p.add_argument("family", help="a family name, or with --prepacked the activation type (bf16, fp16, fp8e4nv)")
+    p.add_argument("m", type=int, help="M, or with --prepacked the token tile BM")
+    p.add_argument("n", nargs="?", help="N, or with --prepacked the weight scale kind (group, vector)")
+    p.add_argument("k", nargs="?", type=int)
+    p.add_argument("config", nargs="?", help="a config tag, e.g. m64n16k256_w4_s4_swap")
+    p.add_argument("--prepacked", action="store_true", help="the prepacked-int4 kernel (tileq.int4p)")
+    p.add_argument("--stages", type=int, default=4, help="pipeline stages (--prepacked)")
     p.add_argument("--out", default="/tmp/tileq-sass")
+    p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
-    spec = family_spec(parse_family(args.family), args.m, args.n, args.k)
-    cfg = TileConfig.parse_tag(args.config)
-    sig, consts, attrs = signature(spec, cfg)
-    src = triton.compiler.ASTSource(fn=_gemm_kernel, signature=sig, constexprs=consts, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    if args.prepacked:
+        src = _prepacked_source(args.family, args.m, args.n or "group")
+        options = {"num_warps": 4, "num_stages": args.stages}
+        label = f"int4p_{args.family}_bm{args.m}_{args.n or 'group'}_s{args.stages}"
+    else:
+        spec = family_spec(parse_family(args.family), args.m, int(args.n), args.k)
+        cfg = TileConfig.parse_tag(args.config)
+        sig, consts, attrs = signature(spec, cfg)
+        src = triton.compiler.ASTSource(fn=_gemm_kernel, signature=sig, constexprs=consts, attrs=attrs)
+        options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        label = f"{args.family}__{args.config}"
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"{args.family}__{args.config}")
+    stem = os.path.join(args.out, label)
     with open(stem + ".ptx", "w") as f:
         f.write(compiled.asm["ptx"])
+    with open(stem + ".ttgir", "w") as f:
+        f.write(compiled.asm["ttgir"])
     with open(stem + ".cubin", "wb") as f:
         f.write(compiled.asm["cubin"])
     sass = subprocess.run([os.path.join(_BIN, "nvdisasm"), "-c", stem + ".cubin"],
@@ -65,10 +96,20 @@ def main() -> int:
         body = ln.split("*/", 1)[1].strip()
         body = re.sub(r"^@!?U?P\w+\s+", "", body)  # drop the predicate
         ops[body.split()[0].split(".")[0].rstrip(";")] += 1
-    print(f"{args.family} {args.config}: registers {regs.group(1) if regs else '?'}, "
+    whole = collections.Counter()
+    for ln in lines:
+        body = re.sub(r"^@!?U?P\w+\s+", "", ln.split("*/", 1)[1].strip())
+        whole[body.split()[0].split(".")[0].rstrip(";")] += 1
+    if args.json:
+        asm_line = next((ln for ln in compiled.asm["ttgir"].splitlines() if "elementwise_inline_asm" in ln), "")
+        print(json.dumps({"label": label, "registers": int(regs.group(1)) if regs else None,
+                          "shared": compiled.metadata.shared, "loop": end - start + 1, "loop_ops": ops,
+                          "kernel_ops": whole, "inline_asm": asm_line.rpartition(" : ")[2]}))
+        return 0
+    print(f"{label}: registers {regs.group(1) if regs else '?'}, "
           f"shared {compiled.metadata.shared} B, K loop {end - start + 1} instructions")
     print("  " + ", ".join(f"{op} {n}" for op, n in ops.most_common(16)))
-    print(f"  sources: {stem}.{{ptx,sass}}")
+    print(f"  sources: {stem}.{{ptx,ttgir,sass}}")
     return 0
 
 

@@ -23,6 +23,7 @@ from .nn import (
     W8A16Config,
     quantize_,
 )
+from .int4p import PrepackedInt4, prepack_int4, unprepack_int4
 from .problem import Scheme
 from .warmup import describe, warmup
 
@@ -49,6 +50,9 @@ __all__ = [
     "describe",
     "warmup",
     "PackedInt4",
+    "PrepackedInt4",
+    "prepack_int4",
+    "unprepack_int4",
     "OperandType",
     "Scheme",
     "errors",

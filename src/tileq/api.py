@@ -21,6 +21,7 @@ import torch
 from . import plan as _plan
 from ._runtime import bounded_put, env_raw
 from .dtypes import PackedInt4
+from .int4p import PrepackedInt4
 from .errors import DTypeError, ShapeError, TileqError, expect
 from .problem import Problem, Scheme, build_problem
 
@@ -234,11 +235,15 @@ def linear(
     pipeline: str | None = None,
     fast_accum: bool = False,
 ) -> torch.Tensor:
-    """y = x @ w.t() (nn.Linear convention): x [..., K], w [N, K] (tensor or PackedInt4).
+    """y = x @ w.t() (nn.Linear convention): x [..., K], w [N, K] (tensor, PackedInt4 or
+    PrepackedInt4; the last runs the prepacked-int4 kernel, ``tileq.int4p``).
 
     Leading dimensions of x are flattened into M and restored on the output. x_scale follows
     the flattened rows ([M], [M, 1], [M, Gk], or [..., 1] / [..., Gk] matching x's leading dims).
     """
+    if isinstance(w, PrepackedInt4):
+        return _linear_prepacked(x, w, x_scale, w_scale, scheme, out_dtype, bias, group_k, out, backend,
+                                 pipeline, fast_accum)
     key = _call_key("linear", x, w, x_scale, w_scale, bias, None, out, scheme, out_dtype, group_k,
                     group_n, backend, deterministic, pipeline, fast_accum)
     hit = _lookup(key)
@@ -371,3 +376,22 @@ def _renamed(e: TileqError, a_trans: bool, b_trans: bool) -> TileqError:
         msg = f"{name}: {rest}{note}"
     msg = msg.replace("(a is [", "(lhs is [logical ")
     return type(e)(msg)
+
+
+_PREPACKED_SCHEMES = ("bquant", "rowcol", "tensor")
+
+
+def _linear_prepacked(x, w, x_scale, w_scale, scheme, out_dtype, bias, group_k, out, backend, pipeline,
+                      fast_accum):
+    """tileq.linear on a PrepackedInt4 weight: the prepacked-int4 kernel serves every M (its own
+    launcher validates x, the scales and the bias); options it has no meaning for are refused."""
+    from .int4p.launch import linear_prepacked
+
+    name = getattr(scheme, "value", scheme)
+    if name not in _PREPACKED_SCHEMES:
+        raise DTypeError(expect("scheme", f"one of {_PREPACKED_SCHEMES} for a PrepackedInt4 weight", name))
+    if backend not in (None, "auto", "triton") or pipeline is not None or fast_accum:
+        raise DTypeError(expect("options", "no backend/pipeline/fast_accum choice for a PrepackedInt4 weight "
+                                "(it has one kernel)", f"backend={backend}, pipeline={pipeline}, "
+                                f"fast_accum={fast_accum}"))
+    return linear_prepacked(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k, out=out)

@@ -1,0 +1,217 @@
+"""The Triton kernel on prepacked int4 weights (layout i4p1, ``layout.py``).
+
+It computes C^T = W X^T tile by tile: the weight is the wgmma's A operand, converted in
+registers, and the activations X [M, K] (16-bit, or fp8 converted exactly to bf16) are the B
+operand from shared memory, so a small M sits on wgmma's N side (swap-AB). A program owns 64
+weight rows and BM tokens; each 512-wide K tile is eight 64-wide slices, one ``tl.dot`` each.
+The words are loaded as an int32 [64, 64] tile whose element pairs (c, c + 1) land in one thread
+(the dot-operand layout, kWidth 2) and one inline-asm call per pair makes all eight slices'
+registers (see layout.py). Group scales (group_k a multiple of 128) are promoted per 128 of K;
+per-channel scales are applied in the epilogue, in DESIGN.md's order:
+``acc -> * x_scale (tokens) -> * w_scale (weight rows) -> + bias -> cast``.
+
+SPLIT_K > 1 writes fp32 partials [SPLIT_K, N, M] that ``gemm_kernel._splitk_reduce_kernel``
+(SWAPPED) sums in a fixed order. Under the interpreter the conversion runs as plain shifts and
+masks on the same words (Triton's interpreter has no inline PTX), element for element the same.
+"""
+
+import triton
+import triton.language as tl
+
+# Two words (c even, c + 1) -> eight registers of two 16-bit values each: slice q (0..3) from
+# word c, slice 4 + q from word c + 1; (w >> 4q) & 0x000F000F puts nibbles k and k + 1 in the
+# two halves, OR-ing the magic exponent makes MAGIC + nibble, the subtraction leaves the value.
+_CVT_BF16 = tl.constexpr("""{
+.reg .b32 a1, a2, a3, b1, b2, b3, m;
+mov.b32 m, 0x43084308;
+shr.u32 a1, $8, 4;
+shr.u32 a2, $8, 8;
+shr.u32 a3, $8, 12;
+shr.u32 b1, $9, 4;
+shr.u32 b2, $9, 8;
+shr.u32 b3, $9, 12;
+lop3.b32 $0, $8, 0x000F000F, 0x43004300, 0xea;
+lop3.b32 $1, a1, 0x000F000F, 0x43004300, 0xea;
+lop3.b32 $2, a2, 0x000F000F, 0x43004300, 0xea;
+lop3.b32 $3, a3, 0x000F000F, 0x43004300, 0xea;
+lop3.b32 $4, $9, 0x000F000F, 0x43004300, 0xea;
+lop3.b32 $5, b1, 0x000F000F, 0x43004300, 0xea;
+lop3.b32 $6, b2, 0x000F000F, 0x43004300, 0xea;
+lop3.b32 $7, b3, 0x000F000F, 0x43004300, 0xea;
+sub.bf16x2 $0, $0, m;
+sub.bf16x2 $1, $1, m;
+sub.bf16x2 $2, $2, m;
+sub.bf16x2 $3, $3, m;
+sub.bf16x2 $4, $4, m;
+sub.bf16x2 $5, $5, m;
+sub.bf16x2 $6, $6, m;
+sub.bf16x2 $7, $7, m;
+}""")
+
+_CVT_FP16 = tl.constexpr("""{
+.reg .b32 a1, a2, a3, b1, b2, b3, m;
+mov.b32 m, 0x64086408;
+shr.u32 a1, $8, 4;
+shr.u32 a2, $8, 8;
+shr.u32 a3, $8, 12;
+shr.u32 b1, $9, 4;
+shr.u32 b2, $9, 8;
+shr.u32 b3, $9, 12;
+lop3.b32 $0, $8, 0x000F000F, 0x64006400, 0xea;
+lop3.b32 $1, a1, 0x000F000F, 0x64006400, 0xea;
+lop3.b32 $2, a2, 0x000F000F, 0x64006400, 0xea;
+lop3.b32 $3, a3, 0x000F000F, 0x64006400, 0xea;
+lop3.b32 $4, $9, 0x000F000F, 0x64006400, 0xea;
+lop3.b32 $5, b1, 0x000F000F, 0x64006400, 0xea;
+lop3.b32 $6, b2, 0x000F000F, 0x64006400, 0xea;
+lop3.b32 $7, b3, 0x000F000F, 0x64006400, 0xea;
+sub.f16x2 $0, $0, m;
+sub.f16x2 $1, $1, m;
+sub.f16x2 $2, $2, m;
+sub.f16x2 $3, $3, m;
+sub.f16x2 $4, $4, m;
+sub.f16x2 $5, $5, m;
+sub.f16x2 $6, $6, m;
+sub.f16x2 $7, $7, m;
+}""")
+
+
+@triton.jit
+def _slices(w_ptrs, w_mask, CT: tl.constexpr, INTERPRETED: tl.constexpr):
+    """The eight [64, 64] value slices of one K tile (slice i: k in [64 i, 64 i + 64))."""
+    if INTERPRETED:
+        # The same nibbles with plain operations: element (n, c) of slice q is nibble q of word
+        # c (c even) or nibble 4 + q of word c - 1 (c odd); slice 4 + q reads word c + 1 / c.
+        c = tl.arange(0, 64)
+        odd = (c % 2)[None, :]
+        lo = tl.load(w_ptrs - odd, mask=w_mask, other=-2004318072)  # 0x88888888: zeros
+        hi = tl.load(w_ptrs + 1 - odd, mask=w_mask, other=-2004318072)
+        sh = odd * 16
+        v0 = (((lo >> sh) & 15) - 8).to(tl.float32)
+        v1 = (((lo >> (sh + 4)) & 15) - 8).to(tl.float32)
+        v2 = (((lo >> (sh + 8)) & 15) - 8).to(tl.float32)
+        v3 = (((lo >> (sh + 12)) & 15) - 8).to(tl.float32)
+        v4 = (((hi >> sh) & 15) - 8).to(tl.float32)
+        v5 = (((hi >> (sh + 4)) & 15) - 8).to(tl.float32)
+        v6 = (((hi >> (sh + 8)) & 15) - 8).to(tl.float32)
+        v7 = (((hi >> (sh + 12)) & 15) - 8).to(tl.float32)
+    else:
+        w = tl.load(w_ptrs, mask=w_mask, other=-2004318072)
+        if CT == "fp16":
+            v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+                _CVT_FP16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w], dtype=(tl.float16,) * 8,
+                is_pure=True, pack=2)
+        else:
+            v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+                _CVT_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w], dtype=(tl.bfloat16,) * 8,
+                is_pure=True, pack=2)
+    return v0, v1, v2, v3, v4, v5, v6, v7
+
+
+@triton.jit
+def _x_slice(x_ptrs, k_ok, t_ok, i: tl.constexpr, CT: tl.constexpr, EVEN_K: tl.constexpr,
+             INTERPRETED: tl.constexpr):
+    """The activations of slice i as the B operand [64, BM] in the compute type."""
+    if EVEN_K:
+        x = tl.load(x_ptrs + 64 * i, mask=t_ok[None, :], other=0.0)
+    else:
+        x = tl.load(x_ptrs + 64 * i, mask=k_ok[:, None] & t_ok[None, :], other=0.0)
+    if INTERPRETED:
+        return x.to(tl.float32)
+    return x.to(tl.bfloat16 if CT == "bf16" else tl.float16)
+
+
+@triton.jit
+def _dot(v, x, acc, INTERPRETED: tl.constexpr):
+    if INTERPRETED:
+        # Triton 3.6's interpreter has no bf16 dot; fp32 holds the same values exactly.
+        if acc is None:
+            return tl.dot(v, x, input_precision="ieee", out_dtype=tl.float32)
+        return tl.dot(v, x, acc, input_precision="ieee", out_dtype=tl.float32)
+    if acc is None:
+        return tl.dot(v, x, out_dtype=tl.float32)
+    return tl.dot(v, x, acc, out_dtype=tl.float32)
+
+
+@triton.jit
+def _promote(acc, part, sw_ptr, k, K, GROUP_K: tl.constexpr, stride_sw_g, stride_sw_n, rn, n_ok):
+    """acc += part * w_scale[group of k, rows] (k past K: the part is zero, no scale is read)."""
+    sw = tl.load(sw_ptr + (k // GROUP_K) * stride_sw_g + rn * stride_sw_n, mask=n_ok & (k < K), other=0.0)
+    return acc + part * sw[:, None]
+
+
+@triton.jit
+def _i4p_kernel(
+    w_ptr, x_ptr, c_ptr, sw_ptr, sx_ptr, bias_ptr,
+    M, N, K, ldx, ldc, stride_sw_g, stride_sw_n, stride_sx,
+    CT: tl.constexpr, W_SCALE: tl.constexpr, X_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    BN: tl.constexpr = 64  # weight rows per program: one warpgroup's wgmma M
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_n = tl.cdiv(N, BN)
+    pid_n = pid % num_n  # neighbouring programs share the token tile (and its L2 lines)
+    pid_m = pid // num_n
+    rn = pid_n * BN + tl.arange(0, BN)
+    rt = pid_m * BM + tl.arange(0, BM)
+    n_ok = rn < N
+    t_ok = rt < M
+    rn64 = rn.to(tl.int64)
+    KW = tl.cdiv(K, 512) * 64  # words per weight row
+    rc = tl.arange(0, 64)
+    rk = tl.arange(0, 64)
+    w_ptrs = w_ptr + rn64[:, None] * KW + (pid_k * 64 + rc)[None, :]
+    x_ptrs = x_ptr + rt.to(tl.int64)[None, :] * ldx + (pid_k * 512 + rk)[:, None]
+    w_mask = n_ok[:, None]
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in range(pid_k * 512, K, 512 * SPLIT_K):
+        v0, v1, v2, v3, v4, v5, v6, v7 = _slices(w_ptrs, w_mask, CT, INTERPRETED)
+        if W_SCALE == "group":
+            p = _dot(v0, _x_slice(x_ptrs, k0 + rk < K, t_ok, 0, CT, EVEN_K, INTERPRETED), None, INTERPRETED)
+            p = _dot(v1, _x_slice(x_ptrs, k0 + 64 + rk < K, t_ok, 1, CT, EVEN_K, INTERPRETED), p, INTERPRETED)
+            acc = _promote(acc, p, sw_ptr, k0, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+            p = _dot(v2, _x_slice(x_ptrs, k0 + 128 + rk < K, t_ok, 2, CT, EVEN_K, INTERPRETED), None, INTERPRETED)
+            p = _dot(v3, _x_slice(x_ptrs, k0 + 192 + rk < K, t_ok, 3, CT, EVEN_K, INTERPRETED), p, INTERPRETED)
+            acc = _promote(acc, p, sw_ptr, k0 + 128, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+            p = _dot(v4, _x_slice(x_ptrs, k0 + 256 + rk < K, t_ok, 4, CT, EVEN_K, INTERPRETED), None, INTERPRETED)
+            p = _dot(v5, _x_slice(x_ptrs, k0 + 320 + rk < K, t_ok, 5, CT, EVEN_K, INTERPRETED), p, INTERPRETED)
+            acc = _promote(acc, p, sw_ptr, k0 + 256, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+            p = _dot(v6, _x_slice(x_ptrs, k0 + 384 + rk < K, t_ok, 6, CT, EVEN_K, INTERPRETED), None, INTERPRETED)
+            p = _dot(v7, _x_slice(x_ptrs, k0 + 448 + rk < K, t_ok, 7, CT, EVEN_K, INTERPRETED), p, INTERPRETED)
+            acc = _promote(acc, p, sw_ptr, k0 + 384, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        else:
+            acc = _dot(v0, _x_slice(x_ptrs, k0 + rk < K, t_ok, 0, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
+            acc = _dot(v1, _x_slice(x_ptrs, k0 + 64 + rk < K, t_ok, 1, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
+            acc = _dot(v2, _x_slice(x_ptrs, k0 + 128 + rk < K, t_ok, 2, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
+            acc = _dot(v3, _x_slice(x_ptrs, k0 + 192 + rk < K, t_ok, 3, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
+            acc = _dot(v4, _x_slice(x_ptrs, k0 + 256 + rk < K, t_ok, 4, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
+            acc = _dot(v5, _x_slice(x_ptrs, k0 + 320 + rk < K, t_ok, 5, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
+            acc = _dot(v6, _x_slice(x_ptrs, k0 + 384 + rk < K, t_ok, 6, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
+            acc = _dot(v7, _x_slice(x_ptrs, k0 + 448 + rk < K, t_ok, 7, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
+        w_ptrs += 64 * SPLIT_K
+        x_ptrs += 512 * SPLIT_K
+
+    # ---- epilogue (tile is [weight rows, tokens]) ----
+    y = acc
+    if X_SCALE == "scalar":
+        y = y * tl.load(sx_ptr)
+    elif X_SCALE == "vector":
+        sx = tl.load(sx_ptr + rt * stride_sx, mask=t_ok, other=0.0)
+        y = y * sx[None, :]
+    if W_SCALE == "scalar":
+        y = y * tl.load(sw_ptr)
+    elif W_SCALE == "vector":
+        sw = tl.load(sw_ptr + rn * stride_sw_n, mask=n_ok, other=0.0)
+        y = y * sw[:, None]
+    if HAS_BIAS:
+        if SPLIT_K == 1 or pid_k == 0:
+            b = tl.load(bias_ptr + rn, mask=n_ok, other=0.0)
+            y = y + b[:, None]
+    mask = n_ok[:, None] & t_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(c_ptr + rt.to(tl.int64)[None, :] * ldc + rn64[:, None], y.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Workspace [SPLIT_K, N, M] fp32 (the kernel's orientation).
+        tl.store(c_ptr + pid_k.to(tl.int64) * N * M + rn64[:, None] * M + rt[None, :], y, mask=mask)

@@ -1,0 +1,204 @@
+"""Launching the prepacked-int4 kernel: validation, config choice, cached direct launches.
+
+``linear_prepacked(x, w, x_scale, w_scale)`` is what ``tileq.linear`` runs for a
+``PrepackedInt4`` weight: y = x @ W^T with W's group (bquant) or per-channel scales, x 16-bit
+(W4A16) or fp8 with per-token or per-tensor scales (W4A8; converted exactly to bf16 in the
+kernel, so the products run on bf16 wgmma).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._runtime import bounded_put, interpreter_active
+from ..errors import DTypeError, ShapeError, expect
+from ..kernels import gemm_kernel
+from ..kernels.direct import KernelCall, direct_launch_enabled
+from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
+from . import kernel as _kernel_module
+from .layout import BLOCK_K, PrepackedInt4
+
+_X_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8",
+            torch.float8_e5m2: "bf8"}
+_OUT = (torch.bfloat16, torch.float16, torch.float32)
+NUM_SMS_DEFAULT = 132
+ROWS = 64  # weight rows per program (kernel.BN)
+
+
+@dataclass(frozen=True)
+class Int4pConfig:
+    """bm: tokens per program (wgmma N), split_k: programs along K, stages: pipeline depth."""
+
+    bm: int
+    split_k: int = 1
+    stages: int = 3
+    warps: int = 4
+
+    @property
+    def tag(self) -> str:
+        sk = f"_sk{self.split_k}" if self.split_k > 1 else ""
+        return f"m{ROWS}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}_swap"
+
+
+def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> Int4pConfig:
+    """Token tile from M; split K until the grid covers the SMs about twice (each program keeps
+    at least two K tiles); pipeline depth from the shared memory one stage takes."""
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64
+    tiles = -(-n // ROWS) * -(-m // bm)
+    ktiles = -(-k // BLOCK_K)
+    split = 1
+    while tiles * split < 2 * num_sms and ktiles >= 4 * split:
+        split *= 2
+    stages = 4 if bm <= 16 else 3 if bm <= 32 else 2
+    return Int4pConfig(bm, split, stages)
+
+
+def kernel_name(x_type: str, w_scale: str, cfg: Int4pConfig) -> str:
+    scheme = "bquant" if w_scale == "group" else "rowcol" if w_scale == "vector" else "tensor"
+    pipeline = "decode" if cfg.bm <= 64 else "prefill"
+    return f"{scheme}_{x_type}xi4p_rcr_{pipeline}__{cfg.tag}_sm90"
+
+
+def _scale_kind(t, what: str) -> str:
+    return "scalar" if t.numel() == 1 else what
+
+
+class Int4pLaunch:
+    """One call signature bound to its kernel launch (and split-K reduction)."""
+
+    def __init__(self, m, n, k, x_type, out_dtype, w_scale_kind, sw_strides, x_scale_kind, sx_stride,
+                 group_k, has_bias, device, cfg: Int4pConfig):
+        self.m, self.n, self.out_dtype, self.device, self.cfg = m, n, out_dtype, device, cfg
+        self.interpreted = interpreter_active()
+        self.direct = device.type == "cuda" and not self.interpreted
+        ct = "fp16" if x_type == "fp16" else "bf16"
+        grid = (-(-n // ROWS) * -(-m // cfg.bm), cfg.split_k)
+        ints = (m, n, k, k, n, sw_strides[0], sw_strides[1], sx_stride)
+        consts = dict(CT=ct, W_SCALE=w_scale_kind, X_SCALE=x_scale_kind, GROUP_K=group_k,
+                      HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=k % BLOCK_K == 0,
+                      INTERPRETED=self.interpreted, num_warps=cfg.warps, num_stages=cfg.stages)
+        self.name = kernel_name(x_type, w_scale_kind, cfg)
+        target = torch.float32 if cfg.split_k > 1 else out_dtype
+        self.main = KernelCall(_kernel_module, "_i4p_kernel", grid, ints, consts,
+                               (torch.int32, None, target, torch.float32, torch.float32, torch.float32))
+        self.reduce = None
+        if cfg.split_k > 1:
+            total = n * m
+            self.reduce = KernelCall(gemm_kernel, "_splitk_reduce_kernel", (-(-total // REDUCE_BLOCK),),
+                                     (total, m, n), dict(SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK,
+                                                         SWAPPED=True, num_warps=4),
+                                     (torch.float32, out_dtype))
+
+    def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
+        if out is None:
+            out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
+        direct = self.direct and direct_launch_enabled()
+        target = out
+        if self.cfg.split_k > 1:
+            numel = self.cfg.split_k * self.n * self.m
+            target = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
+        self.main((wdata, x2, target, sw, sx, bias), direct)
+        if self.reduce is not None:
+            self.reduce((target, out), direct)
+        return out
+
+
+_LAUNCHES: dict[tuple, Int4pLaunch] = {}
+
+
+def _check_scales(x_type, m, n, k, x_scale, w_scale, group_k):
+    if w_scale is None:
+        raise DTypeError(expect("w_scale", "the int4 weight's scales ([K/group_k, N], [N] or one value)", None))
+    if not isinstance(w_scale, torch.Tensor) or not w_scale.dtype.is_floating_point:
+        raise DTypeError(expect("w_scale", "a floating-point tensor", type(w_scale).__name__))
+    if group_k % 128 or group_k <= 0:
+        raise ShapeError(expect("group_k", "a positive multiple of 128 for prepacked int4 weights", group_k))
+    gk = -(-k // group_k)
+    if w_scale.numel() == 1:
+        w_kind = "scalar"
+    elif w_scale.dim() == 2 and tuple(w_scale.shape) == (gk, n) and gk > 1:
+        w_kind = "group"
+    elif tuple(w_scale.shape) in ((n,), (1, n)):
+        w_kind = "vector"
+    else:
+        raise ShapeError(expect("w_scale", f"[{gk}, {n}] (group_k={group_k}), [{n}] or one value",
+                                tuple(w_scale.shape)))
+    if x_type in ("bf16", "fp16"):
+        if x_scale is not None:
+            raise DTypeError(expect("x_scale", "None for 16-bit activations", type(x_scale).__name__))
+        return w_kind, "none"
+    if x_scale is None or not isinstance(x_scale, torch.Tensor):
+        raise DTypeError(expect("x_scale", "a tensor of per-token ([M] / [M, 1]) or per-tensor scales",
+                                type(x_scale).__name__))
+    if x_scale.numel() == 1:
+        return w_kind, "scalar"
+    if tuple(x_scale.shape) not in ((m,), (m, 1)):
+        raise ShapeError(expect("x_scale", f"[{m}] or [{m}, 1] (per token) or one value", tuple(x_scale.shape)))
+    return w_kind, "vector"
+
+
+def _f32(t):
+    return t if t is None or t.dtype == torch.float32 else t.float()
+
+
+def linear_prepacked(x: torch.Tensor, w: PrepackedInt4, x_scale=None, w_scale=None, *,
+                     out_dtype: torch.dtype | None = None, bias=None, group_k: int = 128,
+                     config: Int4pConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W^T for a prepacked int4 weight W [N, K]; x [..., K] (leading dims flattened)."""
+    if not isinstance(w, PrepackedInt4):
+        raise DTypeError(expect("w", "a tileq.PrepackedInt4", type(w).__name__))
+    if not isinstance(x, torch.Tensor) or x.dtype not in _X_TYPES:
+        raise DTypeError(expect("x", "a bf16, fp16, fp8 e4m3 or e5m2 tensor",
+                                getattr(x, "dtype", type(x).__name__)))
+    n, k = w.shape
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ShapeError(expect("x", f"[..., {k}] (the weight's K)", tuple(x.shape)))
+    if x.device != w.device:
+        raise DTypeError(expect("x", f"on the weight's device {w.device}", x.device))
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if k and x2.stride(1) != 1:
+        raise ShapeError(expect("x", "unit stride along K", f"strides {tuple(x.stride())}"))
+    m = x2.shape[0]
+    x_type = _X_TYPES[x.dtype]
+    if out_dtype is None:
+        out_dtype = x.dtype if x_type in ("bf16", "fp16") else torch.bfloat16
+    if out_dtype not in _OUT:
+        raise DTypeError(expect("out_dtype", "bf16, fp16 or fp32", out_dtype))
+    if x_scale is not None and isinstance(x_scale, torch.Tensor) and x_scale.numel() == m and m > 1:
+        x_scale = x_scale.reshape(m)
+    w_kind, x_kind = _check_scales(x_type, m, n, k, x_scale, w_scale, group_k)
+    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,)):
+        raise ShapeError(expect("bias", f"[{n}]", tuple(getattr(bias, "shape", ()))))
+    if m == 0 or n == 0:
+        return torch.empty(*lead, n, dtype=out_dtype, device=x.device)
+    if k == 0:
+        y = torch.zeros(m, n, dtype=torch.float32, device=x.device)
+        if bias is not None:
+            y += bias.float()
+        return y.to(out_dtype).view(*lead, n)
+    sw = _f32(w_scale)
+    sx = _f32(x_scale)
+    b = _f32(bias)
+    if w_kind == "group":
+        sw_strides = (sw.stride(0), sw.stride(1))
+    elif w_kind == "vector":
+        sw_strides = (0, sw.stride(-1))
+    else:
+        sw_strides = (0, 0)
+        sw = sw.reshape(())
+    sx_stride = sx.stride(0) if x_kind == "vector" else 0
+    cfg = config or default_config(m, n, k)
+    key = (m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
+           x2.stride(0), x.device, cfg, interpreter_active())
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        if x2.stride(0) != k and m > 1:
+            raise ShapeError(expect("x", "rows of stride K (a contiguous [..., K] tensor)", tuple(x.stride())))
+        launch = Int4pLaunch(m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k,
+                             b is not None, x.device, cfg)
+        bounded_put(_LAUNCHES, key, launch, 1024)
+    y = launch(x2, w.data, sx, sw, b, None if out is None else out.view(m, n))
+    return y.view(*lead, n)

@@ -1,0 +1,187 @@
+"""Prepacked int4 weights (tileq.int4p): the i4p1 layout bit for bit, and the kernel against a
+float64 reference on odd shapes. On a CPU the kernel runs in Triton's interpreter (its plain-op
+conversion); on a GPU (TILEQ_TEST_GPU=1) the same tests run the inline-PTX conversion. The sm_90
+build test compiles the real kernel on the CPU and checks the K loop it gets."""
+
+import os
+import subprocess
+
+import pytest
+import torch
+
+import tileq
+from tileq.errors import DTypeError, ShapeError
+from tileq.int4p import BLOCK_K, PrepackedInt4, prepack_int4, unprepack_int4
+from tileq.int4p.launch import Int4pConfig, default_config, linear_prepacked
+from tileq.int4p.layout import prepacked_values
+from tileq.quant import pack_int4, unpack_int4
+
+DEV = "cuda" if os.environ.get("TILEQ_TEST_GPU") == "1" and torch.cuda.is_available() else "cpu"
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+@pytest.mark.parametrize("n,k", [(1, 2), (3, 512), (5, 1000), (64, 1536), (7, 130)])
+def test_prepack_roundtrip_is_exact(n, k):
+    torch.manual_seed(n * k)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    pk = pack_int4(v, dim=1)
+    p = prepack_int4(pk)
+    assert p.data.dtype == torch.int32 and p.data.shape == (n, -(-k // BLOCK_K) * 64)
+    assert torch.equal(unprepack_int4(p).data, pk.data)
+    assert torch.equal(prepack_int4(v).data, p.data)  # int values and PackedInt4 agree
+    vals = prepacked_values(p)
+    assert torch.equal(vals[:, :k], v) and not bool(vals[:, k:].any())
+
+
+def test_prepack_matches_the_documented_bit_positions():
+    # value at k is (k % 13) - 6: identifies k modulo 13 in every nibble checked below
+    k = 1024
+    v = ((torch.arange(k) % 13) - 6).to(torch.int8).view(1, k)
+    words = prepack_int4(v).data[0].tolist()
+
+    def nib(word, s):
+        return ((word & 0xFFFFFFFF) >> (4 * s)) & 15
+
+    for b in range(2):
+        for c in (0, 1, 2, 37, 62, 63):
+            w = words[64 * b + c]
+            for q in range(4):
+                base = 512 * b + (256 if c % 2 else 0) + 64 * q + (c - c % 2)
+                assert nib(w, q) - 8 == (base % 13) - 6
+                assert nib(w, 4 + q) - 8 == ((base + 1) % 13) - 6
+
+
+def test_prepack_refusals():
+    with pytest.raises(DTypeError):
+        prepack_int4(torch.full((2, 4), 9, dtype=torch.int8))
+    with pytest.raises(ShapeError):
+        prepack_int4(pack_int4(torch.zeros(4, 2, dtype=torch.int8), dim=0))  # packed along N
+    with pytest.raises(DTypeError):
+        PrepackedInt4(torch.zeros(2, 64, dtype=torch.int64), (2, 512))
+    with pytest.raises(ShapeError):
+        PrepackedInt4(torch.zeros(2, 64, dtype=torch.int32), (2, 513))  # needs 128 words
+    p = prepack_int4(torch.zeros(1, 100, dtype=torch.int8))
+    bad = p.data.clone()
+    bad[0, -1] = 0  # nibbles 0 = value -8 in the padding
+    with pytest.raises(ShapeError, match="padding"):
+        unprepack_int4(PrepackedInt4(bad, p.shape))
+
+
+# ----------------------------------------------------------------------------- kernel
+
+
+def _reference(x, v, w_scale, x_scale, bias, group_k):
+    n, k = v.shape
+    if w_scale.numel() == 1:
+        s = w_scale.double().reshape(1, 1)
+    elif w_scale.dim() == 2 and w_scale.shape[0] > 1:
+        s = w_scale.double().repeat_interleave(group_k, 0)[:k].t()
+    else:
+        s = w_scale.double().reshape(n, 1)
+    xd = x.double()
+    if x_scale is not None:
+        xd = xd * x_scale.double().reshape(-1, 1)
+    y = xd @ (v.double() * s).t()
+    return y + bias.double() if bias is not None else y
+
+
+CASES = [
+    # m, n, k, x dtype, group_k (0: per-channel), split_k
+    (1, 64, 512, torch.bfloat16, 128, 1),
+    (3, 70, 1000, torch.bfloat16, 128, 2),
+    (5, 130, 1536, torch.float16, 256, 1),
+    (17, 64, 600, torch.bfloat16, 0, 1),
+    (2, 96, 1024, torch.float8_e4m3fn, 128, 2),
+    (33, 64, 512, torch.float8_e5m2, 0, 1),
+    (65, 72, 640, torch.bfloat16, 128, 1),
+]
+
+
+@pytest.mark.parametrize("m,n,k,xt,gk,split", CASES)
+def test_kernel_matches_reference(m, n, k, xt, gk, split):
+    torch.manual_seed(m + n + k)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to(DEV)
+    x = torch.randn(m, k).to(xt)
+    ws = torch.rand(-(-k // gk), n) + 0.5 if gk else torch.rand(n) + 0.5
+    xs = torch.rand(m) + 0.5 if xt in FP8 else None
+    bias = torch.randn(n)
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64
+    cfg = Int4pConfig(bm, split, 2)
+    d = lambda t: None if t is None else t.to(DEV)  # noqa: E731
+    y = linear_prepacked(d(x), w, d(xs), d(ws), bias=d(bias), group_k=gk or 128, config=cfg,
+                         out_dtype=torch.float32)
+    want = _reference(x, v, ws, xs, bias, gk or 128)
+    err = float((y.cpu().double() - want).abs().max() / want.abs().max())
+    assert err < 2e-6, err
+    y16 = linear_prepacked(d(x), w, d(xs), d(ws), bias=d(bias), group_k=gk or 128, config=cfg)
+    assert y16.dtype == (xt if xt not in FP8 else torch.bfloat16)
+    assert float((y16.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+
+
+def test_linear_routes_prepacked_weights_and_agrees_with_packed():
+    torch.manual_seed(3)
+    n, k, m = 96, 768, 4
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    ws = (torch.rand(k // 128, n) + 0.5).to(DEV)
+    x = torch.randn(2, m, k).to(torch.bfloat16).to(DEV)  # leading dims are kept
+    y = tileq.linear(x, prepack_int4(v).to(DEV), None, ws, scheme="bquant", out_dtype=torch.float32)
+    assert y.shape == (2, m, n)
+    want = _reference(x.reshape(-1, k).cpu(), v, ws.cpu(), None, None, 128).view(2, m, n)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 2e-6
+    with pytest.raises(DTypeError, match="scheme"):
+        tileq.linear(x, prepack_int4(v).to(DEV), None, ws, scheme="abquant")
+
+
+def test_kernel_refusals():
+    w = prepack_int4(torch.zeros(64, 256, dtype=torch.int8))
+    x = torch.zeros(2, 256, dtype=torch.bfloat16)
+    with pytest.raises(ShapeError):
+        linear_prepacked(torch.zeros(2, 255, dtype=torch.bfloat16), w, None, torch.ones(2, 64))
+    with pytest.raises(ShapeError):
+        linear_prepacked(x, w, None, torch.ones(3, 64))  # 256 / 128 = 2 groups
+    with pytest.raises(ShapeError, match="group_k"):
+        linear_prepacked(x, w, None, torch.ones(4, 64), group_k=64)
+    with pytest.raises(DTypeError, match="x_scale"):
+        linear_prepacked(x.to(torch.float8_e4m3fn), w, None, torch.ones(2, 64))
+    with pytest.raises(DTypeError, match="x_scale"):
+        linear_prepacked(x, w, torch.ones(2), torch.ones(2, 64))
+    with pytest.raises(DTypeError):
+        linear_prepacked(x.float(), w, None, torch.ones(2, 64))
+
+
+def test_default_config_covers_the_gpu():
+    assert default_config(1, 5120, 17408).split_k > 1  # 80 row tiles on 132 SMs
+    assert default_config(1, 28672, 8192).split_k == 1
+    assert default_config(64, 4096, 4096).bm == 64
+
+
+# ----------------------------------------------------------------------------- sm_90 build
+
+
+def test_sm90_build_converts_in_registers_without_shared_round_trips():
+    """The words reach the wgmma A fragment directly (dot-operand layout at the inline asm), and
+    the K loop has the expected conversion: 4 LOP3 + 4 packed subtractions per two words, 32
+    m64n16k16 wgmmas per 512 of K, no spills (compiled for sm_90 on the CPU, no interpreter)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root / "src")
+    for ct in ("bf16", "fp16"):
+        proc = subprocess.run([sys.executable, str(root / "scripts" / "sass_loop.py"), "--prepacked", ct, "16",
+                               "group", "--json", "--out", "/tmp/tileq-sass-test"], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert "tensor<64x64xi32, #ttg.dot_op<{opIdx = 0" in r["inline_asm"], r["inline_asm"]
+        ops = r["loop_ops"]
+        assert ops.get("HGMMA") == 32, ops
+        assert ops.get("HADD2") == 128 and ops.get("LOP3", 0) >= 128, ops
+        assert ops.get("PRMT", 0) == 0 and ops.get("STS", 0) <= 8, ops  # no shuffles, no round trips
+        assert r["kernel_ops"].get("LDL", 0) == 0 and r["kernel_ops"].get("STL", 0) == 0, r["kernel_ops"]
