@@ -31,7 +31,7 @@ from tileq.kernels.launch import signature
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def _prepacked_source(ct: str, bm: int, w_scale: str):
+def _prepacked_source(ct: str, bm: int, w_scale: str, warps: int = 4):
     from tileq.int4p.kernel import _i4p_kernel
 
     sig = {"w_ptr": "*i32", "x_ptr": f"*{ct}", "c_ptr": "*bf16", "sw_ptr": "*fp32", "sx_ptr": "*fp32",
@@ -43,7 +43,7 @@ def _prepacked_source(ct: str, bm: int, w_scale: str):
              if t.startswith("*") or name in div16}
     consts = dict(CT="fp16" if ct == "fp16" else "bf16", W_SCALE=w_scale,
                   X_SCALE="vector" if ct.startswith("fp8") else "none", GROUP_K=128, HAS_BIAS=False,
-                  BM=bm, SPLIT_K=1, EVEN_K=True, INTERPRETED=False)
+                  BM=bm, SPLIT_K=1, EVEN_K=True, INTERPRETED=False, BN=64 * (warps // 4))
     return triton.compiler.ASTSource(fn=_i4p_kernel, signature=sig, constexprs=consts, attrs=attrs)
 
 
@@ -55,15 +55,16 @@ def main() -> int:
     p.add_argument("k", nargs="?", type=int)
     p.add_argument("config", nargs="?", help="a config tag, e.g. m64n16k256_w4_s4_swap")
     p.add_argument("--prepacked", action="store_true", help="the prepacked-int4 kernel (tileq.int4p)")
-    p.add_argument("--stages", type=int, default=4, help="pipeline stages (--prepacked)")
+    p.add_argument("--stages", type=int, default=2, help="pipeline stages (--prepacked)")
+    p.add_argument("--warps", type=int, default=4, help="warps: 4 or 8 (--prepacked; 64 weight rows each 4)")
     p.add_argument("--out", default="/tmp/tileq-sass")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
     if args.prepacked:
-        src = _prepacked_source(args.family, args.m, args.n or "group")
-        options = {"num_warps": 4, "num_stages": args.stages}
-        label = f"int4p_{args.family}_bm{args.m}_{args.n or 'group'}_s{args.stages}"
+        src = _prepacked_source(args.family, args.m, args.n or "group", args.warps)
+        options = {"num_warps": args.warps, "num_stages": args.stages}
+        label = f"int4p_{args.family}_bm{args.m}_{args.n or 'group'}_w{args.warps}_s{args.stages}"
     else:
         spec = family_spec(parse_family(args.family), args.m, int(args.n), args.k)
         cfg = TileConfig.parse_tag(args.config)

@@ -97,6 +97,7 @@ CASES = [
     (2, 96, 1024, torch.float8_e4m3fn, 128, 2),
     (33, 64, 512, torch.float8_e5m2, 0, 1),
     (65, 72, 640, torch.bfloat16, 128, 1),
+    (4, 200, 1024, torch.bfloat16, 128, -1),  # -1: two warpgroups, 128 weight rows per program
 ]
 
 
@@ -110,7 +111,7 @@ def test_kernel_matches_reference(m, n, k, xt, gk, split):
     xs = torch.rand(m) + 0.5 if xt in FP8 else None
     bias = torch.randn(n)
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    cfg = Int4pConfig(bm, split, 2)
+    cfg = Int4pConfig(bm, split, 2) if split > 0 else Int4pConfig(bm, 1, 2, warps=8)
     d = lambda t: None if t is None else t.to(DEV)  # noqa: E731
     y = linear_prepacked(d(x), w, d(xs), d(ws), bias=d(bias), group_k=gk or 128, config=cfg,
                          out_dtype=torch.float32)

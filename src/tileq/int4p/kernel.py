@@ -3,8 +3,8 @@
 It computes C^T = W X^T tile by tile: the weight is the wgmma's A operand, converted in
 registers, and the activations X [M, K] (16-bit, or fp8 converted exactly to bf16) are the B
 operand from shared memory, so a small M sits on wgmma's N side (swap-AB). A program owns 64
-weight rows and BM tokens; each 512-wide K tile is eight 64-wide slices, one ``tl.dot`` each.
-The words are loaded as an int32 [64, 64] tile whose element pairs (c, c + 1) land in one thread
+weight rows per warpgroup (BN) and BM tokens; each 512-wide K tile is eight 64-wide slices, one ``tl.dot`` each.
+The words are loaded as an int32 [BN, 64] tile whose element pairs (c, c + 1) land in one thread
 (the dot-operand layout, kWidth 2) and one inline-asm call per pair makes all eight slices'
 registers (see layout.py). Group scales (group_k a multiple of 128) are promoted per 128 of K;
 per-channel scales are applied in the epilogue, in DESIGN.md's order:
@@ -146,9 +146,9 @@ def _i4p_kernel(
     M, N, K, ldx, ldc, stride_sw_g, stride_sw_n, stride_sx,
     CT: tl.constexpr, W_SCALE: tl.constexpr, X_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-    INTERPRETED: tl.constexpr,
+    INTERPRETED: tl.constexpr, BN: tl.constexpr = 64,
 ):
-    BN: tl.constexpr = 64  # weight rows per program: one warpgroup's wgmma M
+    # BN: weight rows per program, 64 per warpgroup (wgmma M); the token tile BM is shared.
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_n = tl.cdiv(N, BN)

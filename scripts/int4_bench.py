@@ -1,0 +1,202 @@
+"""int4 weights against bf16 cuBLAS and tileq's int8 in one run: the prepacked kernel
+(tileq.int4p), the pk_int4 kernel it replaces, W4A16 and W4A8.
+
+    OUT=/tmp/tileq-out PYTHONPATH=src python3 scripts/int4_bench.py [--quick]
+
+Per (N, K) weight and M, in the same process and with the same timer (CUDA-graph replays, L2
+flushed by a 2x-L2 read before every run, tileq.bench.timing): bf16 F.linear (cuBLAS), tileq int8
+rowcol, tileq fp8 rowcol, W4A16 on pk_int4 (tileq.linear on a PackedInt4: the old kernel), W4A16
+on the prepacked layout (default config, and at M in {1, 16} the best of a split-K x (stages, warps)
+sweep), W4A8 (fp8 activations, per-token scales) on both. Every output is checked against a
+float32 torch reference of the same dequantized operands before it is timed (a failing one is
+reported, not timed). Writes $OUT/int4.csv and prints the table and the issue's target ratios.
+Shapes: 'llm' (Qwen3-14B merged qkv / o / gate_up / down, Llama-70B MLP) are what tileq's
+tables and heuristics were made on; 'untuned' (Llama-3-8B and Llama-2-7B projections) were not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+SHAPES = [  # (set, name, N, K)
+    ("llm", "qwen3-14b.qkv", 7168, 5120),
+    ("llm", "qwen3-14b.o", 5120, 5120),
+    ("llm", "qwen3-14b.gate_up", 34816, 5120),
+    ("llm", "qwen3-14b.down", 5120, 17408),
+    ("llm", "llama-70b.up", 28672, 8192),
+    ("llm", "llama-70b.down", 8192, 28672),
+    ("untuned", "llama3-8b.qkv", 6144, 4096),
+    ("untuned", "llama3-8b.gate_up", 28672, 4096),
+    ("untuned", "llama3-8b.down", 4096, 14336),
+    ("untuned", "llama2-7b.up", 11008, 4096),
+    ("untuned", "llama2-7b.down", 4096, 11008),
+]
+M_DECODE = (1, 4, 16, 32, 64)
+M_PREFILL = (128, 512, 1024, 4096)
+FIELDS = ["set", "shape", "m", "n", "k", "impl", "config", "ms", "tbps_weight", "max_rel_err", "note"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="three shapes, M in {1, 16, 64, 1024}")
+    p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--no-sweep", action="store_true")
+    args = p.parse_args()
+    out_dir = os.environ.get("OUT", "/tmp/tileq-out")
+    os.makedirs(out_dir, exist_ok=True)
+
+    import tileq
+    from tileq.bench.timing import Timer, TimingConfig
+    from tileq.int4p import prepack_int4
+    from tileq.int4p.launch import Int4pConfig, default_config, linear_prepacked
+    from tileq.quant import pack_int4
+
+    dev = torch.device("cuda")
+    timer = Timer(dev, TimingConfig(warmup=5, runs=args.runs, flush="read", graphs=True))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    shapes = SHAPES if not args.quick else [SHAPES[0], SHAPES[3], SHAPES[8]]
+    ms = (M_DECODE + M_PREFILL) if not args.quick else (1, 16, 64, 1024)
+    rows = []
+    t_start = time.time()
+    path = os.path.join(out_dir, "int4.csv")
+    csv_file = open(path, "w", newline="")
+    writer = csv.DictWriter(csv_file, fieldnames=FIELDS)
+    writer.writeheader()
+
+    class Rows(list):  # every row reaches the CSV at once: a run cut short keeps what it measured
+        def append(self, row):
+            super().append(row)
+            writer.writerow(row)
+            csv_file.flush()
+
+    rows = Rows()
+
+    def record(s, name, m, n, k, impl, cfg, fn, want, wbytes, note=""):
+        try:
+            y = fn()
+            err = float((y.float() - want).abs().max() / want.abs().max().clamp_min(1e-30))
+            if not err < 2e-2:
+                rows.append(dict(set=s, shape=name, m=m, n=n, k=k, impl=impl, config=cfg, ms="",
+                                 tbps_weight="", max_rel_err=f"{err:.3g}", note="WRONG: not timed"))
+                print(f"  {impl} WRONG max_rel_err {err:.3g}", flush=True)
+                return None
+            t = timer.measure(fn).median_ms
+        except Exception as e:  # reported, the run goes on
+            rows.append(dict(set=s, shape=name, m=m, n=n, k=k, impl=impl, config=cfg, ms="", tbps_weight="",
+                             max_rel_err="", note=f"error: {type(e).__name__}: {str(e)[:200]}"))
+            print(f"  {impl} error {type(e).__name__}: {str(e)[:300]}", flush=True)
+            return None
+        rows.append(dict(set=s, shape=name, m=m, n=n, k=k, impl=impl, config=cfg, ms=f"{t:.5f}",
+                         tbps_weight=f"{wbytes / t / 1e9:.3f}", max_rel_err=f"{err:.2e}", note=note))
+        return t
+
+    for s, name, n, k in shapes:
+        g = torch.Generator(device=dev).manual_seed(n + k)
+        v = torch.randint(-8, 8, (n, k), dtype=torch.int8, device=dev, generator=g)
+        sw4 = torch.rand(k // 128, n, device=dev, generator=g) * 0.01 + 0.005
+        w_deq = (v.float() * sw4.repeat_interleave(128, 0).t())  # [N, K] fp32
+        w_pk = pack_int4(v, dim=1)
+        w_pp = prepack_int4(w_pk)
+        w_bf16 = w_deq.to(torch.bfloat16)
+        w8 = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=dev, generator=g)
+        sw8 = torch.rand(n, device=dev, generator=g) * 0.01 + 0.005
+        wf8 = (torch.randn(n, k, device=dev, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+        for m in ms:
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            sx = torch.rand(m, device=dev, generator=g) * 0.02 + 0.01
+            xq8 = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=dev, generator=g)
+            xf8 = (torch.randn(m, k, device=dev, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+            ref16 = x.float() @ w_deq.t()
+            ref8 = (xf8.float() * sx[:, None]) @ w_deq.t()
+            print(f"{name} M={m} N={n} K={k} ({time.time() - t_start:.0f} s)", flush=True)
+            b16 = w_bf16.numel() * 2
+            b4 = n * k // 2
+            record(s, name, m, n, k, "bf16_cublas", "", lambda: torch.nn.functional.linear(x, w_bf16),
+                   x.float() @ w_bf16.float().t(), b16)
+            record(s, name, m, n, k, "int8_rowcol", "", lambda: tileq.linear(xq8, w8, sx, sw8, scheme="rowcol"),
+                   (xq8.float() * sx[:, None]) @ (w8.float() * sw8[:, None]).t(), n * k)
+            record(s, name, m, n, k, "fp8_rowcol", "", lambda: tileq.linear(xf8, wf8, sx, sw8, scheme="rowcol"),
+                   (xf8.float() * sx[:, None]) @ (wf8.float() * sw8[:, None]).t(), n * k)
+            record(s, name, m, n, k, "w4a16_pk", "", lambda: tileq.linear(x, w_pk, None, sw4, scheme="bquant"),
+                   ref16, b4)
+            cfg = default_config(m, n, k)
+            record(s, name, m, n, k, "w4a16_prepacked", cfg.tag,
+                   lambda: linear_prepacked(x, w_pp, None, sw4), ref16, b4)
+            record(s, name, m, n, k, "w4a8_pk", "", lambda: tileq.linear(xf8, w_pk, sx, sw4, scheme="bquant"),
+                   ref8, b4)
+            record(s, name, m, n, k, "w4a8_prepacked", cfg.tag,
+                   lambda: linear_prepacked(xf8, w_pp, sx, sw4), ref8, b4)
+            if m in (1, 16) and not args.no_sweep:
+                for split in (1, 2, 4, 8):
+                    for stages, warps in ((2, 4), (3, 4), (2, 8)):
+                        c = Int4pConfig(cfg.bm, split, stages, warps)
+                        if c == cfg or -(-k // 512) < 2 * split:
+                            continue
+                        record(s, name, m, n, k, "w4a16_prepacked_sweep", c.tag,
+                               lambda c=c: linear_prepacked(x, w_pp, None, sw4, config=c), ref16, b4)
+        del v, w_deq, w_pk, w_pp, w_bf16, w8, wf8
+        torch.cuda.empty_cache()
+
+    csv_file.close()
+    summarize(rows)
+    print(f"wrote {path} ({time.time() - t_start:.0f} s)")
+    return 0
+
+
+def summarize(rows) -> None:
+    t = {}
+    for r in rows:
+        if r["ms"]:
+            key = (r["shape"], int(r["m"]), r["impl"])
+            t[key] = min(t.get(key, 1e9), float(r["ms"]))
+    probs = sorted({(r["set"], r["shape"], int(r["m"]), int(r["n"]), int(r["k"])) for r in rows},
+                   key=lambda p: (p[1], p[2]))
+    print(f"{'shape':22} {'M':>5} {'bf16':>8} {'int8':>8} {'w4pk':>8} {'w4pp':>8} {'best':>8} {'pp/i8':>6} "
+          f"{'bf16/pp':>7} {'pk/pp':>6} {'w4a8pp/i8':>9}")
+    ratio = {}
+    for s, shape, m, n, k in probs:
+        g = lambda impl: t.get((shape, m, impl))  # noqa: E731
+        best = min([x for x in (g("w4a16_prepacked"), g("w4a16_prepacked_sweep")) if x] or [None]) \
+            if g("w4a16_prepacked") else None
+        fmt = lambda x: f"{x * 1000:8.1f}" if x else "       -"  # noqa: E731
+        div = lambda a, b: a / b if a and b else None  # noqa: E731
+        r_pp_i8 = div(g("w4a16_prepacked"), g("int8_rowcol"))
+        r_bf16 = div(g("bf16_cublas"), g("w4a16_prepacked"))
+        r_pk = div(g("w4a16_pk"), g("w4a16_prepacked"))
+        r_a8 = div(g("w4a8_prepacked"), g("int8_rowcol"))
+        r_a8f = div(g("fp8_rowcol"), g("w4a8_prepacked"))
+        ratio[(s, shape, m, n, k)] = (r_pp_i8, r_bf16, r_a8, r_a8f, div(best, g("int8_rowcol")))
+        f2 = lambda x: f"{x:6.2f}" if x else "     -"  # noqa: E731
+        print(f"{shape:22} {m:5d} {fmt(g('bf16_cublas'))} {fmt(g('int8_rowcol'))} {fmt(g('w4a16_pk'))} "
+              f"{fmt(g('w4a16_prepacked'))} {fmt(best)} {f2(r_pp_i8)} {f2(r_bf16)} {f2(r_pk)} {f2(r_a8)}   (us)")
+
+    def med(sel, idx):
+        vals = [v[idx] for key, v in ratio.items() if sel(*key) and v[idx]]
+        return (statistics.median(vals), len(vals)) if vals else (None, 0)
+
+    big = lambda s, sh, m, n, k: n * k // 2 >= 25e6  # noqa: E731
+    lines = [
+        ("W4A16 decode M<=16, int4 >= 25 MB: prepacked / int8 (target <= 0.6)",
+         med(lambda *a: a[2] <= 16 and big(*a), 0)),
+        ("  same, best swept config / int8", med(lambda *a: a[2] <= 16 and big(*a), 4)),
+        ("W4A16 decode M 32-64: prepacked / int8 (target <= 0.75)", med(lambda *a: 32 <= a[2] <= 64, 0)),
+        ("W4A16 prefill M>=1024: bf16 time / prepacked time (target >= 0.95)", med(lambda *a: a[2] >= 1024, 1)),
+        ("W4A16 prefill M 128-512: bf16 / prepacked (target >= 1.0)", med(lambda *a: 128 <= a[2] <= 512, 1)),
+        ("W4A8 decode M<=16, >= 25 MB: prepacked / int8 (target <= 0.6)", med(lambda *a: a[2] <= 16 and big(*a), 2)),
+        ("W4A8 prefill M>=128: fp8 rowcol time / prepacked (target >= 0.8)", med(lambda *a: a[2] >= 128, 3)),
+        ("  untuned shapes only, W4A16 decode M<=16 / int8", med(lambda *a: a[0] == "untuned" and a[2] <= 16, 0)),
+    ]
+    print()
+    for label, (v, n) in lines:
+        print(f"{label}: {'-' if v is None else f'{v:.3f}'} (median of {n})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
