@@ -3,9 +3,14 @@
 #   bash scripts/gpu_run.sh [tests] [flush-check] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode]
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
 #                          [tests-model] [layerbench] [e2e] [e2e-small] [tests-gluon] [bench-gluon]
+#                          [tests-formats] [e2e-checkpoint]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
-#              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench).
+#              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench),
+#              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
+#              CKPT_ARGS (extra arguments of scripts/make_checkpoint.py), CKPT_E2E_ARGS (of its tileq e2e runs).
+# tests-formats installs the wheels in .whl/ (compressed-tensors and what it needs, made by pip download in
+# the checkout; pass carry [".whl"]) into /tmp/site, used by that step only.
 # Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +50,46 @@ for step in "${steps[@]}"; do
     e2e-small)
       python3 -m tileq e2e --out "$OUT/e2e_small" --layers 2 --tokens 16 --eager-tokens 4 --prompt 64 \
         ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_small.log" | tail -40 ;;
+    tests-formats)
+      # Checkpoint formats (issue #12) on the GPU: test_formats.py's gpu-marked tests make their
+      # checkpoints with compressed-tensors (absent here: installed from .whl/ when carried) and
+      # test_formats_gpu.py's need no producing library.
+      site=src
+      if [ -d .whl ]; then
+        if python3 -m pip --version >/dev/null 2>&1; then
+          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        else  # a venv without pip: the wheels are plain archives (no .data, no scripts)
+          rm -rf /tmp/site && for w in .whl/*.whl; do python3 -m zipfile -e "$w" /tmp/site; done
+        fi
+        site=/tmp/site:src
+      fi
+      PYTHONPATH=$site python3 -c "import compressed_tensors as c; print('compressed-tensors', c.__version__)" \
+        || echo "compressed-tensors is not importable: test_formats.py will be skipped (carry .whl)"
+      PYTHONPATH=$site python3 -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/test_formats.py \
+        tests/test_formats_gpu.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$OUT/tests_formats.log" | tail -40 ;;
+    e2e-checkpoint)
+      # tileq e2e --checkpoint: Qwen3-14B-shaped checkpoints (CKPT_LAYERS layers, random weights)
+      # written here by scripts/make_checkpoint.py under /tmp (not copied back), each loaded with
+      # tileq.from_pretrained and timed against bf16 with its shapes. A config e2e reports FAILED
+      # fails the step.
+      ck=/tmp/tileq-ckpt
+      layers=${CKPT_LAYERS:-4}
+      cfgs=${CKPT_CONFIGS:-A8W8,W4A16}
+      erc=0
+      rm -rf "$ck"
+      python3 scripts/make_checkpoint.py --out "$ck" --layers "$layers" --configs "$cfgs" ${CKPT_ARGS:-} 2>&1 \
+        | tee "$OUT/make_checkpoint.log"
+      [ "${PIPESTATUS[0]}" -ne 0 ] && erc=1
+      for c in ${cfgs//,/ }; do
+        [ "$erc" -ne 0 ] && [ ! -d "$ck/$c" ] && continue
+        log="$OUT/e2e_checkpoint_$c.log"
+        python3 -m tileq e2e --checkpoint "$ck/$c" --out "$OUT/e2e_checkpoint/$c" --layers "$layers" \
+          --tokens 16 --eager-tokens 4 --prompt 64 ${CKPT_E2E_ARGS:-} 2>&1 | tee "$log" | tail -30
+        [ "${PIPESTATUS[0]}" -ne 0 ] && erc=1
+        grep -q "FAILED" "$log" && erc=1
+      done
+      rm -rf "$ck"
+      (exit "$erc") ;;
     flush-check)
       python3 scripts/flush_check.py 2>&1 | tee "$OUT/flush_check.log" ;;
     tune-prefill)

@@ -540,13 +540,12 @@ def test_refuses_deepseek_static_activations(workdir, dense):
 def test_gpu_converted_qwen3_checkpoint_generates(name, tmp_path):
     dense = fa.make_dense(tmp_path / "dense", arch="qwen3", hidden_size=1024, intermediate_size=3072,
                           num_attention_heads=16, num_key_value_heads=8, head_dim=64, seed=7)
+    with torch.no_grad():
+        dense_logits = fa.load_dense(dense)(fa.TOKENS).logits.float()
     path = fa.ct_quantize(dense, tmp_path / name, CT_SCHEMES[name][0])
     gpu = from_pretrained(path, device="cuda")
     cpu = from_pretrained(path)  # the torch reference executor
     assert all(m.weight.is_cuda for m in _quant_layers(gpu).values())
-    with torch.no_grad():
-        got = gpu(fa.TOKENS.cuda()).logits.float().cpu()
-        want = cpu(fa.TOKENS).logits.float()
-    assert _rel(got, want) < 0.05
+    fa.check_gpu_against_cpu(gpu, cpu, dense_logits, act_quantized=CT_SCHEMES[name][2])
     out = gpu.generate(fa.TOKENS[:1].cuda(), max_new_tokens=8, do_sample=False)
     assert out.shape == (1, fa.TOKENS.shape[1] + 8)
