@@ -3,6 +3,7 @@
 #   bash scripts/gpu_run.sh [tests] [flush-check] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode]
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
 #                          [tests-model] [layerbench] [e2e] [e2e-small] [tests-gluon] [bench-gluon]
+#                          [tests-int4p] [bench-int4]
 #                          [tests-formats] [e2e-checkpoint]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
@@ -36,6 +37,13 @@ for step in "${steps[@]}"; do
       # Hugging Face models, checkpoint formats (every test file's gpu-marked tests but the kernels').
       python3 -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/ --ignore=tests/test_gpu.py \
         --ignore=tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$OUT/tests_model.log" | tail -40 ;;
+    tests-int4p)
+      # Prepacked int4 weights (tileq.int4p): the layout and the kernel's inline-PTX conversion.
+      python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_int4p.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
+        | tail -20 | tee "$OUT/tests_int4p.log" ;;
+    bench-int4)
+      # int4 (prepacked and pk_int4) against bf16 cuBLAS and tileq int8/fp8, one run: $OUT/int4.csv.
+      python3 scripts/int4_bench.py ${INT4_ARGS:-} 2>&1 | tee "$OUT/int4_bench.log" | grep -v "^  " | tail -110 ;;
     tests-gluon)
       # The sm_90 Gluon prefill kernel (opt-in, TILEQ_GLUON=1 inside the tests) against the reference.
       python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
@@ -63,10 +71,10 @@ for step in "${steps[@]}"; do
         fi
         site=/tmp/site:src
       fi
-      PYTHONPATH=$site python3 -c "import compressed_tensors as c; print('compressed-tensors', c.__version__)" \
-        || echo "compressed-tensors is not importable: test_formats.py will be skipped (carry .whl)"
-      PYTHONPATH=$site python3 -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/test_formats.py \
-        tests/test_formats_gpu.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$OUT/tests_formats.log" | tail -40 ;;
+      { PYTHONPATH=$site python3 -c "import compressed_tensors as c; print('compressed-tensors', c.__version__)" \
+          || echo "compressed-tensors is not importable: test_formats.py will be skipped (carry .whl)"
+        PYTHONPATH=$site python3 -m pytest -q -rs -p no:cacheprovider -n 4 -m gpu tests/test_formats.py \
+          tests/test_formats_gpu.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1; } | tee "$OUT/tests_formats.log" | tail -40 ;;
     e2e-checkpoint)
       # tileq e2e --checkpoint: Qwen3-14B-shaped checkpoints (CKPT_LAYERS layers, random weights)
       # written here by scripts/make_checkpoint.py under /tmp (not copied back), each loaded with

@@ -355,7 +355,7 @@ def report(rows: list[dict], args) -> str:
     for what in ("decode", "prefill"):
         if not any(r["metric"].startswith(f"{what}_kernel_ms_") for r in rows):
             continue
-        lines += ["", f"GPU kernel time of one eager {what} {'step' if what == 'decode' else '(512-token prompt)'} "
+        lines += ["", f"GPU kernel time of one eager {what} {'step' if what == 'decode' else f'({args.prompt}-token prompt)'} "
                   "at batch 1, ms (torch profiler):", "",
                   "| config | " + " | ".join(cats) + " | total |", "|---" * (len(cats) + 2) + "|"]
         for c in configs:
