@@ -6,8 +6,8 @@
 Per (N, K) weight and M, in the same process and with the same timer (CUDA-graph replays, L2
 flushed by a 2x-L2 read before every run, tileq.bench.timing): bf16 F.linear (cuBLAS), tileq int8
 rowcol, tileq fp8 rowcol, W4A16 on pk_int4 (tileq.linear on a PackedInt4: the old kernel), W4A16
-on the prepacked layout (default config, and at M in {1, 16} the best of a split-K x (stages, warps)
-sweep), W4A8 (fp8 activations, per-token scales) on both. Every output is checked against a
+on the prepacked layout (default config, and at M in {1, 16, 32, 64} the best of a small
+config sweep), W4A8 (fp8 activations, per-token scales) on both. Every output is checked against a
 float32 torch reference of the same dequantized operands before it is timed (a failing one is
 reported, not timed). Writes $OUT/int4.csv and prints the table and the issue's target ratios.
 Shapes: 'llm' (Qwen3-14B merged qkv / o / gate_up / down, Llama-70B MLP) are what tileq's
@@ -133,14 +133,16 @@ def main() -> int:
                    ref8, b4)
             record(s, name, m, n, k, "w4a8_prepacked", cfg.tag,
                    lambda: linear_prepacked(xf8, w_pp, sx, sw4), ref8, b4)
-            if m in (1, 16) and not args.no_sweep:
-                for split in (1, 2, 4, 8):
-                    for stages, warps in ((2, 4), (3, 4), (2, 8)):
-                        c = Int4pConfig(cfg.bm, split, stages, warps)
-                        if c == cfg or -(-k // 512) < 2 * split:
-                            continue
-                        record(s, name, m, n, k, "w4a16_prepacked_sweep", c.tag,
-                               lambda c=c: linear_prepacked(x, w_pp, None, sw4, config=c), ref16, b4)
+            if m in (1, 16, 32, 64) and not args.no_sweep:
+                if m <= 16:
+                    sweep = [Int4pConfig(16, sk, st, wp) for sk in (1, 2, 4, 8) for st, wp in ((2, 4), (3, 4), (2, 8))]
+                else:
+                    sweep = [Int4pConfig(bm, sk, 2) for bm in (16, 32) for sk in (1, 2, 4)]
+                for c in sweep:
+                    if c == cfg or -(-k // 512) < 2 * c.split_k:
+                        continue
+                    record(s, name, m, n, k, "w4a16_prepacked_sweep", c.tag,
+                           lambda c=c: linear_prepacked(x, w_pp, None, sw4, config=c), ref16, b4)
         del v, w_deq, w_pk, w_pp, w_bf16, w8, wf8
         torch.cuda.empty_cache()
 

@@ -105,7 +105,8 @@ def main() -> int:
         asm_line = next((ln for ln in compiled.asm["ttgir"].splitlines() if "elementwise_inline_asm" in ln), "")
         print(json.dumps({"label": label, "registers": int(regs.group(1)) if regs else None,
                           "shared": compiled.metadata.shared, "loop": end - start + 1, "loop_ops": ops,
-                          "kernel_ops": whole, "inline_asm": asm_line.rpartition(" : ")[2]}))
+                          "kernel_ops": whole, "inline_asm": asm_line.rpartition(" : ")[2],
+                          "ttgir": compiled.asm["ttgir"]}))
         return 0
     print(f"{label}: registers {regs.group(1) if regs else '?'}, "
           f"shared {compiled.metadata.shared} B, K loop {end - start + 1} instructions")

@@ -109,7 +109,7 @@ def _rel(a, b) -> float:
 def _dequantized(layer) -> torch.Tensor:
     """The fp32 weight [N, K] a QuantLinear represents (tileq.quant.dequantize_b on B = W^T)."""
     cfg = layer.config
-    w = layer.weight
+    w = layer.packed_weight()  # int4: pk_int4 bytes, also when the layer holds them prepacked
     if cfg.weight_dtype == "int4":
         w = PackedInt4(w, (layer.out_features, layer.in_features), 1)
     return dequantize_b(w.t(), layer.weight_scale, group_k=cfg.group_k, group_n=cfg.group_n).t()

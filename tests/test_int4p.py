@@ -164,9 +164,10 @@ def test_default_config_covers_the_gpu():
 
 
 def test_sm90_build_converts_in_registers_without_shared_round_trips():
-    """The words reach the wgmma A fragment directly (dot-operand layout at the inline asm), and
-    the K loop has the expected conversion: 4 LOP3 + 4 packed subtractions per two words, 32
-    m64n16k16 wgmmas per 512 of K, no spills (compiled for sm_90 on the CPU, no interpreter)."""
+    """The words reach the wgmma A fragment with no data movement after the shared-memory load
+    (no layout conversion, no store back to shared memory), and the K loop has the expected
+    conversion: 4 LOP3 + 4 packed subtractions per two words, 32 m64n16k16 wgmmas in four dots
+    per 512 of K, no spills (compiled for sm_90 on the CPU, no interpreter)."""
     import json
     import sys
     from pathlib import Path
@@ -180,7 +181,13 @@ def test_sm90_build_converts_in_registers_without_shared_round_trips():
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert "tensor<64x64xi32, #ttg.dot_op<{opIdx = 0" in r["inline_asm"], r["inline_asm"]
+        ttgir = r["ttgir"]
+        # The words come from shared memory straight into the conversion, and the converted
+        # operands reach the dots without a layout conversion or a store to shared memory.
+        assert "tensor<64x64xi32" in r["inline_asm"], r["inline_asm"]
+        assert "ttg.convert_layout" not in ttgir.split("scf.for", 1)[1].split("scf.yield", 1)[0]
+        assert not any("local_alloc %" in ln and "64x128x" in ln for ln in ttgir.splitlines())
+        assert ttgir.count("ttng.warp_group_dot ") == 4  # four 128-wide dots per 512 of K
         ops = r["loop_ops"]
         assert ops.get("HGMMA") == 32, ops
         assert ops.get("HADD2") == 128 and ops.get("LOP3", 0) >= 128, ops

@@ -64,9 +64,21 @@ def test_quant_linear_weight_layouts():
     blk = QuantLinear.from_linear(lin, FP8BlockConfig())
     assert blk.weight.dtype == torch.float8_e4m3fn and blk.weight_scale.shape == (2, 2)  # [Gk, Gn]
     w4 = QuantLinear.from_linear(lin, W4A16Config())
-    assert w4.weight.dtype == torch.uint8 and w4.weight.shape == (130, 128) and w4.weight_scale.shape == (2, 130)
+    # int4 weights are held prepacked by default (tileq.int4p: int32 words, K padded to 512);
+    # packed_weight() and the state dict give tileq's pk_int4 of the quantized weight.
+    assert w4.is_prepacked and w4.weight.dtype == torch.int32 and w4.weight.shape == (130, 64)
+    pk = w4.packed_weight()
+    assert pk.dtype == torch.uint8 and pk.shape == (130, 128) and w4.weight_scale.shape == (2, 130)
+    assert torch.equal(w4.state_dict()["weight"], pk)
+    w4pk = QuantLinear.from_linear(lin, W4A16Config(int4_layout="pk_int4"))
+    assert not w4pk.is_prepacked and torch.equal(w4pk.weight, pk)
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    assert torch.equal(w4(x), w4pk(x))  # the same values either way
+    assert not QuantLinear.from_linear(lin, W4A16Config(group_size=64)).is_prepacked  # 64 % 128 != 0
+    with pytest.raises(tileq.errors.UnsupportedError, match="int4_layout"):
+        W4A16Config(int4_layout="marlin")
     # The stored int4 bytes are tileq's pk_int4 of the quantized weight (element 2j high nibble).
-    q = tileq.quant.unpack_int4(tileq.PackedInt4(w4.weight, (130, 256), 1))
+    q = tileq.quant.unpack_int4(tileq.PackedInt4(pk, (130, 256), 1))
     assert q.min() >= -8 and q.max() <= 7
     deq = q.float().reshape(130, 2, 128) * w4.weight_scale.t().reshape(130, 2, 1)
     assert _rel(deq.reshape(130, 256), lin.weight) < 0.15
@@ -279,7 +291,7 @@ def test_gptq_rounds_int4_for_the_calibration_inputs():
     assert q.dtype == torch.int8 and q.min() >= -8 and q.max() <= 7 and s.shape == (2, 64)
     deq = q.float() * s.t().repeat_interleave(128, dim=1)
     rtn = QuantLinear.from_linear(lin, W4A16Config())
-    q_rtn = tileq.quant.unpack_int4(tileq.PackedInt4(rtn.weight, (64, 256), 1)).float()
+    q_rtn = tileq.quant.unpack_int4(tileq.PackedInt4(rtn.packed_weight(), (64, 256), 1)).float()
     deq_rtn = q_rtn * rtn.weight_scale.t().repeat_interleave(128, dim=1)
     test = torch.randn(256, 256) @ mix
     want = test @ lin.weight.detach().t()

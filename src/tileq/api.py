@@ -305,6 +305,11 @@ def linear_call(x, w, x_scale, w_scale, *, scheme, out_dtype, bias, group_k, gro
     ``linear``. A first call of a new signature runs the GEMM once (that is how it is planned)."""
     if x.dim() != 2:
         return None
+    if isinstance(w, PrepackedInt4):
+        from .int4p.launch import prepacked_call
+
+        _prepacked_scheme(scheme)
+        return prepacked_call(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k)
     key = _call_key("linear", x, w, x_scale, w_scale, bias, None, None, scheme, out_dtype, group_k,
                     group_n, None, None, None, False)
     hit = _lookup(key)
@@ -385,13 +390,23 @@ def _linear_prepacked(x, w, x_scale, w_scale, scheme, out_dtype, bias, group_k, 
                       fast_accum):
     """tileq.linear on a PrepackedInt4 weight: the prepacked-int4 kernel serves every M (its own
     launcher validates x, the scales and the bias); options it has no meaning for are refused."""
+    from .int4p import unprepack_int4
     from .int4p.launch import linear_prepacked
 
+    _prepacked_scheme(scheme)
+    if pipeline is not None or fast_accum:
+        raise DTypeError(expect("options", "no pipeline/fast_accum choice for a PrepackedInt4 weight "
+                                "(it has one kernel)", f"pipeline={pipeline}, fast_accum={fast_accum}"))
+    device = x.device if isinstance(x, torch.Tensor) else w.device
+    if _plan.resolve_backend(backend, device)[0] == "reference":
+        # The reference executor (what auto picks for CPU tensors) reads the interchange form:
+        # the same values, unprepacked exactly.
+        return linear(x, unprepack_int4(w), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype, bias=bias,
+                      group_k=group_k, out=out, backend=backend)
+    return linear_prepacked(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k, out=out)
+
+
+def _prepacked_scheme(scheme) -> None:
     name = getattr(scheme, "value", scheme)
     if name not in _PREPACKED_SCHEMES:
         raise DTypeError(expect("scheme", f"one of {_PREPACKED_SCHEMES} for a PrepackedInt4 weight", name))
-    if backend not in (None, "auto", "triton") or pipeline is not None or fast_accum:
-        raise DTypeError(expect("options", "no backend/pipeline/fast_accum choice for a PrepackedInt4 weight "
-                                "(it has one kernel)", f"backend={backend}, pipeline={pipeline}, "
-                                f"fast_accum={fast_accum}"))
-    return linear_prepacked(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k, out=out)

@@ -16,6 +16,7 @@ from ._runtime import env_raw
 from .activation import quantize_activation, quantize_launch
 from .api import linear, linear_call
 from .dtypes import PackedInt4
+from .int4p import PrepackedInt4
 from .kernels.direct import raw_stream
 
 _16BIT = (torch.bfloat16, torch.float16)
@@ -88,8 +89,13 @@ def quant_linear_forward(spec: LayerSpec, x: torch.Tensor, weight, weight_scale:
 
 def weight_operand(weight: torch.Tensor, int4_k: int):
     """The stored weight as ``tileq.linear`` takes it: int4 (``int4_k``, its logical K, not 0)
-    travels as uint8 storage [N, K / 2] and becomes a PackedInt4 over the same bytes."""
-    return PackedInt4(weight, (weight.shape[0], int4_k), 1) if int4_k else weight
+    travels as uint8 storage [N, K / 2] and becomes a PackedInt4 over the same bytes, or as
+    int32 words in the prepacked layout (``tileq.int4p``) and becomes a PrepackedInt4."""
+    if not int4_k:
+        return weight
+    if weight.dtype == torch.int32:
+        return PrepackedInt4(weight, (weight.shape[0], int4_k))
+    return PackedInt4(weight, (weight.shape[0], int4_k), 1)
 
 
 # ----------------------------------------------------------------------------- eager fast path

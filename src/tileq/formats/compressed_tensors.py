@@ -631,7 +631,7 @@ def layer_tensors(name: str, layer) -> list:
     n, k = layer.out_features, layer.in_features
     out = []
     if cfg.weight_dtype == "int4":
-        out.append((f"{name}.weight_packed", pk_int4_to_ct_packed(layer.weight, k)))
+        out.append((f"{name}.weight_packed", pk_int4_to_ct_packed(layer.packed_weight(), k)))
         out.append((f"{name}.weight_shape", torch.tensor([n, k], dtype=torch.int64)))
     elif cfg.name == "W8A16":
         out.append((f"{name}.weight_packed", int8_to_ct_packed(layer.weight)))

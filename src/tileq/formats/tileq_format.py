@@ -60,7 +60,9 @@ PACKING = {"int8": "none", "fp8": "none", "int4": "pk_int4"}
 
 def config_options(cfg) -> dict:
     """The config's own fields (not skip_modules), JSON-ready."""
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "skip_modules"}
+    # int4_layout is how a process holds int4 weights in memory; files always hold pk_int4.
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+            if f.name not in ("skip_modules", "int4_layout")}
 
 
 def layer_entry(layer) -> dict:
@@ -74,7 +76,7 @@ def layer_entry(layer) -> dict:
         "out_features": layer.out_features,
         "bias": layer.bias is not None,
         "static_input_scale": layer.input_scale is not None,
-        "weight": {"dtype": dtype_name(layer.weight.dtype), "shape": list(layer.weight.shape),
+        "weight": {"dtype": dtype_name(layer.weight_dtype), "shape": list(layer.weight_shape),
                    "packing": PACKING[cfg.weight_dtype]},
         "weight_scale": {"dtype": "float32", "shape": list(layer.weight_scale.shape),
                          "group_k": None if per_channel else cfg.group_k,
@@ -91,7 +93,7 @@ def quantization_config(layers: dict) -> dict:
 
 
 def layer_tensors(name: str, layer) -> list:
-    out = [(f"{name}.weight", layer.weight), (f"{name}.weight_scale", layer.weight_scale)]
+    out = [(f"{name}.weight", layer.packed_weight()), (f"{name}.weight_scale", layer.weight_scale)]
     if layer.bias is not None:
         out.append((f"{name}.bias", layer.bias))
     if layer.input_scale is not None:

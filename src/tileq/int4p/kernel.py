@@ -3,11 +3,12 @@
 It computes C^T = W X^T tile by tile: the weight is the wgmma's A operand, converted in
 registers, and the activations X [M, K] (16-bit, or fp8 converted exactly to bf16) are the B
 operand from shared memory, so a small M sits on wgmma's N side (swap-AB). A program owns 64
-weight rows per warpgroup (BN) and BM tokens; each 512-wide K tile is eight 64-wide slices, one ``tl.dot`` each.
-The words are loaded as an int32 [BN, 64] tile whose element pairs (c, c + 1) land in one thread
-(the dot-operand layout, kWidth 2) and one inline-asm call per pair makes all eight slices'
-registers (see layout.py). Group scales (group_k a multiple of 128) are promoted per 128 of K;
-per-channel scales are applied in the epilogue, in DESIGN.md's order:
+weight rows per warpgroup (BN) and BM tokens; each 512-wide K tile is four 128-wide dots, one
+per group of 128 (one wgmma chain and one wait each). The words are loaded as an int32 [BN, 64]
+tile whose element pairs (c, c + 1) land in one thread (the dot-operand layout, kWidth 2); one
+inline-asm call per pair makes the registers of all eight 64-wide slices (see layout.py), joined
+two by two into the 128-wide operands. Group scales (group_k a multiple of 128) are promoted
+per 128 of K; per-channel scales are applied in the epilogue, in DESIGN.md's order:
 ``acc -> * x_scale (tokens) -> * w_scale (weight rows) -> + bias -> cast``.
 
 SPLIT_K > 1 writes fp32 partials [SPLIT_K, N, M] that ``gemm_kernel._splitk_reduce_kernel``
@@ -111,11 +112,11 @@ def _slices(w_ptrs, w_mask, CT: tl.constexpr, INTERPRETED: tl.constexpr):
 @triton.jit
 def _x_slice(x_ptrs, k_ok, t_ok, i: tl.constexpr, CT: tl.constexpr, EVEN_K: tl.constexpr,
              INTERPRETED: tl.constexpr):
-    """The activations of slice i as the B operand [64, BM] in the compute type."""
+    """The activations of 128-wide slice i of the K tile as the B operand [128, BM]."""
     if EVEN_K:
-        x = tl.load(x_ptrs + 64 * i, mask=t_ok[None, :], other=0.0)
+        x = tl.load(x_ptrs + 128 * i, mask=t_ok[None, :], other=0.0)
     else:
-        x = tl.load(x_ptrs + 64 * i, mask=k_ok[:, None] & t_ok[None, :], other=0.0)
+        x = tl.load(x_ptrs + 128 * i, mask=k_ok[:, None] & t_ok[None, :], other=0.0)
     if INTERPRETED:
         return x.to(tl.float32)
     return x.to(tl.bfloat16 if CT == "bf16" else tl.float16)
@@ -134,10 +135,33 @@ def _dot(v, x, acc, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _promote(acc, part, sw_ptr, k, K, GROUP_K: tl.constexpr, stride_sw_g, stride_sw_n, rn, n_ok):
-    """acc += part * w_scale[group of k, rows] (k past K: the part is zero, no scale is read)."""
-    sw = tl.load(sw_ptr + (k // GROUP_K) * stride_sw_g + rn * stride_sw_n, mask=n_ok & (k < K), other=0.0)
-    return acc + part * sw[:, None]
+def _pair(a, b):
+    """Two [R, 64] slices -> one [R, 128] operand, k = c + 64 j. In registers the join adds a
+    register bit that becomes k's bit 6, which the dot-operand layout also keeps in registers:
+    no data moves (checked on the sm_90 build: no shared-memory round trip)."""
+    t = tl.join(a, b)  # [R, 64, 2]
+    t = tl.permute(t, (0, 2, 1))  # [R, 2, 64]
+    return tl.reshape(t, (a.shape[0], 128))
+
+
+@triton.jit
+def _accumulate(acc, part, sw_ptr, k, K, W_SCALE: tl.constexpr, GROUP_K: tl.constexpr, stride_sw_g,
+                stride_sw_n, rn, n_ok):
+    """Group scales: acc += part * w_scale[group of k, rows] (k past K: the part is zero, no
+    scale is read). Otherwise the dot already accumulated into acc; the scales wait for the
+    epilogue."""
+    if W_SCALE == "group":
+        sw = tl.load(sw_ptr + (k // GROUP_K) * stride_sw_g + rn * stride_sw_n, mask=n_ok & (k < K), other=0.0)
+        return acc + part * sw[:, None]
+    return part  # the dot accumulated onto acc (_slice_dot)
+
+
+@triton.jit
+def _slice_dot(v, x, acc, W_SCALE: tl.constexpr, INTERPRETED: tl.constexpr):
+    """One 128-wide dot: from zero for group scales (promoted after it), else onto acc."""
+    if W_SCALE == "group":
+        return _dot(v, x, None, INTERPRETED)
+    return _dot(v, x, acc, INTERPRETED)
 
 
 @triton.jit
@@ -151,9 +175,9 @@ def _i4p_kernel(
     # BN: weight rows per program, 64 per warpgroup (wgmma M); the token tile BM is shared.
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_n = tl.cdiv(N, BN)
-    pid_n = pid % num_n  # neighbouring programs share the token tile (and its L2 lines)
-    pid_m = pid // num_n
+    num_m = tl.cdiv(M, BM)
+    pid_m = pid % num_m  # the token tiles of one weight tile run side by side: its words are
+    pid_n = pid // num_m  # read from HBM once and from L2 by the others
     rn = pid_n * BN + tl.arange(0, BN)
     rt = pid_m * BM + tl.arange(0, BM)
     n_ok = rn < N
@@ -161,35 +185,26 @@ def _i4p_kernel(
     rn64 = rn.to(tl.int64)
     KW = tl.cdiv(K, 512) * 64  # words per weight row
     rc = tl.arange(0, 64)
-    rk = tl.arange(0, 64)
+    rk = tl.arange(0, 128)
     w_ptrs = w_ptr + rn64[:, None] * KW + (pid_k * 64 + rc)[None, :]
     x_ptrs = x_ptr + rt.to(tl.int64)[None, :] * ldx + (pid_k * 512 + rk)[:, None]
     w_mask = n_ok[:, None]
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     for k0 in range(pid_k * 512, K, 512 * SPLIT_K):
         v0, v1, v2, v3, v4, v5, v6, v7 = _slices(w_ptrs, w_mask, CT, INTERPRETED)
-        if W_SCALE == "group":
-            p = _dot(v0, _x_slice(x_ptrs, k0 + rk < K, t_ok, 0, CT, EVEN_K, INTERPRETED), None, INTERPRETED)
-            p = _dot(v1, _x_slice(x_ptrs, k0 + 64 + rk < K, t_ok, 1, CT, EVEN_K, INTERPRETED), p, INTERPRETED)
-            acc = _promote(acc, p, sw_ptr, k0, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
-            p = _dot(v2, _x_slice(x_ptrs, k0 + 128 + rk < K, t_ok, 2, CT, EVEN_K, INTERPRETED), None, INTERPRETED)
-            p = _dot(v3, _x_slice(x_ptrs, k0 + 192 + rk < K, t_ok, 3, CT, EVEN_K, INTERPRETED), p, INTERPRETED)
-            acc = _promote(acc, p, sw_ptr, k0 + 128, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
-            p = _dot(v4, _x_slice(x_ptrs, k0 + 256 + rk < K, t_ok, 4, CT, EVEN_K, INTERPRETED), None, INTERPRETED)
-            p = _dot(v5, _x_slice(x_ptrs, k0 + 320 + rk < K, t_ok, 5, CT, EVEN_K, INTERPRETED), p, INTERPRETED)
-            acc = _promote(acc, p, sw_ptr, k0 + 256, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
-            p = _dot(v6, _x_slice(x_ptrs, k0 + 384 + rk < K, t_ok, 6, CT, EVEN_K, INTERPRETED), None, INTERPRETED)
-            p = _dot(v7, _x_slice(x_ptrs, k0 + 448 + rk < K, t_ok, 7, CT, EVEN_K, INTERPRETED), p, INTERPRETED)
-            acc = _promote(acc, p, sw_ptr, k0 + 384, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
-        else:
-            acc = _dot(v0, _x_slice(x_ptrs, k0 + rk < K, t_ok, 0, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
-            acc = _dot(v1, _x_slice(x_ptrs, k0 + 64 + rk < K, t_ok, 1, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
-            acc = _dot(v2, _x_slice(x_ptrs, k0 + 128 + rk < K, t_ok, 2, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
-            acc = _dot(v3, _x_slice(x_ptrs, k0 + 192 + rk < K, t_ok, 3, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
-            acc = _dot(v4, _x_slice(x_ptrs, k0 + 256 + rk < K, t_ok, 4, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
-            acc = _dot(v5, _x_slice(x_ptrs, k0 + 320 + rk < K, t_ok, 5, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
-            acc = _dot(v6, _x_slice(x_ptrs, k0 + 384 + rk < K, t_ok, 6, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
-            acc = _dot(v7, _x_slice(x_ptrs, k0 + 448 + rk < K, t_ok, 7, CT, EVEN_K, INTERPRETED), acc, INTERPRETED)
+        # Four 128-wide dots, one per group of 128 (one wgmma chain and one wait each).
+        x = _x_slice(x_ptrs, k0 + rk < K, t_ok, 0, CT, EVEN_K, INTERPRETED)
+        p = _slice_dot(_pair(v0, v1), x, acc, W_SCALE, INTERPRETED)
+        acc = _accumulate(acc, p, sw_ptr, k0, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        x = _x_slice(x_ptrs, k0 + 128 + rk < K, t_ok, 1, CT, EVEN_K, INTERPRETED)
+        p = _slice_dot(_pair(v2, v3), x, acc, W_SCALE, INTERPRETED)
+        acc = _accumulate(acc, p, sw_ptr, k0 + 128, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        x = _x_slice(x_ptrs, k0 + 256 + rk < K, t_ok, 2, CT, EVEN_K, INTERPRETED)
+        p = _slice_dot(_pair(v4, v5), x, acc, W_SCALE, INTERPRETED)
+        acc = _accumulate(acc, p, sw_ptr, k0 + 256, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        x = _x_slice(x_ptrs, k0 + 384 + rk < K, t_ok, 3, CT, EVEN_K, INTERPRETED)
+        p = _slice_dot(_pair(v6, v7), x, acc, W_SCALE, INTERPRETED)
+        acc = _accumulate(acc, p, sw_ptr, k0 + 384, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
         w_ptrs += 64 * SPLIT_K
         x_ptrs += 512 * SPLIT_K
 

@@ -208,4 +208,33 @@ def linear_prepacked(x: torch.Tensor, w: PrepackedInt4, x_scale=None, w_scale=No
                              b is not None, x.device, cfg)
         bounded_put(_LAUNCHES, key, launch, 1024)
     y = launch(x2, w.data, sx, sw, b, None if out is None else out.view(m, n))
+    _LAST[0] = launch
     return y.view(*lead, n)
+
+
+_LAST: list = [None]  # the launch the latest linear_prepacked call ran (prepacked_call reads it)
+
+
+class PrepackedCall:
+    """A kept launch for one call signature: ``run(x, w_storage, x_scale, w_scale, bias, acc,
+    out)`` as ``api.linear_call``'s objects, with no per-call checks (QuantLinear's runner)."""
+
+    __slots__ = ("launch",)
+
+    def __init__(self, launch: Int4pLaunch):
+        self.launch = launch
+
+    def run(self, x, wdata, x_scale, w_scale, bias, acc, out):
+        return self.launch(x, wdata, x_scale, w_scale, bias, out)
+
+
+def prepacked_call(x, w: PrepackedInt4, x_scale, w_scale, *, out_dtype, bias, group_k):
+    """The kept launch of ``linear_prepacked`` for x [M, K] on a GPU, or None (CPU, interpreter,
+    scales or bias not already fp32: those take ``linear_prepacked`` every call)."""
+    if x.dim() != 2 or x.device.type != "cuda" or interpreter_active():
+        return None
+    if any(t is not None and t.dtype != torch.float32 for t in (x_scale, w_scale, bias)):
+        return None
+    _LAST[0] = None
+    linear_prepacked(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k)
+    return PrepackedCall(_LAST[0]) if _LAST[0] is not None else None

@@ -133,9 +133,18 @@ class W8A16Config(QuantConfig):
     weight_dtype = "int8"
 
 
+INT4_LAYOUTS = ("prepacked", "pk_int4")
+
+
 @dataclass(frozen=True)
 class _Int4Config(QuantConfig):
+    """``int4_layout``: how layers keep their int4 weight in memory. 'prepacked' (default): the
+    i4p1 layout of ``tileq.int4p`` (its kernel: faster at decode), wherever the layer allows it
+    (group_size None or a multiple of 128); 'pk_int4': tileq's interchange packing. State dicts
+    and checkpoints hold pk_int4 either way."""
+
     group_size: int | None = 128
+    int4_layout: str = "prepacked"
     weight_dtype = "int4"
 
     def __post_init__(self):
@@ -143,6 +152,12 @@ class _Int4Config(QuantConfig):
         g = self.group_size
         if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 2 or g % 2):
             raise ShapeError(expect("group_size", "None (per channel) or an even int >= 2", repr(g)))
+        if self.int4_layout not in INT4_LAYOUTS:
+            raise UnsupportedError(expect("int4_layout", f"one of {INT4_LAYOUTS}", repr(self.int4_layout)))
+
+    def prepacks(self) -> bool:
+        """Whether layers of this config keep their weight prepacked (i4p1)."""
+        return self.int4_layout == "prepacked" and (self.group_size is None or self.group_size % 128 == 0)
 
     @property
     def weight_granularity(self) -> str:  # type: ignore[override]

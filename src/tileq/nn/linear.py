@@ -4,7 +4,9 @@ activation and runs one tileq GEMM with the dequantization and the bias fused.
 Stored tensors (all buffers, all in ``state_dict``):
 
     weight        int8 [N, K] | float8_e4m3fn [N, K] | uint8 [N, K // 2] for int4 (tileq's pk_int4:
-                  pairs along K, element 2j in the high nibble, value = nibble - 8)
+                  pairs along K, element 2j in the high nibble, value = nibble - 8); int4 layers
+                  of a config with int4_layout='prepacked' (the default) hold int32 words in the
+                  i4p1 layout instead (tileq.int4p) and write pk_int4 to state dicts
     weight_scale  float32, the b_scale contract's shape for the logical B = weight.t():
                   [N] per channel; [Gk, Gn] for groups (Gn = N for groups along K only)
     bias          float32 [N] or None (fp32 so the GEMM reads it without a cast per call)
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 from ..dtypes import PackedInt4
+from ..int4p import PrepackedInt4, prepack_int4, unprepack_int4
 from ..errors import DTypeError, ShapeError, TileqError, UnsupportedError, expect
 from ..api import linear, linear_call
 from ..quant import quantize_weight
@@ -106,7 +109,7 @@ class QuantLinear(nn.Module):
         else:
             qw, sw = quantize_weight(w, c.weight_dtype, granularity=granularity, group_k=c.group_k,
                                      group_n=c.group_n, clip_search=c.weight_dtype == "int4")
-        layer.weight.copy_(qw.data if isinstance(qw, PackedInt4) else qw)
+        layer._adopt("weight", qw.data if isinstance(qw, PackedInt4) else qw, "weight")
         layer.weight_scale.copy_(sw.reshape(layer.weight_scale.shape))
         if linear.bias is not None:
             layer.bias.copy_(linear.bias.detach().float())
@@ -149,6 +152,10 @@ class QuantLinear(nn.Module):
                 if t.numel() != 1:
                     raise ShapeError(expect(where, "a one-element static activation scale", tuple(t.shape)))
                 t = t.reshape(())
+        elif name == "weight" and t.dtype == torch.int32 and self._prepacks():
+            # Already prepacked (a merge of prepacked layers): checked by PrepackedInt4.
+            self._buffers[name] = PrepackedInt4(t.contiguous(), (self.out_features, self.in_features)).data
+            return
         elif t.dtype != want_dtype:
             raise DTypeError(expect(where, f"dtype {want_dtype} for {self.config.name}", t.dtype))
         if tuple(t.shape) != want_shape:
@@ -157,7 +164,25 @@ class QuantLinear(nn.Module):
         if name == "input_scale" and self.config.act_dtype is None:
             raise UnsupportedError(expect(where, f"no activation scale ({self.config.name} keeps activations "
                                                  "unquantized)", "a static activation scale"))
-        self._buffers[name] = t.contiguous()
+        t = t.contiguous()
+        if name == "weight" and self._prepacks():
+            t = prepack_int4(PackedInt4(t, (self.out_features, self.in_features), 1)).data
+        self._buffers[name] = t
+
+    def _prepacks(self) -> bool:
+        return self.config.weight_dtype == "int4" and self.config.prepacks()
+
+    @property
+    def is_prepacked(self) -> bool:
+        """True when the int4 weight is held in the prepacked layout (tileq.int4p, int32 words)."""
+        return self.weight is not None and self.weight.dtype == torch.int32
+
+    def packed_weight(self) -> torch.Tensor:
+        """The weight in its stored interchange form (int4: pk_int4 bytes [N, K / 2], unprepacked
+        when the layer holds it prepacked): what state dicts and checkpoints contain."""
+        if self.is_prepacked:
+            return unprepack_int4(PrepackedInt4(self.weight, (self.out_features, self.in_features))).data
+        return self.weight
 
     def _expected(self, name: str) -> tuple:
         if name == "weight":
@@ -198,6 +223,11 @@ class QuantLinear(nn.Module):
                 missing_keys.append(key)
             elif name == "input_scale" and self._buffers.get("input_scale") is not None and strict:
                 missing_keys.append(key)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.is_prepacked:  # state dicts hold the interchange form (pk_int4)
+            destination[prefix + "weight"] = self.packed_weight()
 
     # ------------------------------------------------------------------ dtype / device moves
 
@@ -280,8 +310,9 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         static = ", static activation scale" if self.input_scale is not None else ""
+        layout = ", int4 weight prepacked (i4p1)" if self.is_prepacked else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, {self.config.describe()}{static}")
+                f"bias={self.bias is not None}, {self.config.describe()}{static}{layout}")
 
 
 def quantize_linear_or_reason(linear: nn.Linear, config: QuantConfig, hessian=None
