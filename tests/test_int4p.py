@@ -157,7 +157,7 @@ def test_kernel_refusals():
 def test_default_config_covers_the_gpu():
     assert default_config(1, 5120, 17408).split_k > 1  # 80 row tiles on 132 SMs
     assert default_config(1, 28672, 8192).split_k == 1
-    assert default_config(64, 4096, 4096).bm == 64
+    assert default_config(64, 4096, 4096).bm == 32 and default_config(16, 4096, 4096).stages == 3
 
 
 # ----------------------------------------------------------------------------- sm_90 build

@@ -48,17 +48,18 @@ class Int4pConfig:
 
 
 def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> Int4pConfig:
-    """Token tile from M; two pipeline stages (a stage is 16 KB of words plus 8 x 64 x BM
-    activations: at two, three programs share an SM, and measured on an H200 that beat deeper
-    pipelines with fewer programs by 1.3-1.8x at decode); K split until the grid gives each SM
-    about three programs, each keeping at least two K tiles."""
-    bm = 16 if m <= 16 else 32 if m <= 32 else 64
+    """The decode rule measured on an H200 (bench/results/h200/int4/, 11 weights at M 1-64):
+    16-token tiles with three stages up to M = 16; 32-token tiles with two stages above (a
+    64-token tile needs 254 registers and fits one program per SM); K split by powers of two
+    until the programs cover the SMs 1.5 times (each keeping at least two K tiles)."""
+    bm = 16 if m <= 16 else 32
+    stages = 3 if bm == 16 else 2
     tiles = -(-n // ROWS) * -(-m // bm)
     ktiles = -(-k // BLOCK_K)
     split = 1
-    while tiles * split < 3 * num_sms and ktiles >= 4 * split:
+    while 2 * tiles * split < 3 * num_sms and ktiles >= 4 * split:
         split *= 2
-    return Int4pConfig(bm, split, 2)
+    return Int4pConfig(bm, split, stages)
 
 
 def kernel_name(x_type: str, w_scale: str, cfg: Int4pConfig) -> str:
