@@ -48,6 +48,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="three shapes, M in {1, 16, 64, 1024}")
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--sweep-m32", action="store_true", help="also sweep token tiles at M = 32 and 64")
     args = p.parse_args()
     out_dir = os.environ.get("OUT", "/tmp/tileq-out")
     os.makedirs(out_dir, exist_ok=True)
@@ -135,9 +136,12 @@ def main() -> int:
                    lambda: linear_prepacked(xf8, w_pp, sx, sw4), ref8, b4)
             if m in (1, 16, 32, 64) and not args.no_sweep:
                 if m <= 16:
-                    sweep = [Int4pConfig(16, sk, st, wp) for sk in (1, 2, 4, 8) for st, wp in ((2, 4), (3, 4), (2, 8))]
-                else:
+                    sweep = [Int4pConfig(16, sk, st, 4, reg) for sk in (1, 2, 4, 8)
+                             for st, reg in ((2, None), (3, None), (2, 128))]
+                elif args.sweep_m32:
                     sweep = [Int4pConfig(bm, sk, 2) for bm in (16, 32) for sk in (1, 2, 4)]
+                else:
+                    sweep = []
                 for c in sweep:
                     if c == cfg or -(-k // 512) < 2 * c.split_k:
                         continue

@@ -15,10 +15,11 @@ from tileq.int4p.launch import Int4pConfig, default_config, linear_prepacked
 def parse_tag(tag: str) -> Int4pConfig:
     import re
 
-    m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?_swap", tag)
+    m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?(?:_r(\d+))?_swap", tag)
     if not m:
         raise SystemExit(f"config: expected a tag like m64n16k512_w4_s2_sk4_swap, got {tag!r}")
-    return Int4pConfig(int(m.group(2)), int(m.group(5) or 1), int(m.group(4)), int(m.group(3)))
+    return Int4pConfig(int(m.group(2)), int(m.group(5) or 1), int(m.group(4)), int(m.group(3)),
+                       int(m.group(6)) if m.group(6) else None)
 
 
 def main() -> None:

@@ -7,9 +7,9 @@ weight rows per warpgroup (BN) and BM tokens; each 512-wide K tile is four 128-w
 per group of 128 (one wgmma chain and one wait each). The words are loaded as an int32 [BN, 64]
 tile whose element pairs (c, c + 1) land in one thread (the dot-operand layout, kWidth 2); one
 inline-asm call per pair makes the registers of all eight 64-wide slices (see layout.py), joined
-two by two into the 128-wide operands. Group scales (group_k a multiple of 128) are promoted
-per 128 of K; per-channel scales are applied in the epilogue, in DESIGN.md's order:
-``acc -> * x_scale (tokens) -> * w_scale (weight rows) -> + bias -> cast``.
+two by two into the 128-wide operands. Weight scales, per group (group_k a multiple of 128) or
+per channel, are applied to each 128-wide partial sum (promotion); the rest follows DESIGN.md's
+order: ``acc -> * x_scale (tokens) -> (* a per-tensor w_scale) -> + bias -> cast``.
 
 SPLIT_K > 1 writes fp32 partials [SPLIT_K, N, M] that ``gemm_kernel._splitk_reduce_kernel``
 (SWAPPED) sums in a fixed order. Under the interpreter the conversion runs as plain shifts and
@@ -78,15 +78,15 @@ sub.f16x2 $7, $7, m;
 
 
 @triton.jit
-def _slices(w_ptrs, w_mask, CT: tl.constexpr, INTERPRETED: tl.constexpr):
+def _slices(w_ptrs, CT: tl.constexpr, INTERPRETED: tl.constexpr):
     """The eight [64, 64] value slices of one K tile (slice i: k in [64 i, 64 i + 64))."""
     if INTERPRETED:
         # The same nibbles with plain operations: element (n, c) of slice q is nibble q of word
         # c (c even) or nibble 4 + q of word c - 1 (c odd); slice 4 + q reads word c + 1 / c.
         c = tl.arange(0, 64)
         odd = (c % 2)[None, :]
-        lo = tl.load(w_ptrs - odd, mask=w_mask, other=-2004318072)  # 0x88888888: zeros
-        hi = tl.load(w_ptrs + 1 - odd, mask=w_mask, other=-2004318072)
+        lo = tl.load(w_ptrs - odd)
+        hi = tl.load(w_ptrs + 1 - odd)
         sh = odd * 16
         v0 = (((lo >> sh) & 15) - 8).to(tl.float32)
         v1 = (((lo >> (sh + 4)) & 15) - 8).to(tl.float32)
@@ -97,7 +97,7 @@ def _slices(w_ptrs, w_mask, CT: tl.constexpr, INTERPRETED: tl.constexpr):
         v6 = (((hi >> (sh + 8)) & 15) - 8).to(tl.float32)
         v7 = (((hi >> (sh + 12)) & 15) - 8).to(tl.float32)
     else:
-        w = tl.load(w_ptrs, mask=w_mask, other=-2004318072)
+        w = tl.load(w_ptrs)
         if CT == "fp16":
             v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
                 _CVT_FP16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [w], dtype=(tl.float16,) * 8,
@@ -114,9 +114,9 @@ def _x_slice(x_ptrs, k_ok, t_ok, i: tl.constexpr, CT: tl.constexpr, EVEN_K: tl.c
              INTERPRETED: tl.constexpr):
     """The activations of 128-wide slice i of the K tile as the B operand [128, BM]."""
     if EVEN_K:
-        x = tl.load(x_ptrs + 128 * i, mask=t_ok[None, :], other=0.0)
-    else:
-        x = tl.load(x_ptrs + 128 * i, mask=k_ok[:, None] & t_ok[None, :], other=0.0)
+        x = tl.load(x_ptrs + 128 * i)
+    else:  # past K: zeros (the padded weights are zero, and 0 x garbage could be NaN)
+        x = tl.load(x_ptrs + 128 * i, mask=k_ok[:, None], other=0.0)
     if INTERPRETED:
         return x.to(tl.float32)
     return x.to(tl.bfloat16 if CT == "bf16" else tl.float16)
@@ -145,23 +145,24 @@ def _pair(a, b):
 
 
 @triton.jit
-def _accumulate(acc, part, sw_ptr, k, K, W_SCALE: tl.constexpr, GROUP_K: tl.constexpr, stride_sw_g,
-                stride_sw_n, rn, n_ok):
-    """Group scales: acc += part * w_scale[group of k, rows] (k past K: the part is zero, no
-    scale is read). Otherwise the dot already accumulated into acc; the scales wait for the
-    epilogue."""
+def _accumulate(acc, part, sw_ptr, sw_row, k, K, W_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
+                stride_sw_g, stride_sw_n, rn, n_ok):
+    """acc += part * the rows' scales: the group's (k past K: the part is zero, no scale is
+    read), or the per-channel ones (``sw_row``, loaded once). Scaling per 128 of K also keeps
+    Triton from chaining the next dot onto this one, which would hold its converted operands
+    across the wait (238-255 registers against 168). A per-tensor scale waits for the epilogue."""
     if W_SCALE == "group":
         sw = tl.load(sw_ptr + (k // GROUP_K) * stride_sw_g + rn * stride_sw_n, mask=n_ok & (k < K), other=0.0)
         return acc + part * sw[:, None]
-    return part  # the dot accumulated onto acc (_slice_dot)
+    elif W_SCALE == "vector":
+        return acc + part * sw_row[:, None]
+    return acc + part
 
 
 @triton.jit
-def _slice_dot(v, x, acc, W_SCALE: tl.constexpr, INTERPRETED: tl.constexpr):
-    """One 128-wide dot: from zero for group scales (promoted after it), else onto acc."""
-    if W_SCALE == "group":
-        return _dot(v, x, None, INTERPRETED)
-    return _dot(v, x, acc, INTERPRETED)
+def _slice_dot(v, x, INTERPRETED: tl.constexpr):
+    """One 128-wide dot from zero (``_accumulate`` scales and adds it)."""
+    return _dot(v, x, None, INTERPRETED)
 
 
 @triton.jit
@@ -186,25 +187,32 @@ def _i4p_kernel(
     KW = tl.cdiv(K, 512) * 64  # words per weight row
     rc = tl.arange(0, 64)
     rk = tl.arange(0, 128)
-    w_ptrs = w_ptr + rn64[:, None] * KW + (pid_k * 64 + rc)[None, :]
-    x_ptrs = x_ptr + rt.to(tl.int64)[None, :] * ldx + (pid_k * 512 + rk)[:, None]
-    w_mask = n_ok[:, None]
+    # Rows past N and tokens past M read row N - 1 / token M - 1 instead of being masked: their
+    # results are never stored, and unmasked loads are plain async copies (no per-load selects).
+    rn_ld = tl.minimum(rn, N - 1).to(tl.int64)
+    rt_ld = tl.minimum(rt, M - 1).to(tl.int64)
+    w_ptrs = w_ptr + rn_ld[:, None] * KW + (pid_k * 64 + rc)[None, :]
+    x_ptrs = x_ptr + rt_ld[None, :] * ldx + (pid_k * 512 + rk)[:, None]
     acc = tl.zeros((BN, BM), dtype=tl.float32)
+    if W_SCALE == "vector":
+        sw_row = tl.load(sw_ptr + rn_ld * stride_sw_n)
+    else:
+        sw_row = tl.zeros((BN,), dtype=tl.float32)
     for k0 in range(pid_k * 512, K, 512 * SPLIT_K):
-        v0, v1, v2, v3, v4, v5, v6, v7 = _slices(w_ptrs, w_mask, CT, INTERPRETED)
+        v0, v1, v2, v3, v4, v5, v6, v7 = _slices(w_ptrs, CT, INTERPRETED)
         # Four 128-wide dots, one per group of 128 (one wgmma chain and one wait each).
         x = _x_slice(x_ptrs, k0 + rk < K, t_ok, 0, CT, EVEN_K, INTERPRETED)
-        p = _slice_dot(_pair(v0, v1), x, acc, W_SCALE, INTERPRETED)
-        acc = _accumulate(acc, p, sw_ptr, k0, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        p = _slice_dot(_pair(v0, v1), x, INTERPRETED)
+        acc = _accumulate(acc, p, sw_ptr, sw_row, k0, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
         x = _x_slice(x_ptrs, k0 + 128 + rk < K, t_ok, 1, CT, EVEN_K, INTERPRETED)
-        p = _slice_dot(_pair(v2, v3), x, acc, W_SCALE, INTERPRETED)
-        acc = _accumulate(acc, p, sw_ptr, k0 + 128, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        p = _slice_dot(_pair(v2, v3), x, INTERPRETED)
+        acc = _accumulate(acc, p, sw_ptr, sw_row, k0 + 128, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
         x = _x_slice(x_ptrs, k0 + 256 + rk < K, t_ok, 2, CT, EVEN_K, INTERPRETED)
-        p = _slice_dot(_pair(v4, v5), x, acc, W_SCALE, INTERPRETED)
-        acc = _accumulate(acc, p, sw_ptr, k0 + 256, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        p = _slice_dot(_pair(v4, v5), x, INTERPRETED)
+        acc = _accumulate(acc, p, sw_ptr, sw_row, k0 + 256, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
         x = _x_slice(x_ptrs, k0 + 384 + rk < K, t_ok, 3, CT, EVEN_K, INTERPRETED)
-        p = _slice_dot(_pair(v6, v7), x, acc, W_SCALE, INTERPRETED)
-        acc = _accumulate(acc, p, sw_ptr, k0 + 384, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        p = _slice_dot(_pair(v6, v7), x, INTERPRETED)
+        acc = _accumulate(acc, p, sw_ptr, sw_row, k0 + 384, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
         w_ptrs += 64 * SPLIT_K
         x_ptrs += 512 * SPLIT_K
 
@@ -217,9 +225,6 @@ def _i4p_kernel(
         y = y * sx[None, :]
     if W_SCALE == "scalar":
         y = y * tl.load(sw_ptr)
-    elif W_SCALE == "vector":
-        sw = tl.load(sw_ptr + rn * stride_sw_n, mask=n_ok, other=0.0)
-        y = y * sw[:, None]
     if HAS_BIAS:
         if SPLIT_K == 1 or pid_k == 0:
             b = tl.load(bias_ptr + rn, mask=n_ok, other=0.0)

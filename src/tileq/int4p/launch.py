@@ -35,6 +35,7 @@ class Int4pConfig:
     split_k: int = 1
     stages: int = 3
     warps: int = 4
+    maxnreg: int | None = None  # a register cap (ptxas): 128 lets four programs share an SM
 
     @property
     def rows(self) -> int:
@@ -44,7 +45,8 @@ class Int4pConfig:
     @property
     def tag(self) -> str:
         sk = f"_sk{self.split_k}" if self.split_k > 1 else ""
-        return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}_swap"
+        reg = f"_r{self.maxnreg}" if self.maxnreg else ""
+        return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}{reg}_swap"
 
 
 def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> Int4pConfig:
@@ -87,6 +89,8 @@ class Int4pLaunch:
                       HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=k % BLOCK_K == 0,
                       INTERPRETED=self.interpreted, BN=cfg.rows, num_warps=cfg.warps,
                       num_stages=cfg.stages)
+        if cfg.maxnreg and not self.interpreted:
+            consts["maxnreg"] = cfg.maxnreg
         self.name = kernel_name(x_type, w_scale_kind, cfg)
         target = torch.float32 if cfg.split_k > 1 else out_dtype
         self.main = KernelCall(_kernel_module, "_i4p_kernel", grid, ints, consts,

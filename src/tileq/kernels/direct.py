@@ -146,7 +146,7 @@ def _constexpr_tail(fn, n_runtime: int, kwargs: dict) -> tuple | None:
     parameters (the JIT launch then reports it, and no direct launch is made)."""
     params = fn.params[n_runtime:]
     names = {p.name for p in params}
-    if any(name not in names for name in kwargs if name not in ("num_warps", "num_stages")):
+    if any(name not in names for name in kwargs if name not in ("num_warps", "num_stages", "maxnreg")):
         return None
     tail = []
     for p in params:
