@@ -114,9 +114,9 @@ def _x_slice(x_ptrs, k_ok, t_ok, i: tl.constexpr, CT: tl.constexpr, EVEN_K: tl.c
              INTERPRETED: tl.constexpr):
     """The activations of 128-wide slice i of the K tile as the B operand [128, BM]."""
     if EVEN_K:
-        x = tl.load(x_ptrs + 128 * i)
+        x = tl.load(x_ptrs + 128 * i, mask=t_ok[None, :], other=0.0)
     else:  # past K: zeros (the padded weights are zero, and 0 x garbage could be NaN)
-        x = tl.load(x_ptrs + 128 * i, mask=k_ok[:, None], other=0.0)
+        x = tl.load(x_ptrs + 128 * i, mask=k_ok[:, None] & t_ok[None, :], other=0.0)
     if INTERPRETED:
         return x.to(tl.float32)
     return x.to(tl.bfloat16 if CT == "bf16" else tl.float16)
@@ -187,12 +187,12 @@ def _i4p_kernel(
     KW = tl.cdiv(K, 512) * 64  # words per weight row
     rc = tl.arange(0, 64)
     rk = tl.arange(0, 128)
-    # Rows past N and tokens past M read row N - 1 / token M - 1 instead of being masked: their
-    # results are never stored, and unmasked loads are plain async copies (no per-load selects).
+    # Weight rows past N read row N - 1 instead of being masked (their results are never
+    # stored; unmasked loads are plain async copies). Tokens past M stay masked: at M = 1 a
+    # clamped 16-token tile would read the row 16 times (as many bytes as the weights).
     rn_ld = tl.minimum(rn, N - 1).to(tl.int64)
-    rt_ld = tl.minimum(rt, M - 1).to(tl.int64)
     w_ptrs = w_ptr + rn_ld[:, None] * KW + (pid_k * 64 + rc)[None, :]
-    x_ptrs = x_ptr + rt_ld[None, :] * ldx + (pid_k * 512 + rk)[:, None]
+    x_ptrs = x_ptr + rt.to(tl.int64)[None, :] * ldx + (pid_k * 512 + rk)[:, None]
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     if W_SCALE == "vector":
         sw_row = tl.load(sw_ptr + rn_ld * stride_sw_n)
