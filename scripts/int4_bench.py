@@ -45,7 +45,7 @@ FIELDS = ["set", "shape", "m", "n", "k", "impl", "config", "ms", "tbps_weight", 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="three shapes, M in {1, 16, 64, 1024}")
+    p.add_argument("--quick", action="store_true", help="three shapes, M in {1, 16, 256, 1024, 4096}")
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--sweep-m32", action="store_true", help="also sweep token tiles at M = 32 and 64")
@@ -63,7 +63,7 @@ def main() -> int:
     timer = Timer(dev, TimingConfig(warmup=5, runs=args.runs, flush="read", graphs=True))
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes = SHAPES if not args.quick else [SHAPES[0], SHAPES[3], SHAPES[8]]
-    ms = (M_DECODE + M_PREFILL) if not args.quick else (1, 16, 64, 1024)
+    ms = (M_DECODE + M_PREFILL) if not args.quick else (1, 16, 256, 1024, 4096)
     rows = []
     t_start = time.time()
     path = os.path.join(out_dir, "int4.csv")

@@ -168,6 +168,37 @@ def test_kernel_refusals():
         linear_prepacked(x.float(), w, None, torch.ones(2, 64))
 
 
+def test_dequantize_is_exact_and_prefill_takes_it():
+    from tileq.int4p.dequant import DEQUANT_MIN_M, dequantize_prepacked
+    from tileq.int4p.launch import describe_prepacked
+
+    torch.manual_seed(11)
+    n, k = 37, 1100  # K not a multiple of 512: the last block is partial
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to(DEV)
+    ones = torch.ones(n, device=DEV)
+    got = dequantize_prepacked(w.data, n, k, ones, "vector", (0, 1), 128, torch.bfloat16)
+    assert torch.equal(got.cpu().float(), v.float())  # values are exact in bf16
+    ws = torch.rand(-(-k // 128), n) + 0.5
+    got = dequantize_prepacked(w.data, n, k, ws.to(DEV), "group", (n, 1), 128, torch.float16)
+    want = (v.float() * ws.repeat_interleave(128, 0)[:k].t()).half()
+    assert torch.equal(got.cpu(), want)
+    # From DEQUANT_MIN_M tokens linear_prepacked takes dequantize + matmul (16-bit rounding of
+    # the weight and the product: bf16-level agreement, not the fused kernel's).
+    m = DEQUANT_MIN_M + 3
+    for xt in (torch.bfloat16, torch.float8_e4m3fn):
+        x = torch.randn(m, k).to(xt)
+        xs = torch.rand(m) + 0.5 if xt in FP8 else None
+        bias = torch.randn(n)
+        d = lambda t: None if t is None else t.to(DEV)  # noqa: E731
+        y = linear_prepacked(d(x), w, d(xs), d(ws), bias=d(bias))
+        want = _reference(x, v, ws, xs, bias, 128)
+        assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+        assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+    assert describe_prepacked(m, n, k).startswith("dequant+cublas")
+    assert describe_prepacked(1, n, k).startswith("bquant_bf16xi4p_rcr_decode__m64n16k512")
+
+
 def test_default_config_covers_the_gpu():
     assert default_config(1, 5120, 17408).split_k > 1  # 80 row tiles on 132 SMs
     assert default_config(1, 28672, 8192).split_k == 1

@@ -18,6 +18,7 @@ from ..kernels import gemm_kernel
 from ..kernels.direct import KernelCall, direct_launch_enabled
 from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
 from . import kernel as _kernel_module
+from .dequant import DEQUANT_MIN_M, DequantLaunch
 from .layout import BLOCK_K, PrepackedInt4
 
 _X_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8",
@@ -202,15 +203,19 @@ def linear_prepacked(x: torch.Tensor, w: PrepackedInt4, x_scale=None, w_scale=No
         sw_strides = (0, 0)
         sw = sw.reshape(())
     sx_stride = sx.stride(0) if x_kind == "vector" else 0
-    cfg = config or default_config(m, n, k)
+    if x2.stride(0) != k and m > 1:
+        raise ShapeError(expect("x", "rows of stride K (a contiguous [..., K] tensor)", tuple(x.stride())))
+    dequant = config is None and m >= DEQUANT_MIN_M
+    cfg = None if dequant else (config or default_config(m, n, k))
     key = (m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
            x2.stride(0), x.device, cfg, interpreter_active())
     launch = _LAUNCHES.get(key)
     if launch is None:
-        if x2.stride(0) != k and m > 1:
-            raise ShapeError(expect("x", "rows of stride K (a contiguous [..., K] tensor)", tuple(x.stride())))
-        launch = Int4pLaunch(m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k,
-                             b is not None, x.device, cfg)
+        if dequant:
+            launch = DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype, x.dtype)
+        else:
+            launch = Int4pLaunch(m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k,
+                                 b is not None, x.device, cfg)
         bounded_put(_LAUNCHES, key, launch, 1024)
     y = launch(x2, w.data, sx, sw, b, None if out is None else out.view(m, n))
     _LAST[0] = launch
@@ -218,6 +223,16 @@ def linear_prepacked(x: torch.Tensor, w: PrepackedInt4, x_scale=None, w_scale=No
 
 
 _LAST: list = [None]  # the launch the latest linear_prepacked call ran (prepacked_call reads it)
+
+
+def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16,
+                       w_scale: str = "group", config: Int4pConfig | None = None) -> str:
+    """What ``linear_prepacked`` runs for these sizes: the kernel name and config, or the
+    prefill path (dequantize + cuBLAS) from ``DEQUANT_MIN_M`` tokens on."""
+    if config is None and m >= DEQUANT_MIN_M:
+        return f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product)"
+    cfg = config or default_config(m, n, k)
+    return kernel_name(_X_TYPES[x_dtype], w_scale, cfg)
 
 
 class PrepackedCall:
