@@ -31,20 +31,12 @@ from tileq.kernels.launch import signature
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def _prepacked_source(ct: str, bm: int, w_scale: str, warps: int = 4):
-    from tileq.int4p.kernel import _i4p_kernel
+def _prepacked_source(ct: str, bm: int, w_scale: str, warps: int = 4, stages: int = 2):
+    from tileq.int4p.launch import Int4pConfig, compile_options, compile_source
 
-    sig = {"w_ptr": "*i32", "x_ptr": f"*{ct}", "c_ptr": "*bf16", "sw_ptr": "*fp32", "sx_ptr": "*fp32",
-           "bias_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "ldx": "i32", "ldc": "i32",
-           "stride_sw_g": "i32", "stride_sw_n": "i32", "stride_sx": "i32"}
-    # What the JIT launch specializes on for LLM shapes: 16-aligned pointers, N, K and strides.
-    div16 = ("N", "K", "ldx", "ldc", "stride_sw_g")
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, t) in enumerate(sig.items())
-             if t.startswith("*") or name in div16}
-    consts = dict(CT="fp16" if ct == "fp16" else "bf16", W_SCALE=w_scale,
-                  X_SCALE="vector" if ct.startswith("fp8") else "none", GROUP_K=128, HAS_BIAS=False,
-                  BM=bm, SPLIT_K=1, EVEN_K=True, INTERPRETED=False, BN=64 * (warps // 4))
-    return triton.compiler.ASTSource(fn=_i4p_kernel, signature=sig, constexprs=consts, attrs=attrs)
+    cfg = Int4pConfig(bm, 1, stages, warps)
+    x_type = {"fp8e4nv": "fp8", "fp8e5": "bf8"}.get(ct, ct)
+    return compile_source(x_type, w_scale, cfg), compile_options(cfg)
 
 
 def main() -> int:
@@ -62,8 +54,7 @@ def main() -> int:
     args = p.parse_args()
 
     if args.prepacked:
-        src = _prepacked_source(args.family, args.m, args.n or "group", args.warps)
-        options = {"num_warps": args.warps, "num_stages": args.stages}
+        src, options = _prepacked_source(args.family, args.m, args.n or "group", args.warps, args.stages)
         label = f"int4p_{args.family}_bm{args.m}_{args.n or 'group'}_w{args.warps}_s{args.stages}"
     else:
         spec = family_spec(parse_family(args.family), args.m, int(args.n), args.k)

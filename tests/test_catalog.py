@@ -125,16 +125,23 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     kernels = manifest["kernels"]
-    from tileq.catalog.build import wants_gluon_build, wants_swapped_build
+    from tileq.catalog.build import wants_gluon_build, wants_int4p_build, wants_swapped_build
 
     sm90 = get_arch("sm_90")
     gluon = [f.name for f in catalog() if wants_gluon_build(f, sm90)]
     assert gluon == ["tensor_i8xi8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill", "rowcol_i8xi8_rcr_prefill",
                      "rowcol_fp8xfp8_rcr_prefill", "aquant_fp8xfp8_rcr_prefill",
                      "aquant_fp8xfp8_rcr_preshufflequant", "abquant_fp8xfp8_rcr_prefill"]
-    expected = len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon)
+    int4p = [f.name for f in catalog() if wants_int4p_build(f, sm90)]
+    assert int4p == ["bquant_fp8xi4_rcr_decode", "bquant_bf8xi4_rcr_decode", "bquant_bf16xi4_rcr_decode",
+                     "bquant_fp16xi4_rcr_decode"]
+    expected = len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon) + len(int4p)
     assert len(kernels) == expected and all(k["ok"] for k in kernels)
     assert sorted(k["family"] for k in kernels if "__gluon_" in k["name"]) == sorted(gluon)
+    # The prepacked-int4 kernel: its own names (xi4p), wgmma, no spills.
+    built_int4p = [k for k in kernels if "xi4p_" in k["name"]]
+    assert sorted(k["family"] for k in built_int4p) == sorted(int4p)
+    assert all(k["mma"] == "wgmma" and not k["spills"] for k in built_int4p)
     assert manifest["triton"] and manifest["arch"] == "sm_90"
     for k in kernels:
         assert (out / k["binary"]).stat().st_size > 0

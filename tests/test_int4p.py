@@ -238,3 +238,23 @@ def test_sm90_build_converts_in_registers_without_shared_round_trips():
         assert ops.get("HADD2") == 128 and ops.get("LOP3", 0) >= 128, ops
         assert ops.get("PRMT", 0) == 0 and ops.get("STS", 0) <= 8, ops  # no shuffles, no round trips
         assert r["kernel_ops"].get("LDL", 0) == 0 and r["kernel_ops"].get("STL", 0) == 0, r["kernel_ops"]
+
+
+def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root / "src"))
+
+    def explain(*args):
+        return subprocess.run([sys.executable, "-m", "tileq", "explain", "--prepacked", "--scheme", "bquant",
+                               "--b", "int4", *args], env=env, capture_output=True, text=True, timeout=120)
+
+    out = explain("--a", "bf16", "--m", "1", "--n", "5120", "--k", "17408")
+    assert out.returncode == 0, out.stderr
+    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk4_swap_sm90" in out.stdout and "split-K 4" in out.stdout
+    out = explain("--a", "fp8", "--m", "1024", "--n", "5120", "--k", "17408")
+    assert out.returncode == 0 and "dequant+cublas" in out.stdout
+    out = explain("--a", "int8", "--m", "1", "--n", "64", "--k", "128")
+    assert out.returncode != 0 and "--prepacked: expected" in out.stderr

@@ -49,6 +49,8 @@ def register(sub) -> None:
     p.add_argument("--out-dtype", default="bf16", choices=list(_OUT))
     p.add_argument("--arch", default=None, help="plan for this arch (default: the local GPU, else sm_90)")
     p.add_argument("--backend", default="triton", choices=["triton", "reference"])
+    p.add_argument("--prepacked", action="store_true",
+                   help="B is a prepacked int4 nn.Linear weight (tileq.PrepackedInt4): what linear runs for it")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("selftest", help="name parity, catalog build and a correctness pass")
@@ -133,6 +135,8 @@ def spec_from_args(args) -> ProblemSpec:
 def cmd_explain(args) -> int:
     from .plan import make_plan
 
+    if args.prepacked:
+        return _explain_prepacked(args)
     spec = spec_from_args(args)
     arch = args.arch
     if arch is None and not torch.cuda.is_available():
@@ -140,6 +144,35 @@ def cmd_explain(args) -> int:
         print("(no GPU here: planning for sm_90; pass --arch to choose)")
     plan = make_plan(spec, torch.device("cuda"), backend=args.backend, arch=arch)
     print(plan.describe())
+    return 0
+
+
+_PREPACKED_X = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, "bf8": torch.float8_e5m2}
+
+
+def _explain_prepacked(args) -> int:
+    from .errors import UnsupportedError, expect
+    from .int4p.launch import default_config, describe_prepacked
+
+    if args.b not in ("int4", "i4") or args.layout != "rcr" or args.a not in _PREPACKED_X:
+        raise UnsupportedError(expect("--prepacked", "--b int4, --layout rcr and --a bf16, fp16, fp8 or bf8 "
+                                      "(an nn.Linear int4 weight, x @ W^T)", f"--a {args.a} --b {args.b} "
+                                      f"--layout {args.layout}"))
+    kinds = {"bquant": "group", "rowcol": "vector", "tensor": "scalar"}
+    if args.scheme not in kinds:
+        raise UnsupportedError(expect("--scheme", "bquant, rowcol or tensor for a prepacked weight", args.scheme))
+    if args.scheme == "bquant" and args.group_k % 128:
+        raise UnsupportedError(expect("--group-k", "a multiple of 128 for a prepacked weight", args.group_k))
+    path = describe_prepacked(args.m, args.n, args.k, _PREPACKED_X[args.a], kinds[args.scheme])
+    print(f"problem : M={args.m} N={args.n} K={args.k}, x {args.a} x prepacked int4 (layout i4p1), "
+          f"scheme {args.scheme}" + (f", group_k {args.group_k}" if args.scheme == "bquant" else ""))
+    print(f"runs    : {path}")
+    if not path.startswith("dequant"):
+        cfg = default_config(args.m, args.n, args.k)
+        print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
+              f"{cfg.stages} stages, split-K {cfg.split_k} (int4p.launch.default_config)")
+    print("executor: the Triton kernel tileq.int4p (sm_90 wgmma, inline PTX), or the reference "
+          "executor on the unprepacked weight (backend='reference', CPU tensors)")
     return 0
 
 

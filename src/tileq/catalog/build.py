@@ -81,6 +81,34 @@ def wants_gluon_build(fam: KernelFamily, arch: ArchInfo) -> bool:
     return gluon_serves(family_spec(fam, *PREFILL_SHAPE), fam.pipeline) is None
 
 
+INT4P_ACTIVATIONS = ("bf16", "fp16", "fp8", "bf8")
+
+
+def wants_int4p_build(fam: KernelFamily, arch: ArchInfo) -> bool:
+    """Decode families of nn.Linear int4 weights (rcr, bquant) get the prepacked-int4 kernel
+    (tileq.int4p: sm_90 wgmma with inline PTX) built too on sm_90."""
+    return (arch.name == "sm_90" and fam.pipeline == "decode" and fam.b.value == "i4" and fam.layout == "rcr"
+            and fam.a.value in INT4P_ACTIVATIONS and fam.scheme.value == "bquant")
+
+
+def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
+    from triton.backends.compiler import GPUTarget
+
+    from ..int4p.launch import compile_options, compile_source, default_config, kernel_name
+
+    cfg = default_config(*DECODE_SHAPE, arch.typical_sms)
+    name = kernel_name(fam.a.value, "group", cfg)
+    try:
+        major, minor = arch.capability
+        compiled = triton.compile(compile_source(fam.a.value, "group", cfg),
+                                  target=GPUTarget("cuda", major * 10 + minor, 32), options=compile_options(cfg))
+    except Exception as e:
+        msg = str(e).strip().splitlines()
+        return BuildResult(name, fam.name, f"int4p_{cfg.tag}", False, time.time() - t0,
+                           error=f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500]), None
+    return BuildResult(name, fam.name, f"int4p_{cfg.tag}", True, time.time() - t0), compiled
+
+
 def _compile_gluon(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
     from ..kernels.gluon.config import gluon_config
     from ..kernels.gluon.launch import compile_sm90
@@ -118,7 +146,7 @@ def _resource_usage(cubin_path: Path) -> tuple[int | None, int | None]:
 def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: bool = False,
                 impl: str = "triton") -> BuildResult:
     """Compile one family (runs in a worker process): the portable Triton kernel, its swapped
-    variant, or (``impl='gluon'``) the sm_90 Gluon kernel."""
+    variant, the sm_90 Gluon kernel (``impl='gluon'``) or the prepacked-int4 kernel ('int4p')."""
     from triton.backends.compiler import GPUTarget
 
     from ..kernels.gemm_kernel import _gemm_kernel
@@ -127,8 +155,8 @@ def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: boo
     fam = parse_family(family_name)
     arch = get_arch(arch_name)
     t0 = time.time()
-    if impl == "gluon":
-        res, compiled = _compile_gluon(fam, arch, t0)
+    if impl in ("gluon", "int4p"):
+        res, compiled = (_compile_gluon if impl == "gluon" else _compile_int4p)(fam, arch, t0)
         if compiled is not None:
             _finish(res, compiled, out_dir)
         return res
@@ -177,6 +205,7 @@ def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = Non
     work = [(n, False, "triton") for n in names]
     work += [(n, True, "triton") for n in names if wants_swapped_build(parse_family(n))]
     work += [(n, False, "gluon") for n in names if wants_gluon_build(parse_family(n), arch)]
+    work += [(n, False, "int4p") for n in names if wants_int4p_build(parse_family(n), arch)]
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     jobs = jobs or max(1, os.cpu_count() or 1)

@@ -65,6 +65,38 @@ def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> In
     return Int4pConfig(bm, split, stages)
 
 
+_PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp8": "*fp8e4nv", "bf8": "*fp8e5"}
+
+
+def compile_source(x_type: str, w_scale: str, cfg: Int4pConfig, *, x_scale: str | None = None,
+                   group_k: int = 128, has_bias: bool = False, even_k: bool = True):
+    """The kernel as ``triton.compile`` takes it for an ahead-of-time build (``tileq build``,
+    ``scripts/sass_loop.py --prepacked``): bf16 output, the specialization a JIT launch makes for
+    LLM shapes (16-byte aligned pointers, N, K and strides multiples of 16)."""
+    import triton
+
+    sig = {"w_ptr": "*i32", "x_ptr": _PTR[x_type], "c_ptr": "*bf16" if cfg.split_k == 1 else "*fp32",
+           "sw_ptr": "*fp32", "sx_ptr": "*fp32", "bias_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+           "ldx": "i32", "ldc": "i32", "stride_sw_g": "i32", "stride_sw_n": "i32", "stride_sx": "i32"}
+    div16 = ("N", "K", "ldx", "ldc", "stride_sw_g")
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, t) in enumerate(sig.items())
+             if t.startswith("*") or name in div16}
+    if x_scale is None:
+        x_scale = "vector" if x_type in ("fp8", "bf8") else "none"
+    consts = dict(CT="fp16" if x_type == "fp16" else "bf16", W_SCALE=w_scale, X_SCALE=x_scale,
+                  GROUP_K=group_k, HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=even_k,
+                  INTERPRETED=False, BN=cfg.rows)
+    return triton.compiler.ASTSource(fn=_kernel_module._i4p_kernel, signature=sig, constexprs=consts,
+                                     attrs=attrs)
+
+
+def compile_options(cfg: Int4pConfig) -> dict:
+    opts = {"num_warps": cfg.warps, "num_stages": cfg.stages}
+    if cfg.maxnreg:
+        opts["maxnreg"] = cfg.maxnreg
+    return opts
+
+
 def kernel_name(x_type: str, w_scale: str, cfg: Int4pConfig) -> str:
     scheme = "bquant" if w_scale == "group" else "rowcol" if w_scale == "vector" else "tensor"
     pipeline = "decode" if cfg.bm <= 64 else "prefill"
