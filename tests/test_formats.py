@@ -28,6 +28,7 @@ from tileq.errors import DTypeError, ScaleError, ShapeError, UnsupportedError  #
 from tileq.formats import CheckpointError, from_pretrained, save_pretrained  # noqa: E402
 from tileq.formats import compressed_tensors as ctf  # noqa: E402
 from tileq.formats import safetensors_io  # noqa: E402
+from tileq.nn import QuantLinear  # noqa: E402
 from tileq.quant import dequantize_a, dequantize_b, pack_int4  # noqa: E402
 
 Q_PROJ = "model.layers.0.self_attn.q_proj"
@@ -341,6 +342,15 @@ def test_save_mixed_configs_as_mixed_precision(workdir, dense):
     back = from_pretrained(out)
     _assert_same_state(model, back)
     _assert_weights_exact(back, fa.ct_reference(out, dtype=torch.float32))
+    # int4 layers load prepacked by default; int4_layout='pk_int4' keeps pk_int4 in memory.
+    int4 = [m for m in back.modules() if isinstance(m, QuantLinear) and m.config.weight_dtype == "int4"]
+    assert int4 and all(m.is_prepacked for m in int4)
+    pk = from_pretrained(out, int4_layout="pk_int4")
+    pk_int4 = [m for m in pk.modules() if isinstance(m, QuantLinear) and m.config.weight_dtype == "int4"]
+    assert not any(m.is_prepacked for m in pk_int4)
+    _assert_same_state(back, pk)
+    with pytest.raises(UnsupportedError, match="int4_layout"):
+        from_pretrained(out, int4_layout="marlin")
 
 
 def test_save_tileq_format_when_compressed_tensors_has_no_equivalent(workdir):

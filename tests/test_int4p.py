@@ -149,6 +149,8 @@ def test_linear_routes_prepacked_weights_and_agrees_with_packed():
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 2e-6
     with pytest.raises(DTypeError, match="scheme"):
         tileq.linear(x, prepack_int4(v).to(DEV), None, ws, scheme="abquant")
+    with pytest.raises(DTypeError, match="tileq.linear"):  # gemm's B is [K, N]: not a Linear weight
+        tileq.gemm(x[0], prepack_int4(v).to(DEV), None, ws, scheme="bquant")
 
 
 def test_kernel_refusals():

@@ -75,6 +75,11 @@ def test_quant_linear_weight_layouts():
     x = torch.randn(3, 256, dtype=torch.bfloat16)
     assert torch.equal(w4(x), w4pk(x))  # the same values either way
     assert not QuantLinear.from_linear(lin, W4A16Config(group_size=64)).is_prepacked  # 64 % 128 != 0
+    w4pk.set_int4_layout("prepacked")  # converts in place, exactly
+    assert w4pk.is_prepacked and torch.equal(w4pk.weight, w4.weight) and w4pk.config == w4.config
+    assert torch.equal(w4pk.set_int4_layout("pk_int4").weight, pk)
+    with pytest.raises(tileq.errors.UnsupportedError, match="int4"):
+        a8.set_int4_layout("prepacked")
     with pytest.raises(tileq.errors.UnsupportedError, match="int4_layout"):
         W4A16Config(int4_layout="marlin")
     # The stored int4 bytes are tileq's pk_int4 of the quantized weight (element 2j high nibble).

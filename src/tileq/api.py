@@ -178,6 +178,9 @@ def gemm(
     error growing with K: up to 1.6% of max|C| at K = 17408 on an H200), like torch._scaled_mm's
     use_fast_accum. Default: precise.
     """
+    if isinstance(b, PrepackedInt4) or isinstance(a, PrepackedInt4):
+        raise DTypeError(expect("a, b", "tensors or tileq.PackedInt4 (gemm's B is the logical [K, N])",
+                                "a tileq.PrepackedInt4 (an nn.Linear weight [N, K]: use tileq.linear(x, w, ...))"))
     key = _call_key("gemm", a, b, a_scale, b_scale, bias, acc, out, scheme, out_dtype, group_k,
                     group_n, backend, deterministic, pipeline, fast_accum)
     hit = _lookup(key)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import DTypeError, ShapeError, TileqError, UnsupportedError, expect
+from ..nn.configs import INT4_LAYOUTS
 from . import compressed_tensors as ct
 from . import deepseek_fp8 as dsf
 from . import tileq_format as tqf
@@ -77,14 +78,16 @@ def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
 
 
 def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, trust_remote_code: bool = False,
-                    model_class=None, on_read=None):
+                    model_class=None, on_read=None, int4_layout: str = "prepacked"):
     """Load a quantized checkpoint directory into a transformers model with tileq layers.
 
     ``device``: where every tensor goes (default CPU; each tensor is read, moved there and dropped
     from host memory before the next is read). ``dtype``: the model's compute dtype (unquantized
     weights are cast to it; quantized ones are kept exactly). ``model_class``: a transformers
     auto class or model class (default ``AutoModelForCausalLM``). ``on_read(name, host_tensor)``
-    is called for each tensor read (tests instrument host memory with it).
+    is called for each tensor read (tests instrument host memory with it). ``int4_layout``: how
+    int4 layers hold their weights in memory ('prepacked', the default, or 'pk_int4'; see
+    ``W4A16Config``); the file's pk_int4 bytes are converted exactly.
 
     Formats (``config.json``'s ``quantization_config.quant_method``): ``compressed-tensors``
     (int-quantized, float-quantized, naive-quantized, pack-quantized), ``fp8`` (DeepSeek-style
@@ -108,6 +111,8 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise DTypeError(expect("dtype", "torch.bfloat16, torch.float16 or torch.float32", dtype))
     device = torch.device(device) if device is not None else None
+    if int4_layout not in INT4_LAYOUTS:
+        raise UnsupportedError(expect("int4_layout", f"one of {INT4_LAYOUTS}", repr(int4_layout)))
 
     # Parse everything before reading any tensor data.
     if method == ct.QUANT_METHOD:
@@ -135,6 +140,8 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
                     if name in str(e):
                         raise
                     raise type(e)(f"{name}: {e}") from None
+                if layer.config.weight_dtype == "int4" and layer.config.int4_layout != int4_layout:
+                    layer.set_int4_layout(int4_layout)
                 _replace(model, name, layer)
                 consumed.update(used)
             consumed |= _load_unquantized(model, reader, device, dtype)

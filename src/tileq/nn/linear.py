@@ -177,6 +177,22 @@ class QuantLinear(nn.Module):
         """True when the int4 weight is held in the prepacked layout (tileq.int4p, int32 words)."""
         return self.weight is not None and self.weight.dtype == torch.int32
 
+    def set_int4_layout(self, layout: str) -> "QuantLinear":
+        """Hold the int4 weight in ``layout`` ('prepacked' or 'pk_int4') from now on: the config
+        becomes ``replace(config, int4_layout=layout)`` and the weight is converted exactly."""
+        from dataclasses import replace
+
+        from .configs import INT4_LAYOUTS
+
+        if self.config.weight_dtype != "int4":
+            raise UnsupportedError(expect("layer", "an int4 layer (W4A16 / W4A8)", self.config.name))
+        if layout not in INT4_LAYOUTS:
+            raise UnsupportedError(expect("int4_layout", f"one of {INT4_LAYOUTS}", repr(layout)))
+        pk = self.packed_weight()
+        self.config = replace(self.config, int4_layout=layout)
+        self._adopt("weight", pk, "weight")
+        return self
+
     def packed_weight(self) -> torch.Tensor:
         """The weight in its stored interchange form (int4: pk_int4 bytes [N, K / 2], unprepacked
         when the layer holds it prepacked): what state dicts and checkpoints contain."""
