@@ -260,3 +260,9 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
     assert out.returncode == 0 and "dequant+cublas" in out.stdout
     out = explain("--a", "int8", "--m", "1", "--n", "64", "--k", "128")
     assert out.returncode != 0 and "--prepacked: expected" in out.stderr
+
+
+def test_selftest_prepacked_pass():
+    from tileq.commands import prepacked_pass
+
+    assert prepacked_pass(DEV) == 0  # tileq selftest runs this after the catalog families

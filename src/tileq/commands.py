@@ -251,4 +251,36 @@ def correctness_pass(device: str) -> int:
     where = "GPU" if device == "cuda" else "CPU (Triton interpreter)"
     print(f"correctness on {where}: {len(fams) - failed}/{len(fams)} families match the reference "
           f"({time.time() - t0:.0f} s)")
-    return 1 if failed else 0
+    bad = prepacked_pass(device)
+    return 1 if failed or bad else 0
+
+
+def prepacked_pass(device: str, seed: int = 0) -> int:
+    """The prepacked-int4 kernel (decode and split-K configs, the prefill path) against the
+    reference executor on the same weight unprepacked, on small odd shapes."""
+    import tileq
+    from .int4p.launch import Int4pConfig, linear_prepacked
+    from .testing import check_close
+
+    g = torch.Generator().manual_seed(seed)
+    n, k = 70, 1100
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8, generator=g)
+    w = tileq.prepack_int4(v).to(device)
+    ws = (torch.rand(-(-k // 128), n, generator=g) + 0.5).to(device)
+    pk = tileq.unprepack_int4(w)
+    failed = 0
+    for x_dtype, m, cfg in ((torch.bfloat16, 3, Int4pConfig(16, 1, 2)), (torch.float16, 19, Int4pConfig(32, 2, 2)),
+                            (torch.float8_e4m3fn, 5, Int4pConfig(16, 2, 2)), (torch.bfloat16, 260, None)):
+        x = torch.randn(m, k, generator=g).to(x_dtype).to(device)
+        xs = (torch.rand(m, generator=g) + 0.5).to(device) if x_dtype == torch.float8_e4m3fn else None
+        got = linear_prepacked(x, w, xs, ws, out_dtype=torch.float32, config=cfg)
+        want = tileq.linear(x, pk, xs, ws, scheme="bquant", out_dtype=torch.float32, backend="reference")
+        label = f"int4p {x_dtype} M={m} {cfg.tag if cfg else 'dequant+cublas'}"
+        try:
+            # The prefill path rounds the dequantized weight and the product to 16 bits.
+            check_close(got, want, torch.float32 if cfg else torch.bfloat16)
+        except AssertionError as e:
+            failed += 1
+            print(f"{label}: FAILED: {str(e).splitlines()[0][:200]}", flush=True)
+    print(f"prepacked int4: {4 - failed}/4 checks match the reference")
+    return failed
