@@ -46,3 +46,25 @@ def test_demo_fails_when_a_check_fails(tmp_path, monkeypatch, capsys):
 def test_demo_bad_arguments(tmp_path, bad, capsys):
     assert tileq.cli.main(["demo", "--quick", "--out", str(tmp_path), *bad]) == 2
     assert "tileq demo: error:" in capsys.readouterr().err
+
+
+def test_cli_on_cpu_restarts_itself_interpreted(tmp_path):
+    """`import tileq` already compiles some @triton.jit kernels: on a machine without CUDA the
+    tileq command (the README's `./dev/tileq demo`) restarts itself with TRITON_INTERPRET=1
+    instead of failing in every kernel. Run without the variable, as a user's shell would."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if os.environ.get("TILEQ_TEST_GPU") == "1":
+        pytest.skip("a CPU-machine behaviour")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root / "src")
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run([sys.executable, "-m", "tileq", "demo", "--quick", "--no-model", "--device", "cpu",
+                           "--cases", "rowcol:i8xi8:rcr", "--out", str(tmp_path / "demo")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "match the reference" in proc.stdout and "error" not in proc.stdout.split("shape", 1)[-1]
