@@ -9,17 +9,7 @@ import argparse
 import torch
 
 from tileq.int4p import prepack_int4
-from tileq.int4p.launch import Int4pConfig, default_config, linear_prepacked
-
-
-def parse_tag(tag: str) -> Int4pConfig:
-    import re
-
-    m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?(?:_r(\d+))?_swap", tag)
-    if not m:
-        raise SystemExit(f"config: expected a tag like m64n16k512_w4_s2_sk4_swap, got {tag!r}")
-    return Int4pConfig(int(m.group(2)), int(m.group(5) or 1), int(m.group(4)), int(m.group(3)),
-                       int(m.group(6)) if m.group(6) else None)
+from tileq.int4p.launch import Int4pConfig, config_for, linear_prepacked
 
 
 def main() -> None:
@@ -35,7 +25,7 @@ def main() -> None:
     w = prepack_int4(v)
     s = torch.rand(args.k // 128, args.n, device=dev) + 0.5
     x = torch.randn(args.m, args.k, device=dev).to(torch.bfloat16)
-    cfg = parse_tag(args.config) if args.config else default_config(args.m, args.n, args.k)
+    cfg = Int4pConfig.parse_tag(args.config) if args.config else config_for(args.m, args.n, args.k)[0]
     print("config", cfg.tag)
     for _ in range(args.runs):
         linear_prepacked(x, w, None, s, config=cfg)

@@ -253,9 +253,11 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
         return subprocess.run([sys.executable, "-m", "tileq", "explain", "--prepacked", "--scheme", "bquant",
                                "--b", "int4", *args], env=env, capture_output=True, text=True, timeout=120)
 
-    out = explain("--a", "bf16", "--m", "1", "--n", "5120", "--k", "17408")
+    out = explain("--a", "bf16", "--m", "1", "--n", "5120", "--k", "17408")  # Qwen3-14B down: tuned
     assert out.returncode == 0, out.stderr
-    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk4_swap_sm90" in out.stdout and "split-K 4" in out.stdout
+    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s2_sk4_swap_sm90" in out.stdout and "(tuned table)" in out.stdout
+    out = explain("--a", "bf16", "--m", "1", "--n", "3072", "--k", "4096")
+    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk4_swap_sm90" in out.stdout and "(heuristic)" in out.stdout
     out = explain("--a", "fp8", "--m", "1024", "--n", "5120", "--k", "17408")
     assert out.returncode == 0 and "dequant+cublas" in out.stdout
     out = explain("--a", "int8", "--m", "1", "--n", "64", "--k", "128")
@@ -266,3 +268,25 @@ def test_selftest_prepacked_pass():
     from tileq.commands import prepacked_pass
 
     assert prepacked_pass(DEV) == 0  # tileq selftest runs this after the catalog families
+
+
+def test_tuned_table_configs_parse_and_serve_only_their_sizes():
+    import json
+
+    from tileq.int4p.launch import _TUNED_PATH, config_for, default_config, tuned_table
+
+    doc = json.load(open(_TUNED_PATH))
+    assert doc["arch"] == "sm_90" and "H200" in doc["about"]
+    table = tuned_table()
+    assert len(table) == len(doc["entries"]) > 0
+    for e in doc["entries"]:
+        cfg = table[(e["n"], e["k"], e["m"])]
+        assert cfg.tag == e["config"] and cfg.bm == 16 and e["us"] < 0.97 * e["heuristic_us"]
+        m = 1 if e["m"] == 1 else 9
+        assert config_for(m, e["n"], e["k"]) == (cfg, "tuned table")
+        assert config_for(m, e["n"], e["k"], "fp8") == (default_config(m, e["n"], e["k"]), "heuristic")
+        assert config_for(33, e["n"], e["k"])[1] == "heuristic"
+    assert config_for(1, 4096, 3072)[1] == "heuristic"  # not in the table
+    for bad in ("m64n16k256_w4_s2_swap", "m128n16k512_w4_s2_swap"):
+        with pytest.raises(ValueError):
+            Int4pConfig.parse_tag(bad)

@@ -152,7 +152,7 @@ _PREPACKED_X = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.floa
 
 def _explain_prepacked(args) -> int:
     from .errors import UnsupportedError, expect
-    from .int4p.launch import default_config, describe_prepacked
+    from .int4p.launch import config_for, describe_prepacked
 
     if args.b not in ("int4", "i4") or args.layout != "rcr" or args.a not in _PREPACKED_X:
         raise UnsupportedError(expect("--prepacked", "--b int4, --layout rcr and --a bf16, fp16, fp8 or bf8 "
@@ -168,9 +168,10 @@ def _explain_prepacked(args) -> int:
           f"scheme {args.scheme}" + (f", group_k {args.group_k}" if args.scheme == "bquant" else ""))
     print(f"runs    : {path}")
     if not path.startswith("dequant"):
-        cfg = default_config(args.m, args.n, args.k)
+        cfg, source = config_for(args.m, args.n, args.k, args.a)
+        cap = f", registers capped at {cfg.maxnreg}" if cfg.maxnreg else ""
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
-              f"{cfg.stages} stages, split-K {cfg.split_k} (int4p.launch.default_config)")
+              f"{cfg.stages} stages, split-K {cfg.split_k}{cap} ({source})")
     print("executor: the Triton kernel tileq.int4p (sm_90 wgmma, inline PTX), or the reference "
           "executor on the unprepacked weight (backend='reference', CPU tensors)")
     return 0

@@ -8,6 +8,10 @@ kernel, so the products run on bf16 wgmma).
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +42,18 @@ class Int4pConfig:
     warps: int = 4
     maxnreg: int | None = None  # a register cap (ptxas): 128 lets four programs share an SM
 
+    @classmethod
+    def parse_tag(cls, tag: str) -> "Int4pConfig":
+        """The inverse of ``tag`` (e.g. ``m64n16k512_w4_s2_sk4_r128_swap``)."""
+        m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?(?:_r(\d+))?_swap", tag)
+        if not m:
+            raise ValueError(f"an int4p config tag like m64n16k512_w4_s2_sk4_swap, got {tag!r}")
+        cfg = cls(int(m.group(2)), int(m.group(5) or 1), int(m.group(4)), int(m.group(3)),
+                  int(m.group(6)) if m.group(6) else None)
+        if cfg.rows != int(m.group(1)):
+            raise ValueError(f"{tag!r}: {m.group(3)} warps hold {cfg.rows} weight rows, not {m.group(1)}")
+        return cfg
+
     @property
     def rows(self) -> int:
         """Weight rows per program: one 64-row wgmma per warpgroup."""
@@ -48,6 +64,30 @@ class Int4pConfig:
         sk = f"_sk{self.split_k}" if self.split_k > 1 else ""
         reg = f"_r{self.maxnreg}" if self.maxnreg else ""
         return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}{reg}_swap"
+
+
+_TUNED_PATH = os.path.join(os.path.dirname(__file__), "data", "tuned_sm90.json")
+
+
+@functools.lru_cache(maxsize=1)
+def tuned_table() -> dict:
+    """{(n, k, 1 or 16): config} measured on an H200 (data/tuned_sm90.json, its 'about' says how)."""
+    with open(_TUNED_PATH) as f:
+        doc = json.load(f)
+    return {(e["n"], e["k"], e["m"]): Int4pConfig.parse_tag(e["config"]) for e in doc["entries"]}
+
+
+def config_for(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM_SMS_DEFAULT
+               ) -> tuple[Int4pConfig, str]:
+    """(config, where it came from): the tuned table for the weights and decode sizes it lists
+    (M = 1; M 2-16) with 16-bit activations (it was measured with bf16; fp16 runs the same
+    code), else ``default_config``. fp8 activations take the heuristic: several table configs
+    cap registers at 128, which spills more in the fp8 variant and was not measured there."""
+    if m <= 16 and x_type in ("bf16", "fp16"):
+        hit = tuned_table().get((n, k, 1 if m == 1 else 16))
+        if hit is not None:
+            return hit, "tuned table"
+    return default_config(m, n, k, num_sms), "heuristic"
 
 
 def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> Int4pConfig:
@@ -238,7 +278,7 @@ def linear_prepacked(x: torch.Tensor, w: PrepackedInt4, x_scale=None, w_scale=No
     if x2.stride(0) != k and m > 1:
         raise ShapeError(expect("x", "rows of stride K (a contiguous [..., K] tensor)", tuple(x.stride())))
     dequant = config is None and m >= DEQUANT_MIN_M
-    cfg = None if dequant else (config or default_config(m, n, k))
+    cfg = None if dequant else (config or config_for(m, n, k, x_type)[0])
     key = (m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
            x2.stride(0), x.device, cfg, interpreter_active())
     launch = _LAUNCHES.get(key)
@@ -263,7 +303,7 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
     prefill path (dequantize + cuBLAS) from ``DEQUANT_MIN_M`` tokens on."""
     if config is None and m >= DEQUANT_MIN_M:
         return f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product)"
-    cfg = config or default_config(m, n, k)
+    cfg = config or config_for(m, n, k, _X_TYPES[x_dtype])[0]
     return kernel_name(_X_TYPES[x_dtype], w_scale, cfg)
 
 
