@@ -114,29 +114,38 @@ def _values(w) -> torch.Tensor:
 def prepack_int4(w) -> PrepackedInt4:
     """An nn.Linear int4 weight (PackedInt4 [N, K] packed along K, or int values) in layout i4p1.
 
-    Offline (host tensors of the weight's device, no kernel): run once when a model loads."""
+    Offline (torch operations on the weight's device, no kernel): run once when a model loads.
+    Works in uint8 nibbles and int32 halves: about 4 bytes of temporaries per weight."""
     v = _values(w)
     n, k = v.shape
     kp = padded_k(k)
-    nib = torch.full((n, kp), 8, dtype=torch.int64, device=v.device)
-    nib[:, :k] = v.to(torch.int64) + 8
-    slots = nib.view(n, kp // BLOCK_K, BLOCK_K)[:, :, _SLOT_K.to(v.device)]  # [N, B, 64, 8]
-    shifts = 4 * torch.arange(8, device=v.device, dtype=torch.int64)
-    words = (slots << shifts).sum(-1)
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words)
-    return PrepackedInt4(words.to(torch.int32).reshape(n, kp // 8).contiguous(), (n, k))
+    nib = torch.full((n, kp), 8, dtype=torch.uint8, device=v.device)
+    nib[:, :k] = (v + 8).to(torch.uint8)
+    slots = nib.view(n, kp // BLOCK_K, BLOCK_K)[:, :, _SLOT_K.to(v.device)]  # [N, B, 64, 8] uint8
+    del nib
+    # Nibbles 0-3 make the low 16 bits, 4-7 the high 16 bits: each half fits an int32 exactly.
+    lo = torch.zeros(slots.shape[:-1], dtype=torch.int32, device=v.device)
+    hi = torch.zeros_like(lo)
+    for s in range(4):
+        lo |= slots[..., s].to(torch.int32) << (4 * s)
+        hi |= slots[..., 4 + s].to(torch.int32) << (4 * s)
+    del slots
+    # (hi << 16) | lo as a signed 32-bit word: hi >= 0x8000 sets the sign bit.
+    words = (hi - ((hi >> 15) << 16)) << 16 | lo
+    return PrepackedInt4(words.reshape(n, kp // 8).contiguous(), (n, k))
 
 
 def prepacked_values(p: PrepackedInt4) -> torch.Tensor:
     """int8 [N, Kp] values (padding included) of a PrepackedInt4."""
     n = p.shape[0]
     kp = p.k_padded
-    words = p.data.to(torch.int64) & 0xFFFFFFFF
-    shifts = 4 * torch.arange(8, device=words.device, dtype=torch.int64)
-    nib = (words.view(n, kp // BLOCK_K, WORDS_PER_BLOCK, 1) >> shifts) & 15  # [N, B, 64, 8]
-    out = torch.empty((n, kp // BLOCK_K, BLOCK_K), dtype=torch.int64, device=words.device)
-    out[:, :, _SLOT_K.to(words.device)] = nib
-    return (out.view(n, kp) - 8).to(torch.int8)
+    words = p.data.view(n, kp // BLOCK_K, WORDS_PER_BLOCK)
+    out = torch.empty((n, kp // BLOCK_K, BLOCK_K), dtype=torch.int8, device=words.device)
+    slot_k = _SLOT_K.to(words.device)
+    for s in range(8):
+        # An arithmetic shift of the signed word still leaves the nibble in the low 4 bits.
+        out[:, :, slot_k[:, s]] = (((words >> (4 * s)) & 15) - 8).to(torch.int8)
+    return out.view(n, kp)
 
 
 def unprepack_int4(p: PrepackedInt4) -> PackedInt4:
