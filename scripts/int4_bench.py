@@ -64,37 +64,35 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes = SHAPES if not args.quick else [SHAPES[0], SHAPES[3], SHAPES[8]]
     ms = (M_DECODE + M_PREFILL) if not args.quick else (1, 16, 256, 1024, 4096)
-    rows = []
     t_start = time.time()
     path = os.path.join(out_dir, "int4.csv")
     csv_file = open(path, "w", newline="")
     writer = csv.DictWriter(csv_file, fieldnames=FIELDS)
     writer.writeheader()
 
-    class Rows(list):  # every row reaches the CSV at once: a run cut short keeps what it measured
-        def append(self, row):
-            super().append(row)
-            writer.writerow(row)
-            csv_file.flush()
+    rows = []
 
-    rows = Rows()
+    def add(row):  # every row reaches the CSV at once: a run cut short keeps what it measured
+        rows.append(row)
+        writer.writerow(row)
+        csv_file.flush()
 
     def record(s, name, m, n, k, impl, cfg, fn, want, wbytes, note=""):
         try:
             y = fn()
             err = float((y.float() - want).abs().max() / want.abs().max().clamp_min(1e-30))
             if not err < 2e-2:
-                rows.append(dict(set=s, shape=name, m=m, n=n, k=k, impl=impl, config=cfg, ms="",
+                add(dict(set=s, shape=name, m=m, n=n, k=k, impl=impl, config=cfg, ms="",
                                  tbps_weight="", max_rel_err=f"{err:.3g}", note="WRONG: not timed"))
                 print(f"  {impl} WRONG max_rel_err {err:.3g}", flush=True)
                 return None
             t = timer.measure(fn).median_ms
         except Exception as e:  # reported, the run goes on
-            rows.append(dict(set=s, shape=name, m=m, n=n, k=k, impl=impl, config=cfg, ms="", tbps_weight="",
+            add(dict(set=s, shape=name, m=m, n=n, k=k, impl=impl, config=cfg, ms="", tbps_weight="",
                              max_rel_err="", note=f"error: {type(e).__name__}: {str(e)[:200]}"))
             print(f"  {impl} error {type(e).__name__}: {str(e)[:300]}", flush=True)
             return None
-        rows.append(dict(set=s, shape=name, m=m, n=n, k=k, impl=impl, config=cfg, ms=f"{t:.5f}",
+        add(dict(set=s, shape=name, m=m, n=n, k=k, impl=impl, config=cfg, ms=f"{t:.5f}",
                          tbps_weight=f"{wbytes / t / 1e9:.3f}", max_rel_err=f"{err:.2e}", note=note))
         return t
 

@@ -152,13 +152,13 @@ _PREPACKED_X = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.floa
 
 def _explain_prepacked(args) -> int:
     from .errors import UnsupportedError, expect
-    from .int4p.launch import config_for, describe_prepacked
+    from .int4p.launch import W_SCALE_OF_SCHEME, config_for, describe_prepacked
 
     if args.b not in ("int4", "i4") or args.layout != "rcr" or args.a not in _PREPACKED_X:
         raise UnsupportedError(expect("--prepacked", "--b int4, --layout rcr and --a bf16, fp16, fp8 or bf8 "
                                       "(an nn.Linear int4 weight, x @ W^T)", f"--a {args.a} --b {args.b} "
                                       f"--layout {args.layout}"))
-    kinds = {"bquant": "group", "rowcol": "vector", "tensor": "scalar"}
+    kinds = W_SCALE_OF_SCHEME
     if args.scheme not in kinds:
         raise UnsupportedError(expect("--scheme", "bquant, rowcol or tensor for a prepacked weight", args.scheme))
     if args.scheme == "bquant" and args.group_k % 128:

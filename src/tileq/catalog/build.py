@@ -94,13 +94,14 @@ def wants_int4p_build(fam: KernelFamily, arch: ArchInfo) -> bool:
 def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
     from triton.backends.compiler import GPUTarget
 
-    from ..int4p.launch import compile_options, compile_source, default_config, kernel_name
+    from ..int4p.launch import W_SCALE_OF_SCHEME, compile_options, compile_source, default_config, kernel_name
 
     cfg = default_config(*DECODE_SHAPE, arch.typical_sms)
-    name = kernel_name(fam.a.value, "group", cfg)
+    w_scale = W_SCALE_OF_SCHEME[fam.scheme.value]
+    name = kernel_name(fam.a.value, w_scale, cfg)
     try:
         major, minor = arch.capability
-        compiled = triton.compile(compile_source(fam.a.value, "group", cfg),
+        compiled = triton.compile(compile_source(fam.a.value, w_scale, cfg),
                                   target=GPUTarget("cuda", major * 10 + minor, 32), options=compile_options(cfg))
     except Exception as e:
         msg = str(e).strip().splitlines()

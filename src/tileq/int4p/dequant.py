@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import interpreter_active
+from .._runtime import bounded_put, interpreter_active
 from ..kernels.direct import KernelCall, direct_launch_enabled
 from .layout import BLOCK_K
 
@@ -89,8 +89,7 @@ def dequantize_prepacked(wdata: torch.Tensor, n: int, k: int, w_scale: torch.Ten
                           dict(W_SCALE=w_kind, GROUP_K=group_k, ROWS=_ROWS, OUT_FP16=dtype == torch.float16,
                                num_warps=8),
                           (torch.int32, torch.float32, dtype))
-        if len(_CALLS) < 1024:
-            _CALLS[key] = call
+        bounded_put(_CALLS, key, call, 1024)
     call((wdata, w_scale, out), wdata.device.type == "cuda" and not interpreted and direct_launch_enabled())
     return out
 

@@ -22,59 +22,19 @@ import triton.language as tl
 # Two words (c even, c + 1) -> eight registers of two 16-bit values each: slice q (0..3) from
 # word c, slice 4 + q from word c + 1; (w >> 4q) & 0x000F000F puts nibbles k and k + 1 in the
 # two halves, OR-ing the magic exponent makes MAGIC + nibble, the subtraction leaves the value.
-_CVT_BF16 = tl.constexpr("""{
-.reg .b32 a1, a2, a3, b1, b2, b3, m;
-mov.b32 m, 0x43084308;
-shr.u32 a1, $8, 4;
-shr.u32 a2, $8, 8;
-shr.u32 a3, $8, 12;
-shr.u32 b1, $9, 4;
-shr.u32 b2, $9, 8;
-shr.u32 b3, $9, 12;
-lop3.b32 $0, $8, 0x000F000F, 0x43004300, 0xea;
-lop3.b32 $1, a1, 0x000F000F, 0x43004300, 0xea;
-lop3.b32 $2, a2, 0x000F000F, 0x43004300, 0xea;
-lop3.b32 $3, a3, 0x000F000F, 0x43004300, 0xea;
-lop3.b32 $4, $9, 0x000F000F, 0x43004300, 0xea;
-lop3.b32 $5, b1, 0x000F000F, 0x43004300, 0xea;
-lop3.b32 $6, b2, 0x000F000F, 0x43004300, 0xea;
-lop3.b32 $7, b3, 0x000F000F, 0x43004300, 0xea;
-sub.bf16x2 $0, $0, m;
-sub.bf16x2 $1, $1, m;
-sub.bf16x2 $2, $2, m;
-sub.bf16x2 $3, $3, m;
-sub.bf16x2 $4, $4, m;
-sub.bf16x2 $5, $5, m;
-sub.bf16x2 $6, $6, m;
-sub.bf16x2 $7, $7, m;
-}""")
+def _cvt_asm(magic: int, sub: str) -> str:
+    """The conversion for one 16-bit type: ``magic`` its bits of 128.0 (bf16) / 1024.0 (fp16)."""
+    lop = [f"lop3.b32 ${q}, {src}, 0x000F000F, 0x{magic:04X}{magic:04X}, 0xea;"
+           for q, src in enumerate(("$8", "a1", "a2", "a3", "$9", "b1", "b2", "b3"))]
+    subs = [f"{sub} ${q}, ${q}, m;" for q in range(8)]
+    return "\n".join([
+        "{", ".reg .b32 a1, a2, a3, b1, b2, b3, m;", f"mov.b32 m, 0x{magic + 8:04X}{magic + 8:04X};",
+        "shr.u32 a1, $8, 4;", "shr.u32 a2, $8, 8;", "shr.u32 a3, $8, 12;",
+        "shr.u32 b1, $9, 4;", "shr.u32 b2, $9, 8;", "shr.u32 b3, $9, 12;", *lop, *subs, "}"])
 
-_CVT_FP16 = tl.constexpr("""{
-.reg .b32 a1, a2, a3, b1, b2, b3, m;
-mov.b32 m, 0x64086408;
-shr.u32 a1, $8, 4;
-shr.u32 a2, $8, 8;
-shr.u32 a3, $8, 12;
-shr.u32 b1, $9, 4;
-shr.u32 b2, $9, 8;
-shr.u32 b3, $9, 12;
-lop3.b32 $0, $8, 0x000F000F, 0x64006400, 0xea;
-lop3.b32 $1, a1, 0x000F000F, 0x64006400, 0xea;
-lop3.b32 $2, a2, 0x000F000F, 0x64006400, 0xea;
-lop3.b32 $3, a3, 0x000F000F, 0x64006400, 0xea;
-lop3.b32 $4, $9, 0x000F000F, 0x64006400, 0xea;
-lop3.b32 $5, b1, 0x000F000F, 0x64006400, 0xea;
-lop3.b32 $6, b2, 0x000F000F, 0x64006400, 0xea;
-lop3.b32 $7, b3, 0x000F000F, 0x64006400, 0xea;
-sub.f16x2 $0, $0, m;
-sub.f16x2 $1, $1, m;
-sub.f16x2 $2, $2, m;
-sub.f16x2 $3, $3, m;
-sub.f16x2 $4, $4, m;
-sub.f16x2 $5, $5, m;
-sub.f16x2 $6, $6, m;
-sub.f16x2 $7, $7, m;
-}""")
+
+_CVT_BF16 = tl.constexpr(_cvt_asm(0x4300, "sub.bf16x2"))
+_CVT_FP16 = tl.constexpr(_cvt_asm(0x6400, "sub.f16x2"))
 
 
 @triton.jit

@@ -137,8 +137,13 @@ def compile_options(cfg: Int4pConfig) -> dict:
     return opts
 
 
+# The weight scales each scheme means for a prepacked weight (names, explain, the catalog build).
+W_SCALE_OF_SCHEME = {"bquant": "group", "rowcol": "vector", "tensor": "scalar"}
+_SCHEME_OF_W_SCALE = {v: k for k, v in W_SCALE_OF_SCHEME.items()}
+
+
 def kernel_name(x_type: str, w_scale: str, cfg: Int4pConfig) -> str:
-    scheme = "bquant" if w_scale == "group" else "rowcol" if w_scale == "vector" else "tensor"
+    scheme = _SCHEME_OF_W_SCALE[w_scale]
     pipeline = "decode" if cfg.bm <= 64 else "prefill"
     return f"{scheme}_{x_type}xi4p_rcr_{pipeline}__{cfg.tag}_sm90"
 
@@ -232,6 +237,17 @@ def linear_prepacked(x: torch.Tensor, w: PrepackedInt4, x_scale=None, w_scale=No
                      out_dtype: torch.dtype | None = None, bias=None, group_k: int = 128,
                      config: Int4pConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W^T for a prepacked int4 weight W [N, K]; x [..., K] (leading dims flattened)."""
+    prepared = _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config)
+    if isinstance(prepared, torch.Tensor):  # nothing to launch (M, N or K is 0)
+        return prepared
+    launch, x2, sx, sw, b, lead = prepared
+    y = launch(x2, w.data, sx, sw, b, None if out is None else out.view(x2.shape[0], w.shape[0]))
+    return y.view(*lead, w.shape[0])
+
+
+def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
+    """Check a call and find (or make) its launch: (launch, x2, x_scale, w_scale, bias, lead) with
+    the scales and bias in fp32, or the finished result when there is nothing to launch."""
     if not isinstance(w, PrepackedInt4):
         raise DTypeError(expect("w", "a tileq.PrepackedInt4", type(w).__name__))
     if not isinstance(x, torch.Tensor) or x.dtype not in _X_TYPES:
@@ -289,12 +305,7 @@ def linear_prepacked(x: torch.Tensor, w: PrepackedInt4, x_scale=None, w_scale=No
             launch = Int4pLaunch(m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k,
                                  b is not None, x.device, cfg)
         bounded_put(_LAUNCHES, key, launch, 1024)
-    y = launch(x2, w.data, sx, sw, b, None if out is None else out.view(m, n))
-    _LAST[0] = launch
-    return y.view(*lead, n)
-
-
-_LAST: list = [None]  # the launch the latest linear_prepacked call ran (prepacked_call reads it)
+    return launch, x2, sx, sw, b, lead
 
 
 def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16,
@@ -327,6 +338,5 @@ def prepacked_call(x, w: PrepackedInt4, x_scale, w_scale, *, out_dtype, bias, gr
         return None
     if any(t is not None and t.dtype != torch.float32 for t in (x_scale, w_scale, bias)):
         return None
-    _LAST[0] = None
-    linear_prepacked(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k)
-    return PrepackedCall(_LAST[0]) if _LAST[0] is not None else None
+    prepared = _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, None)
+    return None if isinstance(prepared, torch.Tensor) else PrepackedCall(prepared[0])

@@ -190,7 +190,8 @@ def merge_quant_linears(layers, names=None) -> QuantLinear:
                           torch.zeros(layer.out_features, dtype=torch.float32, device=layer.weight.device)
                           for layer in layers])
     return QuantLinear.from_quantized(
-        torch.cat([layer.packed_weight() for layer in layers], 0),
+        # Same config, same storage (pk_int4 bytes or prepacked words): rows concatenate as they are.
+        torch.cat([layer.weight for layer in layers], 0),
         torch.cat([layer.weight_scale for layer in layers], axis),
         config=first.config, bias=bias,
         input_scale=None if first.input_scale is None else first.input_scale.clone(),
@@ -206,7 +207,7 @@ def split_quant_linear(merged: QuantLinear, sizes, has_bias) -> list[QuantLinear
         scales = merged.weight_scale.split(list(sizes), 1)
     else:
         scales = merged.weight_scale.split([math.ceil(n / config.group_n) for n in sizes], 1)
-    weights = merged.packed_weight().split(list(sizes), 0)
+    weights = merged.weight.split(list(sizes), 0)
     biases = merged.bias.split(list(sizes)) if merged.bias is not None else [None] * len(sizes)
     parts = []
     for w, s, b, hb in zip(weights, scales, biases, has_bias):
