@@ -68,14 +68,28 @@ def _nks(text: str) -> list[tuple[int, int]]:
     return [tuple(int(v) for v in x.split("x")) for x in text.split(",") if x]
 
 
+def _variants(text: str) -> list:
+    """--variants: [(BN, STAGES, EPI_BUFS) or None for the planner's config]; [None] when empty."""
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        if item == "plan":
+            out.append(None)
+            continue
+        parts = [int(v) for v in item.split(":")]
+        out.append((parts[0], parts[1], parts[2] if len(parts) > 2 else 1))
+    return out or [None]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--m", default=M_DEFAULT, help=f"comma-separated M values (default {M_DEFAULT})")
     p.add_argument("--nk", default=NK_DEFAULT, help=f"comma-separated NxK (default {NK_DEFAULT})")
     p.add_argument("--runs", type=int, default=30, help="timed graph replays per implementation")
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--bn", type=int, choices=(64, 128), default=None, help="force the Gluon BN")
-    p.add_argument("--stages", type=int, default=None, help="force the Gluon ring depth")
+    p.add_argument("--variants", default="",
+                   help="Gluon configs to time instead of the planner's, comma-separated "
+                        "BN:STAGES[:EPI_BUFS] (e.g. 128:6,256:4,256:3:2); 'plan' = the planner's")
+    p.add_argument("--no-triton", action="store_true", help="skip the portable Triton kernel")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tileq-out"), help="folder for gluon.csv")
     p.add_argument("--scheme", choices=tuple(SCHEMES), default="rowcol")
     args = p.parse_args()
@@ -145,39 +159,48 @@ def main() -> int:
             results = {}
 
             plan_g = plan_with(spec, "1")
-            if plan_g.impl == "gluon":
-                if args.bn or args.stages:
-                    plan_g = replace(plan_g, gluon=replace(plan_g.gluon, block_n=args.bn or plan_g.gluon.block_n,
-                                                           stages=args.stages or plan_g.gluon.stages))
-                launch_g = make_launch(problem, plan_g)
-                config_g = plan_g.gluon.tag
-            else:
-                launch_g, config_g = None, f"not chosen: {plan_g.impl_reason}"
-            plan_t = plan_with(spec, "0")
-            launch_t = make_launch(problem, plan_t)
-            out_g = torch.empty(m, n, dtype=torch.bfloat16, device=device)
-            out_t = torch.empty(m, n, dtype=torch.bfloat16, device=device)
-            calls = {
-                "gluon": (lambda: launch_g(a, b, sa, sb, None, None, out_g)) if launch_g is not None else None,
-                "triton": lambda: launch_t(a, b, sa, sb, None, None, out_t),
-                "cublaslt": _baseline(args.scheme, problem),
-            }
-            configs = {"gluon": config_g, "triton": plan_t.instance.config.tag, "cublaslt": base_name}
+            gluon_calls, gluon_configs = {}, {}
+            for v, variant in enumerate(_variants(args.variants)):
+                name = "gluon" if v == 0 else f"gluon{v}"
+                if plan_g.impl != "gluon":
+                    gluon_calls[name], gluon_configs[name] = None, f"not chosen: {plan_g.impl_reason}"
+                    continue
+                plan_v = plan_g
+                if variant is not None:
+                    bn, stages, epi = variant
+                    plan_v = replace(plan_g, gluon=replace(plan_g.gluon, block_n=bn, stages=stages,
+                                                           epi_bufs=epi))
+                launch_v = make_launch(problem, plan_v)
+                out_v = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+                gluon_calls[name] = (lambda lv=launch_v, o=out_v: lv(a, b, sa, sb, None, None, o))
+                gluon_calls[name].launch = launch_v
+                gluon_configs[name] = plan_v.gluon.tag
+            config_g = ",".join(gluon_configs.values())
+            calls = dict(gluon_calls)
+            configs = dict(gluon_configs)
+            if not args.no_triton:
+                plan_t = plan_with(spec, "0")
+                launch_t = make_launch(problem, plan_t)
+                out_t = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+                calls["triton"] = lambda: launch_t(a, b, sa, sb, None, None, out_t)
+                configs["triton"] = plan_t.instance.config.tag
+            calls["cublaslt"] = _baseline(args.scheme, problem)
+            configs["cublaslt"] = base_name
             for impl, fn in calls.items():
-                row = dict(m=m, n=n, k=k, impl=impl, config=configs[impl], ms="", tflops="", vs_cublaslt="",
-                           max_rel_err="", note="")
+                row = dict(m=m, n=n, k=k, impl=impl.rstrip("0123456789"), config=configs[impl], ms="",
+                           tflops="", vs_cublaslt="", max_rel_err="", note="")
                 results[impl] = row
                 if fn is None:
                     row["note"] = "Gluon kernel not chosen"
                     continue
-                if impl == "gluon" and not isinstance(launch_g, GluonLaunch):
+                if impl.startswith("gluon") and not isinstance(fn.launch, GluonLaunch):
                     row["note"] = "TMA cannot read these operands: the Triton fallback would run"
                     continue
                 try:
                     before = len(gluon_launches)
                     got = fn()
                     torch.cuda.synchronize()
-                    if impl == "gluon" and len(gluon_launches) == before:
+                    if impl.startswith("gluon") and len(gluon_launches) == before:
                         row["note"] = "the call fell back to the Triton kernel"
                         continue
                     stats = check_close(got, ref, torch.bfloat16)
@@ -205,26 +228,30 @@ def main() -> int:
                 rows.append(row)
 
             def tf(impl):
-                return results[impl]["tflops"] or "-"
+                return results[impl]["tflops"] if impl in results and results[impl]["tflops"] else "-"
 
             def ratio(impl):
-                return results[impl]["vs_cublaslt"] or "-"
+                return results[impl]["vs_cublaslt"] if impl in results and results[impl]["vs_cublaslt"] else "-"
 
             notes = "; ".join(f"{i}: {r['note']}" for i, r in results.items() if r["note"])
+            extra = " ".join(f"{i}={ratio(i)}" for i in gluon_calls if i != "gluon")
             print(f"{m:>5} {n:>6} {k:>6} | {tf('gluon'):>7} {tf('triton'):>7} {tf('cublaslt'):>8} {'':<7} | "
-                  f"{ratio('gluon'):>14} {ratio('triton'):>15} | {config_g}" + (f"  [{notes}]" if notes else ""),
-                  flush=True)
+                  f"{ratio('gluon'):>14} {ratio('triton'):>15} | {config_g} {extra}"
+                  + (f"  [{notes}]" if notes else ""), flush=True)
             with open(csv_path, "w", newline="") as f:  # rewritten per problem: a cut run keeps its rows
                 w = csv.DictWriter(f, fieldnames=FIELDS)
                 w.writeheader()
                 w.writerows(rows)
-            del data, problem, a, b, ref, out_g, out_t
+            del data, problem, a, b, ref, calls, gluon_calls
     glaunch._gl()["kernel"] = real_kernel
-    ok = [r for r in rows if r["impl"] == "gluon" and r["vs_cublaslt"]]
-    if ok:
-        ratios = sorted(float(r["vs_cublaslt"]) for r in ok)
-        print(f"gluon / {lib}: min {ratios[0]:.3f}, median {ratios[len(ratios) // 2]:.3f}, "
-              f"max {ratios[-1]:.3f} over {len(ok)} problems")
+    by_config = {}
+    for r in rows:
+        if r["impl"] == "gluon" and r["vs_cublaslt"]:
+            by_config.setdefault(r["config"], []).append(float(r["vs_cublaslt"]))
+    for config, ratios in sorted(by_config.items()):
+        ratios.sort()
+        print(f"gluon {config} / {lib}: min {ratios[0]:.3f}, median {ratios[len(ratios) // 2]:.3f}, "
+              f"max {ratios[-1]:.3f} over {len(ratios)} problems")
     failed = [r for r in rows if r["note"].startswith("FAILED")]
     print(f"{len(rows)} rows -> {csv_path} ({time.time() - t_start:.0f} s); {len(failed)} failed")
     return 1 if failed else 0

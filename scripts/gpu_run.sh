@@ -7,6 +7,7 @@
 #                          [tests-formats] [e2e-checkpoint]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
+#              GLUON_SCHEMES, GLUON_ARGS (bench-gluon), INT4_ARGS (bench-int4),
 #              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
 #              CKPT_ARGS (extra arguments of scripts/make_checkpoint.py), CKPT_E2E_ARGS (of its tileq e2e runs).
@@ -49,8 +50,12 @@ for step in "${steps[@]}"; do
       python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
         | tail -40 | tee "$OUT/tests_gluon.log" ;;
     bench-gluon)
-      # Gluon vs the Triton kernel vs cuBLASLt, fp8 rowcol prefill: table and $OUT/gluon.csv.
-      python3 scripts/gluon_bench.py --out "$OUT" 2>&1 | tee "$OUT/bench_gluon.log" | tail -45 ;;
+      # Gluon vs the Triton kernel vs cuBLASLt per scheme (GLUON_SCHEMES, default rowcol):
+      # tables and $OUT/gluon*.csv; GLUON_ARGS: extra arguments (--variants, --m, --nk, ...).
+      for scheme in ${GLUON_SCHEMES:-rowcol}; do
+        python3 scripts/gluon_bench.py --scheme "$scheme" --out "$OUT" ${GLUON_ARGS:-} 2>&1 \
+          | tee "$OUT/bench_gluon_$scheme.log" | tail -45
+      done ;;
     layerbench)
       python3 -m tileq layerbench --out "$OUT/layers" ${LAYER_ARGS:-} 2>&1 | tail -60 | tee "$OUT/layerbench.log" ;;
     e2e)

@@ -49,6 +49,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--sweep-m32", action="store_true", help="also sweep token tiles at M = 32 and 64")
+    p.add_argument("--m", default="", help="comma-separated M values instead of the default set")
+    p.add_argument("--shapes", default="", help="comma-separated shape names (e.g. qwen3-14b.o) to keep")
     args = p.parse_args()
     out_dir = os.environ.get("OUT", "/tmp/tileq-out")
     os.makedirs(out_dir, exist_ok=True)
@@ -64,6 +66,11 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes = SHAPES if not args.quick else [SHAPES[0], SHAPES[3], SHAPES[8]]
     ms = (M_DECODE + M_PREFILL) if not args.quick else (1, 16, 256, 1024, 4096)
+    if args.m:
+        ms = tuple(int(v) for v in args.m.split(","))
+    if args.shapes:
+        keep = set(args.shapes.split(","))
+        shapes = [sh for sh in SHAPES if sh[1] in keep]
     t_start = time.time()
     path = os.path.join(out_dir, "int4.csv")
     csv_file = open(path, "w", newline="")
@@ -135,7 +142,7 @@ def main() -> int:
             if m in (1, 16, 32, 64) and not args.no_sweep:
                 if m <= 16:
                     sweep = [Int4pConfig(16, sk, st, 4, reg) for sk in (1, 2, 4, 8)
-                             for st, reg in ((2, None), (3, None), (2, 128))]
+                             for st, reg in ((2, None), (3, None), (2, 128), (2, 168), (3, 168))]
                 elif args.sweep_m32:
                     sweep = [Int4pConfig(bm, sk, 2) for bm in (16, 32) for sk in (1, 2, 4)]
                 else:

@@ -427,6 +427,39 @@ def test_gpu_odd_shapes(family, m, n, k, gluon_on):
     assert len(gluon_on) == 1
 
 
+@pytest.fixture
+def forced_gluon_config(monkeypatch):
+    """Make the planner return a given Gluon config (its cache cleared before and after)."""
+    from tileq.kernels.gluon import config as gconfig
+    from tileq.plan import _plan_cached
+
+    def force(cfg):
+        monkeypatch.setattr(gconfig, "gluon_config", lambda spec, num_sms: cfg)
+        _plan_cached.cache_clear()
+        api.clear_call_cache()
+
+    yield force
+    monkeypatch.undo()
+    _plan_cached.cache_clear()
+    api.clear_call_cache()
+
+
+WIDE_CONFIGS = [GluonConfig(block_n=256, stages=4), GluonConfig(block_n=256, stages=3, epi_bufs=2)]
+
+
+@gpu
+@pytest.mark.parametrize("cfg", WIDE_CONFIGS, ids=lambda c: c.tag)
+@pytest.mark.parametrize("family", SERVED + ["bquant_fp8xfp8_rcr_prefill"])
+@pytest.mark.parametrize("m,n,k", [(65, 577, 859), (300, 5120, 5120), (727, 4000, 1024)])
+def test_gpu_256_wide_tiles(cfg, family, m, n, k, gluon_on, forced_gluon_config):
+    """Tiles of two 128-column sub-tiles: odd N (a sub-tile wholly or partly past N; N = 577
+    bf16 takes the masked stores), group scales per sub-tile, bias."""
+    forced_gluon_config(cfg)
+    kw = dict(group_n=128) if family.startswith("bquant") else {}
+    _run(_spec(family, m, n, k, has_bias=True, **kw), pad=(-k) % 16, seed=m + n + k)
+    assert len(gluon_on) == 1
+
+
 @gpu
 @pytest.mark.parametrize("family,kw", [
     ("bquant_fp8xfp8_rcr_prefill", dict(group_n=128)),  # 128-wide weight blocks, no a_scale groups

@@ -117,7 +117,7 @@ GLUON_LAYOUTS = ("rcr",)
 # int8 accumulates exactly in the wgmma's int32 accumulator: no promotion, no group schemes.
 GLUON_INT8_SCHEMES = (Scheme.TENSOR, Scheme.ROWCOL)
 GLUON_GROUP_K = 128  # the kernel's K tile: a group scale applies to exactly one K tile
-GLUON_GROUP_N = 128  # a b_scale column group spans the kernel's N tile (BN <= 128)
+GLUON_GROUP_N = 128  # a b_scale column group spans a 128-column sub-tile of the N tile
 # On by default where the GPU tests passed and the kernel beat the portable one (H200,
 # 2026-12-01, bench/results/h200/gluon/, 30 shapes each): fp8 rowcol at 0.95x cuBLASLt (median;
 # the Triton kernel 0.61x), fp8 abquant 0.79x (Triton 0.52x). int8 passes its tests and runs at

@@ -33,6 +33,9 @@ class GluonConfig:
     block_k: int = 128
     stages: int = 6
     group_m: int = 8
+    # Output staging buffers of [64, sub_n] per consumer (TMA store): 1 = each sub-tile waits for
+    # the previous store from the buffer; sub-tiles = each has its own.
+    epi_bufs: int = 1
     # setmaxnreg budgets per thread. The kernel runs 12 warps (4 + 4 + the producer's warpgroup,
     # which Triton pads to 4 warps) under maxnreg = 168, i.e. 168 x 384 = 64512 of the 65536
     # registers: 232 x 128 for each consumer warpgroup and 40 x 128 for the producer's (the
@@ -44,8 +47,19 @@ class GluonConfig:
     num_warps: int = 4  # the default partition (consumer 0); the kernel adds 4 + 1 worker warps
 
     @property
+    def sub_n(self) -> int:
+        """Columns per wgmma and per accumulator: a 256-wide tile is two 128-wide sub-tiles, so
+        that a consumer holds 2 x 64 accumulator registers plus one 64-register partial sum."""
+        return min(self.block_n, 128)
+
+    @property
+    def sub_tiles(self) -> int:
+        return self.block_n // self.sub_n
+
+    @property
     def tag(self) -> str:
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}_ws2x64"
+        epi = f"_e{self.epi_bufs}" if self.epi_bufs != 1 else ""
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}_ws2x64"
 
     def describe(self, integer: bool = False) -> str:
         acc = ("int32 in the wgmma accumulator over all of K" if integer
@@ -60,9 +74,19 @@ def stage_bytes(cfg: GluonConfig) -> int:
     return cfg.block_m * cfg.block_k + cfg.block_n * cfg.block_k
 
 
+def epilogue_bytes(cfg: GluonConfig, out_dtype: torch.dtype) -> int:
+    """The two consumers' output staging buffers (TMA store)."""
+    return 2 * cfg.epi_bufs * (cfg.block_m // 2) * cfg.sub_n * _OUT_BYTES[out_dtype]
+
+
 def smem_bytes(cfg: GluonConfig, out_dtype: torch.dtype) -> int:
-    """Ring slots plus the two consumers' output staging buffers (TMA store)."""
-    return cfg.stages * stage_bytes(cfg) + cfg.block_m * cfg.block_n * _OUT_BYTES[out_dtype]
+    """Ring slots plus the output staging buffers."""
+    return cfg.stages * stage_bytes(cfg) + epilogue_bytes(cfg, out_dtype)
+
+
+def max_stages(cfg: GluonConfig, out_dtype: torch.dtype) -> int:
+    """As many ring slots as shared memory holds next to the staging buffers."""
+    return min(MAX_STAGES, (SMEM_BYTES - SMEM_MARGIN - epilogue_bytes(cfg, out_dtype)) // stage_bytes(cfg))
 
 
 def gluon_config(spec: ProblemSpec, num_sms: int) -> GluonConfig:
@@ -73,6 +97,4 @@ def gluon_config(spec: ProblemSpec, num_sms: int) -> GluonConfig:
     if math.ceil(spec.m / 128) * math.ceil(spec.n / 128) * 2 <= num_sms:
         bn = 64
     cfg = GluonConfig(block_n=bn)
-    out = cfg.block_m * cfg.block_n * _OUT_BYTES[spec.out_dtype]
-    stages = min(MAX_STAGES, (SMEM_BYTES - SMEM_MARGIN - out) // stage_bytes(cfg))
-    return GluonConfig(block_n=bn, stages=stages)
+    return GluonConfig(block_n=bn, stages=max_stages(cfg, spec.out_dtype))

@@ -47,14 +47,15 @@ def shared_layouts(spec, cfg: GluonConfig):
     op = _gl_dtype(spec.a_type.torch_dtype)  # fp8 e4m3 or int8, both operands
     return (gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], op),
             gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], op),
-            gl.NVMMASharedLayout.get_default_for([cfg.block_m // 2, cfg.block_n], _gl_dtype(spec.out_dtype)))
+            gl.NVMMASharedLayout.get_default_for([cfg.block_m // 2, cfg.sub_n], _gl_dtype(spec.out_dtype)))
 
 
 def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
     """The kernel's constexpr arguments for a problem (the launcher and the AOT build share it)."""
     b_group = spec.b_scale_kind is ScaleKind.GROUP
     return dict(
-        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m, STAGES=cfg.stages,
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, SUB_N=cfg.sub_n, EPI_BUFS=cfg.epi_bufs,
+        GROUP_M=cfg.group_m, STAGES=cfg.stages,
         A_SCALE=spec.a_scale_kind.value, B_SCALE=spec.b_scale_kind.value,
         GROUP_N=spec.group_n if b_group else 1,  # constant when unused: no needless recompiles
         HAS_BIAS=spec.has_bias, TMA_STORE=tma_store, INT_DOT=spec.integer_mainloop,
@@ -129,7 +130,7 @@ class GluonLaunch:
         # B's storage is the logical [K, N] view of an [N, K] weight: same pointer, its rows.
         b_desc = td(b, [self.n, self.k], [self.ldb, 1], [cfg.block_n, cfg.block_k], b_l)
         if self.c_rows_ok and out.data_ptr() % 16 == 0:
-            c_desc = td(out, [self.m, self.n], [self.ldc, 1], [cfg.block_m // 2, cfg.block_n], c_l)
+            c_desc = td(out, [self.m, self.n], [self.ldc, 1], [cfg.block_m // 2, cfg.sub_n], c_l)
             consts = self.consts
         else:
             c_desc, consts = None, self.consts_ptr_store
@@ -160,7 +161,7 @@ def signature(spec, cfg: GluonConfig, tma_store: bool = True) -> tuple[dict, dic
     sig = {
         "a_desc": f"tensordesc<{op_ty}[{cfg.block_m}, {cfg.block_k}],{a_l!r}>",
         "b_desc": f"tensordesc<{op_ty}[{cfg.block_n}, {cfg.block_k}],{b_l!r}>",
-        "c_desc": f"tensordesc<{out_ty}[{cfg.block_m // 2}, {cfg.block_n}],{c_l!r}>" if tma_store else "constexpr",
+        "c_desc": f"tensordesc<{out_ty}[{cfg.block_m // 2}, {cfg.sub_n}],{c_l!r}>" if tma_store else "constexpr",
         "c_ptr": f"*{out_ty}",
         "sa_ptr": "*fp32" if spec.a_scale_kind is not ScaleKind.NONE else "constexpr",
         "sb_ptr": "*fp32" if spec.b_scale_kind is not ScaleKind.NONE else "constexpr",

@@ -87,117 +87,171 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
 
 
 @gluon.jit
+def _promote(acc, part, sa_g, sb_g, A_GROUP: gl.constexpr, B_GROUP: gl.constexpr):
+    """acc += one K tile's partial sum, times its group scales (on the CUDA cores)."""
+    if A_GROUP and B_GROUP:
+        acc += part * (sa_g * sb_g)[:, None]
+    elif A_GROUP:
+        acc += part * sa_g[:, None]
+    elif B_GROUP:
+        acc += part * sb_g
+    else:
+        acc += part
+    return acc
+
+
+@gluon.jit
+def _epilogue(acc, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, sa_ptr, sb_ptr, bias_ptr, M,
+              N, ldc, stride_sa_m, stride_sb_n, cols_l: gl.constexpr, SUB_N: gl.constexpr,
+              A_SCALE: gl.constexpr, B_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
+              TMA_STORE: gl.constexpr, PENDING: gl.constexpr):
+    """acc [64, SUB_N] -> * a_scale rows -> * b_scale columns -> + bias -> cast -> store."""
+    cols = off_n + gl.arange(0, SUB_N, layout=cols_l)
+    col_ok = cols < N
+    y = acc
+    if A_SCALE == "scalar":
+        y = y * gl.load(sa_ptr)
+    elif A_SCALE == "vector":
+        sa_row = gl.load(sa_ptr + rows * stride_sa_m, mask=row_ok, other=0.0)
+        y = y * sa_row[:, None]
+    if B_SCALE == "scalar":
+        y = y * gl.load(sb_ptr)
+    elif B_SCALE == "vector":
+        sb_col = gl.load(sb_ptr + cols * stride_sb_n, mask=col_ok, other=0.0)
+        y = y * sb_col[None, :]
+    if HAS_BIAS:
+        bias = gl.load(bias_ptr + cols, mask=col_ok, other=0.0)
+        y = y + bias[None, :]
+    out = y.to(c_ptr.dtype.element_ty)
+    if TMA_STORE:
+        # The last store that read this staging buffer must be done (a deferred wait: it
+        # overlapped the main loop; PENDING newer stores, from the other buffers, may still run).
+        tma.store_wait(pendings=PENDING)
+        c_smem.store(out)
+        fence_async_shared()
+        if off_m < M:  # (the lower half of the last row tile may lie wholly below M)
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+    else:
+        c_ptrs = c_ptr + rows.to(gl.int64)[:, None] * ldc + cols[None, :]
+        gl.store(c_ptrs, out, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@gluon.jit
 def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
               c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g,
               stride_sb_g, stride_sb_n,
               HALF: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+              SUB_N: gl.constexpr, EPI_BUFS: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
               B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr,
               TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr):
-    """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue."""
-    # The wgmma accumulator layout: 4 warps along M, one m64nBNk32 instruction per K step of 32.
+    """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue.
+
+    The tile's BN columns are NSUB = BN / SUB_N sub-tiles of SUB_N <= 128 columns, each with its
+    own accumulator: a 64 x 256 fp8 tile would need 2 x 128 registers per thread for the
+    accumulator and a partial sum of the full width; sub-tiles promoted one after the other
+    need 2 x 64 + 64."""
+    NSUB: gl.constexpr = BN // SUB_N
+    gl.static_assert(NSUB == 1 or NSUB == 2, "BN = SUB_N or 2 x SUB_N")
+    # The wgmma accumulator layout: 4 warps along M, one m64nSUB_Nk32 instruction per K step of 32.
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BN, 32])
+                                                  instr_shape=[16, SUB_N, 32])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
     cols_l: gl.constexpr = gl.SliceLayout(0, mma)
     num_pid_m = gl.cdiv(M, BM)
     num_pid_n = gl.cdiv(N, BN)
     num_tiles = num_pid_m * num_pid_n
     k_tiles = gl.cdiv(K, BK)
-    if TMA_STORE:
-        c_smem = c_bufs.index(HALF)
     A_GROUP: gl.constexpr = A_SCALE == "group"
     B_GROUP: gl.constexpr = B_SCALE == "group"
-    # One b_scale per (K group, tile): a column group spans the tile (DeepSeek's 128 x 128 weight
-    # blocks, BN <= 128). Per-column group scales (group_n = 1) are not served: two [BN] scale
+    # One b_scale per (K group, sub-tile): a column group spans the sub-tile (DeepSeek's 128 x
+    # 128 weight blocks). Per-column group scales (group_n = 1) are not served: two [BN] scale
     # vectors and their addresses per thread made this kernel spill (sm_90 build, 2026-12).
-    gl.static_assert(not B_GROUP or GROUP_N % BN == 0, "b_scale groups must span the N tile")
-    if INT_DOT:
-        part = gl.zeros((HALF_M, BN), gl.int32, mma)
-    else:
-        part = gl.zeros((HALF_M, BN), gl.float32, mma)
+    gl.static_assert(not B_GROUP or GROUP_N % SUB_N == 0, "b_scale groups must span the sub-tile")
+    ACC_TY: gl.constexpr = gl.int32 if INT_DOT else gl.float32
+    part = gl.zeros((HALF_M, SUB_N), gl.float32, mma)
     it = 0
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BM + HALF * HALF_M
         off_n = pid_n * BN
         rows = off_m + gl.arange(0, HALF_M, layout=rows_l)
-        cols = off_n + gl.arange(0, BN, layout=cols_l)
         row_ok = rows < M
-        col_ok = cols < N
-        acc = gl.zeros((HALF_M, BN), gl.float32, mma)
+        acc0 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
+        if NSUB == 2:
+            acc1 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
         # Group scales of K group 0; inside the loop those of group ki + 1 are loaded while group
         # ki's wgmma runs (BK = GROUP_K: K tile ki is K group ki).
         if A_GROUP:
             sa_next = gl.load(sa_ptr + rows * stride_sa_m, mask=row_ok, other=0.0)
         if B_GROUP:
-            sb_next = gl.load(sb_ptr + (off_n // GROUP_N) * stride_sb_n)
+            sb0_next = gl.load(sb_ptr + (off_n // GROUP_N) * stride_sb_n)
+            if NSUB == 2:
+                sb1_next = gl.load(sb_ptr + ((off_n + SUB_N) // GROUP_N) * stride_sb_n,
+                                   mask=off_n + SUB_N < N, other=0.0)
         for ki in range(k_tiles):
             s = it % STAGES
             mbarrier.wait(ready_bars.index(s), (it // STAGES) & 1)
             a = a_bufs.index(s).slice(HALF * HALF_M, HALF_M, dim=0)  # [64, BK], K-major
-            b = b_bufs.index(s).permute((1, 0))  # [BK, BN] view of the K-major [BN, BK] tile
+            # [BK, SUB_N] views of the K-major [BN, BK] tile
+            b0 = b_bufs.index(s).slice(0, SUB_N, dim=0).permute((1, 0))
+            if NSUB == 2:
+                b1 = b_bufs.index(s).slice(SUB_N, SUB_N, dim=0).permute((1, 0))
             if INT_DOT:
                 # int8: exact int32 products, accumulated by wgmma over the whole K loop.
-                part = warpgroup_mma(a, b, part, use_acc=ki > 0, is_async=True)
+                acc0 = warpgroup_mma(a, b0, acc0, use_acc=ki > 0, is_async=True)
+                if NSUB == 2:
+                    acc1 = warpgroup_mma(a, b1, acc1, use_acc=ki > 0, is_async=True)
+                    acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+                else:
+                    acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
+                mbarrier.arrive(empty_bars.index(s), count=1)
             else:
                 # use_acc=False: the chain starts from zero, so `part` holds this K tile's sum
                 # alone, accumulated by wgmma in its reduced fp8 precision over 128 of K at most.
-                part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
-            more = ki + 1 < k_tiles
-            if A_GROUP:
-                sa_g = sa_next
-                sa_next = gl.load(sa_ptr + rows * stride_sa_m + (ki + 1) * stride_sa_g,
-                                  mask=row_ok & more, other=0.0)
-            if B_GROUP:
-                sb_g = sb_next
-                sb_next = gl.load(sb_ptr + (ki + 1) * stride_sb_g + (off_n // GROUP_N) * stride_sb_n,
-                                  mask=more, other=0.0)
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-            # Shared memory read: hand the slot back to the producer (one arrival per consumer).
-            mbarrier.arrive(empty_bars.index(s), count=1)
-            # Promotion into fp32, on the CUDA cores, while the other warpgroup's wgmma runs.
-            if INT_DOT:
-                pass
-            elif A_GROUP and B_GROUP:
-                acc += part * (sa_g * sb_g)[:, None]
-            elif A_GROUP:
-                acc += part * sa_g[:, None]
-            elif B_GROUP:
-                acc += part * sb_g
-            else:
-                acc += part
+                part = warpgroup_mma(a, b0, part, use_acc=False, is_async=True)
+                more = ki + 1 < k_tiles
+                if A_GROUP:
+                    sa_g = sa_next
+                    sa_next = gl.load(sa_ptr + rows * stride_sa_m + (ki + 1) * stride_sa_g,
+                                      mask=row_ok & more, other=0.0)
+                if B_GROUP:
+                    sb0_g = sb0_next
+                    sb0_next = gl.load(sb_ptr + (ki + 1) * stride_sb_g + (off_n // GROUP_N) * stride_sb_n,
+                                       mask=more, other=0.0)
+                    if NSUB == 2:
+                        sb1_g = sb1_next
+                        sb1_next = gl.load(sb_ptr + (ki + 1) * stride_sb_g
+                                           + ((off_n + SUB_N) // GROUP_N) * stride_sb_n,
+                                           mask=more & (off_n + SUB_N < N), other=0.0)
+                else:
+                    sb0_g = 1.0
+                    sb1_g = 1.0
+                if not A_GROUP:
+                    sa_g = 1.0
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                if NSUB == 1:
+                    # Shared memory read: hand the slot back to the producer (one arrival per
+                    # consumer).
+                    mbarrier.arrive(empty_bars.index(s), count=1)
+                # Promotion into fp32, on the CUDA cores, while the other warpgroup's wgmma runs.
+                acc0 = _promote(acc0, part, sa_g, sb0_g, A_GROUP, B_GROUP)
+                if NSUB == 2:
+                    part = warpgroup_mma(a, b1, part, use_acc=False, is_async=True)
+                    part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                    mbarrier.arrive(empty_bars.index(s), count=1)
+                    acc1 = _promote(acc1, part, sa_g, sb1_g, A_GROUP, B_GROUP)
             it += 1
-        if INT_DOT:
-            acc = part.to(gl.float32)
-
-        # ---- epilogue: acc -> * a_scale rows -> * b_scale columns -> + bias -> cast ----
-        y = acc
-        if A_SCALE == "scalar":
-            y = y * gl.load(sa_ptr)
-        elif A_SCALE == "vector":
-            sa_row = gl.load(sa_ptr + rows * stride_sa_m, mask=row_ok, other=0.0)
-            y = y * sa_row[:, None]
-        if B_SCALE == "scalar":
-            y = y * gl.load(sb_ptr)
-        elif B_SCALE == "vector":
-            sb_col = gl.load(sb_ptr + cols * stride_sb_n, mask=col_ok, other=0.0)
-            y = y * sb_col[None, :]
-        if HAS_BIAS:
-            bias = gl.load(bias_ptr + cols, mask=col_ok, other=0.0)
-            y = y + bias[None, :]
-        out = y.to(c_ptr.dtype.element_ty)
-        if TMA_STORE:
-            # The previous tile's store from this buffer must have read it (deferred wait: that
-            # store overlapped this tile's main loop).
-            tma.store_wait(pendings=0)
-            c_smem.store(out)
-            fence_async_shared()
-            if off_m < M:  # (the lower half of the last row tile may lie wholly below M)
-                tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
-        else:
-            c_ptrs = c_ptr + rows.to(gl.int64)[:, None] * ldc + cols[None, :]
-            gl.store(c_ptrs, out, mask=row_ok[:, None] & col_ok[None, :])
+        # ---- epilogue, per sub-tile: acc -> scales -> bias -> cast -> store ----
+        _epilogue(acc0.to(gl.float32), rows, row_ok, off_m, off_n,
+                  c_bufs.index(HALF * EPI_BUFS) if TMA_STORE else c_bufs, c_desc, c_ptr, sa_ptr,
+                  sb_ptr, bias_ptr, M, N, ldc, stride_sa_m, stride_sb_n, cols_l, SUB_N, A_SCALE,
+                  B_SCALE, HAS_BIAS, TMA_STORE, EPI_BUFS - 1)
+        if NSUB == 2:
+            _epilogue(acc1.to(gl.float32), rows, row_ok, off_m, off_n + SUB_N,
+                      c_bufs.index(HALF * EPI_BUFS + EPI_BUFS - 1) if TMA_STORE else c_bufs, c_desc,
+                      c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, ldc, stride_sa_m, stride_sb_n, cols_l,
+                      SUB_N, A_SCALE, B_SCALE, HAS_BIAS, TMA_STORE, EPI_BUFS - 1)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
@@ -206,17 +260,17 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
 def _ws_gemm_kernel(
     a_desc, b_desc, c_desc, c_ptr, sa_ptr, sb_ptr, bias_ptr,
     M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
-    BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr, A_SCALE: gl.constexpr, B_SCALE: gl.constexpr, GROUP_N: gl.constexpr,
-    HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr,
+    BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SUB_N: gl.constexpr,
+    EPI_BUFS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
+    B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     gl.static_assert(BM == 2 * HALF_M, "two consumer warpgroups of 64 rows each")
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
     if TMA_STORE:
-        # One output staging buffer per consumer (its 64-row half of the tile).
-        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, HALF_M, BN], c_desc.layout)
+        # EPI_BUFS output staging buffers of [64, SUB_N] per consumer (its 64-row half).
+        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * EPI_BUFS, HALF_M, SUB_N], c_desc.layout)
     else:
         # No descriptor (c_desc is None): masked stores. Partition arguments cannot be None, so
         # the unused buffer and descriptor slots carry the output pointer instead.
@@ -232,12 +286,12 @@ def _ws_gemm_kernel(
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
-                     0, BM, BN, BK, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N, HAS_BIAS,
-                     TMA_STORE, INT_DOT)),
+                     0, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
+                     HAS_BIAS, TMA_STORE, INT_DOT)),
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
-                     1, BM, BN, BK, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N, HAS_BIAS,
-                     TMA_STORE, INT_DOT)),
+                     1, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
+                     HAS_BIAS, TMA_STORE, INT_DOT)),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K, BM, BN, BK,
                      GROUP_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
