@@ -444,16 +444,19 @@ def forced_gluon_config(monkeypatch):
     api.clear_call_cache()
 
 
-WIDE_CONFIGS = [GluonConfig(block_n=256, stages=4), GluonConfig(block_n=256, stages=3, epi_bufs=2)]
+WIDE_CONFIGS = [GluonConfig(block_n=256, stages=4), GluonConfig(block_n=256, stages=3, epi_bufs=2),
+                GluonConfig(block_n=256, stages=4, overlap=True), GluonConfig(overlap=True),
+                GluonConfig(block_n=64, stages=8, overlap=True)]
 
 
 @gpu
 @pytest.mark.parametrize("cfg", WIDE_CONFIGS, ids=lambda c: c.tag)
 @pytest.mark.parametrize("family", SERVED + ["bquant_fp8xfp8_rcr_prefill"])
-@pytest.mark.parametrize("m,n,k", [(65, 577, 859), (300, 5120, 5120), (727, 4000, 1024)])
-def test_gpu_256_wide_tiles(cfg, family, m, n, k, gluon_on, forced_gluon_config):
+@pytest.mark.parametrize("m,n,k", [(65, 577, 859), (727, 4000, 1024), (1500, 5120, 1040)])
+def test_gpu_forced_configs(cfg, family, m, n, k, gluon_on, forced_gluon_config):
     """Tiles of two 128-column sub-tiles: odd N (a sub-tile wholly or partly past N; N = 577
-    bf16 takes the masked stores), group scales per sub-tile, bias."""
+    bf16 takes the masked stores), group scales per sub-tile, bias; the overlapped main loop
+    (each K tile's wgmma started one step early, an extra ring item after the last tile)."""
     forced_gluon_config(cfg)
     kw = dict(group_n=128) if family.startswith("bquant") else {}
     _run(_spec(family, m, n, k, has_bias=True, **kw), pad=(-k) % 16, seed=m + n + k)

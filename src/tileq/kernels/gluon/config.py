@@ -36,6 +36,9 @@ class GluonConfig:
     # Output staging buffers of [64, sub_n] per consumer (TMA store): 1 = each sub-tile waits for
     # the previous store from the buffer; sub-tiles = each has its own.
     epi_bufs: int = 1
+    # fp8: start each K tile's wgmma at the end of the previous K tile's step, so that the next
+    # tile's first K tile runs during the epilogue (int8 accumulates in place: never).
+    overlap: bool = False
     # setmaxnreg budgets per thread. The kernel runs 12 warps (4 + 4 + the producer's warpgroup,
     # which Triton pads to 4 warps) under maxnreg = 168, i.e. 168 x 384 = 64512 of the 65536
     # registers: 232 x 128 for each consumer warpgroup and 40 x 128 for the producer's (the
@@ -59,7 +62,8 @@ class GluonConfig:
     @property
     def tag(self) -> str:
         epi = f"_e{self.epi_bufs}" if self.epi_bufs != 1 else ""
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}_ws2x64"
+        ovl = "_ov" if self.overlap else ""
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}_ws2x64"
 
     def describe(self, integer: bool = False) -> str:
         acc = ("int32 in the wgmma accumulator over all of K" if integer

@@ -59,6 +59,8 @@ def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
         A_SCALE=spec.a_scale_kind.value, B_SCALE=spec.b_scale_kind.value,
         GROUP_N=spec.group_n if b_group else 1,  # constant when unused: no needless recompiles
         HAS_BIAS=spec.has_bias, TMA_STORE=tma_store, INT_DOT=spec.integer_mainloop,
+        # (masked stores keep 64-bit addresses live: with two sub-tiles, overlap would spill)
+        OVERLAP=cfg.overlap and not spec.integer_mainloop and (tma_store or cfg.sub_tiles == 1),
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 

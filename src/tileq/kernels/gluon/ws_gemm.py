@@ -61,7 +61,7 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 @gluon.jit
 def _producer(a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-              STAGES: gl.constexpr):
+              STAGES: gl.constexpr, OVERLAP: gl.constexpr):
     """One warp: TMA loads of every K tile of every tile this program owns, STAGES ahead."""
     num_pid_m = gl.cdiv(M, BM)
     num_pid_n = gl.cdiv(N, BN)
@@ -84,6 +84,27 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
             tma.async_copy_global_to_shared(a_desc, [off_m, ki * BK], bar, a_bufs.index(s))
             tma.async_copy_global_to_shared(b_desc, [off_n, ki * BK], bar, b_bufs.index(s))
             it += 1
+    if OVERLAP:
+        # One K tile past the last: the consumers issue the wgmma of the K tile after the one they
+        # finish before their epilogue, so after the last tile they read one more slot (any
+        # in-bounds box; its products are discarded).
+        s = it % STAGES
+        mbarrier.wait(empty_bars.index(s), ((it // STAGES) & 1) ^ 1)
+        bar = ready_bars.index(s)
+        mbarrier.expect(bar, tile_bytes)
+        tma.async_copy_global_to_shared(a_desc, [0, 0], bar, a_bufs.index(s))
+        tma.async_copy_global_to_shared(b_desc, [0, 0], bar, b_bufs.index(s))
+
+
+@gluon.jit
+def _issue(a_bufs, b_bufs, ready_bars, it, part, HALF: gl.constexpr, SUB_N: gl.constexpr,
+           STAGES: gl.constexpr):
+    """Wait for ring item ``it`` and start the async wgmma chain of its first sub-tile."""
+    s = it % STAGES
+    mbarrier.wait(ready_bars.index(s), (it // STAGES) & 1)
+    a = a_bufs.index(s).slice(HALF * HALF_M, HALF_M, dim=0)  # [64, BK], K-major
+    b = b_bufs.index(s).slice(0, SUB_N, dim=0).permute((1, 0))  # [BK, SUB_N] view of [BN, BK]
+    return warpgroup_mma(a, b, part, use_acc=False, is_async=True)
 
 
 @gluon.jit
@@ -144,7 +165,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
               SUB_N: gl.constexpr, EPI_BUFS: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
               B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr,
-              TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr):
+              TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr, OVERLAP: gl.constexpr):
     """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue.
 
     The tile's BN columns are NSUB = BN / SUB_N sub-tiles of SUB_N <= 128 columns, each with its
@@ -169,8 +190,13 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
     # vectors and their addresses per thread made this kernel spill (sm_90 build, 2026-12).
     gl.static_assert(not B_GROUP or GROUP_N % SUB_N == 0, "b_scale groups must span the sub-tile")
     ACC_TY: gl.constexpr = gl.int32 if INT_DOT else gl.float32
+    # OVERLAP (fp8): the wgmma of each K tile is started at the end of the previous K tile's
+    # step, so the first K tile of the next tile runs on the tensor cores during the epilogue.
+    gl.static_assert(not (OVERLAP and INT_DOT), "OVERLAP: fp8 only")
     part = gl.zeros((HALF_M, SUB_N), gl.float32, mma)
     it = 0
+    if OVERLAP:
+        part = _issue(a_bufs, b_bufs, ready_bars, it, part, HALF, SUB_N, STAGES)
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BM + HALF * HALF_M
@@ -191,7 +217,8 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                                    mask=off_n + SUB_N < N, other=0.0)
         for ki in range(k_tiles):
             s = it % STAGES
-            mbarrier.wait(ready_bars.index(s), (it // STAGES) & 1)
+            if not OVERLAP:
+                mbarrier.wait(ready_bars.index(s), (it // STAGES) & 1)
             a = a_bufs.index(s).slice(HALF * HALF_M, HALF_M, dim=0)  # [64, BK], K-major
             # [BK, SUB_N] views of the K-major [BN, BK] tile
             b0 = b_bufs.index(s).slice(0, SUB_N, dim=0).permute((1, 0))
@@ -209,7 +236,8 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
             else:
                 # use_acc=False: the chain starts from zero, so `part` holds this K tile's sum
                 # alone, accumulated by wgmma in its reduced fp8 precision over 128 of K at most.
-                part = warpgroup_mma(a, b0, part, use_acc=False, is_async=True)
+                if not OVERLAP:
+                    part = warpgroup_mma(a, b0, part, use_acc=False, is_async=True)
                 more = ki + 1 < k_tiles
                 if A_GROUP:
                     sa_g = sa_next
@@ -242,6 +270,10 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                     mbarrier.arrive(empty_bars.index(s), count=1)
                     acc1 = _promote(acc1, part, sa_g, sb1_g, A_GROUP, B_GROUP)
             it += 1
+            if OVERLAP:
+                # The next ring item: this tile's next K tile, the next tile's first, or (after
+                # the last tile) the producer's extra item.
+                part = _issue(a_bufs, b_bufs, ready_bars, it, part, HALF, SUB_N, STAGES)
         # ---- epilogue, per sub-tile: acc -> scales -> bias -> cast -> store ----
         _epilogue(acc0.to(gl.float32), rows, row_ok, off_m, off_n,
                   c_bufs.index(HALF * EPI_BUFS) if TMA_STORE else c_bufs, c_desc, c_ptr, sa_ptr,
@@ -252,6 +284,9 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                       c_bufs.index(HALF * EPI_BUFS + EPI_BUFS - 1) if TMA_STORE else c_bufs, c_desc,
                       c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, ldc, stride_sa_m, stride_sb_n, cols_l,
                       SUB_N, A_SCALE, B_SCALE, HAS_BIAS, TMA_STORE, EPI_BUFS - 1)
+    if OVERLAP:
+        part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+        mbarrier.arrive(empty_bars.index(it % STAGES), count=1)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
@@ -262,8 +297,9 @@ def _ws_gemm_kernel(
     M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SUB_N: gl.constexpr,
     EPI_BUFS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
-    B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr,
+    INT_DOT: gl.constexpr, OVERLAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
 ):
     gl.static_assert(BM == 2 * HALF_M, "two consumer warpgroups of 64 rows each")
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
@@ -287,11 +323,11 @@ def _ws_gemm_kernel(
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      0, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT)),
+                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP)),
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      1, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT)),
+                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP)),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K, BM, BN, BK,
-                     GROUP_M, STAGES)),
+                     GROUP_M, STAGES, OVERLAP)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
