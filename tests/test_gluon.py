@@ -123,10 +123,28 @@ def test_gluon_config():
     assert gluon_config(_spec(out_dtype=torch.float32), 132).stages == 5
     # 1 x 40 tiles of 128 x 128 fill under half of 132 SMs: 128 x 64 tiles instead.
     assert gluon_config(_spec(m=128), 132) == GluonConfig(block_n=64, stages=8)
-    for out in (torch.bfloat16, torch.float16, torch.float32):
-        for m in (65, 128, 4096):
-            cfg = gluon_config(_spec(m=m, out_dtype=out), 132)
-            assert smem_bytes(cfg, out) <= 232448 - 2048
+    for family in ("rowcol_fp8xfp8_rcr_prefill", "abquant_fp8xfp8_rcr_prefill"):
+        for out in (torch.bfloat16, torch.float16, torch.float32):
+            for m in (65, 128, 1024, 4096):
+                cfg = gluon_config(_spec(family, m=m, out_dtype=out), 132)
+                assert smem_bytes(cfg, out) <= 232448 - 2048
+
+
+@pytest.mark.parametrize("m,n,wide", [
+    (4096, 5120, True),  # 32 x 40 narrow tiles: 10 waves; 32 x 20 wide: 5 waves = 10 narrow / 1.2
+    (1024, 17408, True),  # 9 narrow waves against 5 wide (= 8.3 narrow)
+    (1024, 5120, False),  # 3 narrow waves (2.4 rounded up) against 2 wide (= 3.3 narrow)
+    (256, 17408, False),  # 3 (2.06 rounded up) against 2 (1.03 rounded up)
+    (256, 14336, True),  # 2 against 1
+])
+def test_gluon_config_wide_tiles_for_group_scales(m, n, wide):
+    """Group-scaled fp8 takes 128 x 256 overlapped tiles where the wave model says they are
+    faster; rowcol keeps 128 x 128 at every M."""
+    cfg = gluon_config(_spec("abquant_fp8xfp8_rcr_prefill", m=m, n=n), 132)
+    want = GluonConfig(block_n=256, stages=4, overlap=True) if wide else GluonConfig(stages=6)
+    assert cfg == want
+    assert gluon_config(_spec(m=m, n=n), 132) == GluonConfig(stages=6)
+    assert gluon_config(_spec("rowcol_i8xi8_rcr_prefill", m=m, n=n), 132).block_n == 128
 
 
 # ---- the plan and explain ------------------------------------------------------------------
@@ -207,20 +225,23 @@ from dataclasses import replace
 import torch
 from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
-from tileq.kernels.gluon.config import gluon_config
-from tileq.kernels.gluon.launch import compile_sm90
+from tileq.kernels.gluon.config import gluon_config, masked_store_config
+from tileq.kernels.gluon.launch import compile_sm90, constexprs
 out_dir, variants = sys.argv[1], json.loads(sys.argv[2])
 res = []
 for i, (family, out, bias, tma, m) in enumerate(variants):
     spec = replace(family_spec(parse_family(family), m, 5120, 5120, out_dtype=getattr(torch, out)),
                    has_bias=bias)
     cfg = gluon_config(spec, 132)
+    if not tma:
+        cfg = masked_store_config(cfg, spec.out_dtype)
     k = compile_sm90(spec, cfg, tma)
     base = f"{out_dir}/k{i}"
     open(base + ".ptx", "w").write(k.asm["ptx"])
     open(base + ".cubin", "wb").write(k.asm["cubin"])
     res.append(dict(base=base, num_warps=k.metadata.num_warps, shared=k.metadata.shared,
-                    block_n=cfg.block_n))
+                    block_n=cfg.block_n, sub_n=cfg.sub_n, sub_tiles=cfg.sub_tiles,
+                    overlap=constexprs(spec, cfg, tma)["OVERLAP"]))
 print(json.dumps(res))
 """
 
@@ -228,7 +249,10 @@ BUILDS = [  # family, output dtype, bias, TMA store, M
     ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096),
     ("tensor_fp8xfp8_rcr_prefill", "float32", False, False, 4096),
     ("tensor_fp8xfp8_rcr_prefill", "float16", False, True, 128),  # BN = 64, 8 stages
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096),
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096),  # 128 x 256, overlapped
+    ("abquant_fp8xfp8_rcr_prefill", "float32", True, True, 4096),  # fp32 out: 128 x 128
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096),  # masked stores: 128 x 128
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 512),  # 128 x 128 (waves)
     ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096),
     ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096),
 ]
@@ -255,10 +279,13 @@ def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
     built = sm90_builds[index]
     ptx = Path(built["base"] + ".ptx").read_text()
     cubin = built["base"] + ".cubin"
-    # Each consumer's K tile: four m64nBNk32 wgmmas (e4m3 -> f32, or s8 -> s32).
+    # Each consumer's K tile: four m64nSUB_Nk32 wgmmas per sub-tile (e4m3 -> f32, or s8 -> s32);
+    # the overlapped main loop has a second copy of the first sub-tile's chain (its prologue).
     kind = r"s32\.s8\.s8" if spec.integer_mainloop else r"f32\.e4m3\.e4m3"
-    n = built["block_n"]
-    assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k32\.{kind}", ptx)) == 8
+    n = built["sub_n"]
+    chains = built["sub_tiles"] + (1 if built["overlap"] else 0)
+    wgmmas = 2 * 4 * chains
+    assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k32\.{kind}", ptx)) == wgmmas
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx  # TMA loads
     assert ("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx) is tma_store  # TMA stores
     assert "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait.parity" in ptx
@@ -268,8 +295,9 @@ def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
                           check=True).stdout
     ops = re.findall(r"\b(QGMMA|IGMMA|UTMALDG|UTMASTG|USETMAXREG|SYNCS\.ARRIVE\.TRANS64[.A-Z0-9]*)", sass)
     mma = "IGMMA" if spec.integer_mainloop else "QGMMA"
-    assert ops.count(mma) == 8 and ops.count("UTMALDG") == 2
-    assert ops.count("UTMASTG") == (2 if tma_store else 0)
+    # TMA loads: A and B per K tile (and the overlapped loop's extra ring item).
+    assert ops.count(mma) == wgmmas and ops.count("UTMALDG") == (4 if built["overlap"] else 2)
+    assert ops.count("UTMASTG") == (2 * built["sub_tiles"] if tma_store else 0)
     assert ops.count("USETMAXREG") >= 4
     assert any(o.startswith("SYNCS.ARRIVE") for o in ops)
     assert built["num_warps"] == 12  # 4 + 4 consumer warps, the producer warp padded to 4

@@ -6,7 +6,7 @@ Imports no Triton: the planner and ``tileq explain`` read it on any machine.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -93,12 +93,44 @@ def max_stages(cfg: GluonConfig, out_dtype: torch.dtype) -> int:
     return min(MAX_STAGES, (SMEM_BYTES - SMEM_MARGIN - epilogue_bytes(cfg, out_dtype)) // stage_bytes(cfg))
 
 
+def masked_store_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig:
+    """The config of a call whose output rows TMA cannot store (e.g. N = 577 in bf16): 128 x 128
+    in place of 128 x 256 tiles, whose masked stores (64-bit addresses of two sub-tiles) would
+    spill registers (sm_90 build, 2026-12)."""
+    if cfg.sub_tiles == 1:
+        return cfg
+    narrow = replace(cfg, block_n=128, overlap=False)
+    return replace(narrow, stages=max_stages(narrow, out_dtype))
+
+
+# Throughput per tile of a 128 x 256 tile with the overlapped main loop over a 128 x 128 tile,
+# for group-scaled fp8 (A and/or B scales per 128 of K): 1.20-1.29x at M = 4096 and 8192 over
+# five (N, K) (H200, 2026-12-01, bench/results/h200/gluon/variants/). Rowcol and tensor gained
+# nothing from wide tiles (0.94-1.06x, mixed), so they keep 128 x 128.
+WIDE_TILE_GAIN = 1.2
+
+
+def _waves(tiles: int, num_sms: int) -> int:
+    return -(-tiles // num_sms)
+
+
 def gluon_config(spec: ProblemSpec, num_sms: int) -> GluonConfig:
-    """The deterministic default: 128 x 128 tiles, or 128 x 64 where 128-wide tiles would fill
-    at most half the SMs (a small M; each program then finishes in about half the time), and as
-    many ring slots as shared memory holds (6 for a bf16 output at BN = 128)."""
-    bn = 128
-    if math.ceil(spec.m / 128) * math.ceil(spec.n / 128) * 2 <= num_sms:
-        bn = 64
-    cfg = GluonConfig(block_n=bn)
-    return GluonConfig(block_n=bn, stages=max_stages(cfg, spec.out_dtype))
+    """The deterministic default, a model of the persistent grid's waves:
+    - 128 x 64 tiles where 128-wide tiles would fill at most half the SMs (a small M: each
+      program then finishes in about half the time);
+    - for group-scaled fp8 with a 16-bit output (an fp32 one spills), 128 x 256 tiles with the
+      overlapped main loop (masked-store calls: ``masked_store_config``) where their waves,
+      each WIDE_TILE_GAIN times cheaper per column than two narrow tiles' waves, take less
+      time (ceil(tiles / SMs) counts the last, partial wave as a whole one);
+    - 128 x 128 otherwise;
+    and as many ring slots as shared memory holds (6 for a bf16 output at BN = 128, 4 at 256)."""
+    rows = math.ceil(spec.m / 128)
+    narrow = rows * math.ceil(spec.n / 128)
+    if narrow * 2 <= num_sms:
+        cfg = GluonConfig(block_n=64)
+    elif (spec.scheme.grouped and not spec.integer_mainloop and spec.out_dtype != torch.float32
+          and 2 * _waves(rows * math.ceil(spec.n / 256), num_sms) < WIDE_TILE_GAIN * _waves(narrow, num_sms)):
+        cfg = GluonConfig(block_n=256, overlap=True)
+    else:
+        cfg = GluonConfig(block_n=128)
+    return replace(cfg, stages=max_stages(cfg, spec.out_dtype))

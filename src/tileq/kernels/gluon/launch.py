@@ -17,7 +17,7 @@ import math
 import torch
 
 from ...problem import Problem, ScaleKind
-from .config import GluonConfig
+from .config import GluonConfig, masked_store_config
 
 _GL = {}
 
@@ -59,8 +59,7 @@ def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
         A_SCALE=spec.a_scale_kind.value, B_SCALE=spec.b_scale_kind.value,
         GROUP_N=spec.group_n if b_group else 1,  # constant when unused: no needless recompiles
         HAS_BIAS=spec.has_bias, TMA_STORE=tma_store, INT_DOT=spec.integer_mainloop,
-        # (masked stores keep 64-bit addresses live: with two sub-tiles, overlap would spill)
-        OVERLAP=cfg.overlap and not spec.integer_mainloop and (tma_store or cfg.sub_tiles == 1),
+        OVERLAP=cfg.overlap and not spec.integer_mainloop,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -83,8 +82,8 @@ class GluonLaunch:
     is for the Triton kernel; ``tileq.gemm`` keeps one per call signature). Each call builds the
     three TMA descriptors (they hold data pointers) and launches through Triton's JIT."""
 
-    __slots__ = ("spec", "m", "n", "k", "lda", "ldb", "ldc", "out_dtype", "device", "cfg", "grid",
-                 "ints", "consts", "consts_ptr_store", "c_rows_ok", "fallback", "layouts")
+    __slots__ = ("spec", "m", "n", "k", "lda", "ldb", "ldc", "out_dtype", "device", "cfg", "ints",
+                 "c_rows_ok", "fallback", "_variants")
 
     def __init__(self, problem: Problem, plan, fallback):
         spec = problem.spec
@@ -105,12 +104,23 @@ class GluonLaunch:
         if spec.b_scale_kind is ScaleKind.VECTOR:
             sb_g = 0
         self.ints = (spec.m, spec.n, spec.k, self.ldc, sa_m, sa_g, sb_g, sb_n)
-        self.consts = dict(constexprs(spec, cfg, True), **options(cfg))
-        self.consts_ptr_store = dict(constexprs(spec, cfg, False), **options(cfg))
-        tiles = math.ceil(spec.m / cfg.block_m) * math.ceil(spec.n / cfg.block_n)
-        self.grid = (max(1, min(_num_sms(problem.device), tiles)),)
         self.fallback = fallback
-        self.layouts = None
+        # Per output path (TMA store or masked stores): config, constexprs, grid; the shared
+        # layouts are made on first use (they need Triton).
+        sms = _num_sms(problem.device)
+        self._variants = {}
+        for tma_store in (True, False):
+            vcfg = cfg if tma_store else masked_store_config(cfg, spec.out_dtype)
+            tiles = math.ceil(spec.m / vcfg.block_m) * math.ceil(spec.n / vcfg.block_n)
+            self._variants[tma_store] = [vcfg, dict(constexprs(spec, vcfg, tma_store), **options(vcfg)),
+                                         (max(1, min(sms, tiles)),), None]
+
+    def variant(self, tma_store: bool):
+        """(config, constexprs, grid, shared layouts) of the TMA-store or masked-store launch."""
+        v = self._variants[tma_store]
+        if v[3] is None:
+            v[3] = shared_layouts(self.spec, v[0])
+        return v
 
     @property
     def usable(self) -> bool:
@@ -123,20 +133,15 @@ class GluonLaunch:
         if out is None:
             out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
         g = _gl()
-        if self.layouts is None:
-            self.layouts = shared_layouts(self.spec, self.cfg)
-        a_l, b_l, c_l = self.layouts
-        cfg = self.cfg
+        tma_store = self.c_rows_ok and out.data_ptr() % 16 == 0
+        cfg, consts, grid, (a_l, b_l, c_l) = self.variant(tma_store)
         td = g["TensorDescriptor"]
         a_desc = td(a, [self.m, self.k], [self.lda, 1], [cfg.block_m, cfg.block_k], a_l)
         # B's storage is the logical [K, N] view of an [N, K] weight: same pointer, its rows.
         b_desc = td(b, [self.n, self.k], [self.ldb, 1], [cfg.block_n, cfg.block_k], b_l)
-        if self.c_rows_ok and out.data_ptr() % 16 == 0:
-            c_desc = td(out, [self.m, self.n], [self.ldc, 1], [cfg.block_m // 2, cfg.sub_n], c_l)
-            consts = self.consts
-        else:
-            c_desc, consts = None, self.consts_ptr_store
-        g["kernel"][self.grid](a_desc, b_desc, c_desc, out, sa, sb, bias, *self.ints, **consts)
+        c_desc = (td(out, [self.m, self.n], [self.ldc, 1], [cfg.block_m // 2, cfg.sub_n], c_l)
+                  if tma_store else None)
+        g["kernel"][grid](a_desc, b_desc, c_desc, out, sa, sb, bias, *self.ints, **consts)
         return out
 
 
