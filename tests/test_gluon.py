@@ -131,9 +131,10 @@ def test_gluon_config():
 
 
 @pytest.mark.parametrize("m,n,wide", [
-    (4096, 5120, True),  # 32 x 40 narrow tiles: 10 waves; 32 x 20 wide: 5 waves = 10 narrow / 1.2
-    (1024, 17408, True),  # 9 narrow waves against 5 wide (= 8.3 narrow)
-    (1024, 5120, False),  # 3 narrow waves (2.4 rounded up) against 2 wide (= 3.3 narrow)
+    (4096, 5120, True),  # 32 x 40 narrow tiles: 10 waves; 32 x 20 wide: 5 waves = 10 narrow / 1.3
+    (2048, 5120, True),  # 5 narrow waves (4.85 rounded up) against 3 wide (= 4.6 narrow)
+    (1024, 17408, True),  # 9 narrow waves against 5 wide (= 7.7 narrow)
+    (1024, 5120, False),  # 3 narrow waves (2.4 rounded up) against 2 wide (= 3.08 narrow)
     (256, 17408, False),  # 3 (2.06 rounded up) against 2 (1.03 rounded up)
     (256, 14336, True),  # 2 against 1
 ])

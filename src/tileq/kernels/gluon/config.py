@@ -104,10 +104,11 @@ def masked_store_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig
 
 
 # Throughput per tile of a 128 x 256 tile with the overlapped main loop over a 128 x 128 tile,
-# for group-scaled fp8 (A and/or B scales per 128 of K): 1.20-1.29x at M = 4096 and 8192 over
-# five (N, K) (H200, 2026-12-01, bench/results/h200/gluon/variants/). Rowcol and tensor gained
-# nothing from wide tiles (0.94-1.06x, mixed), so they keep 128 x 128.
-WIDE_TILE_GAIN = 1.2
+# for group-scaled fp8 (A and/or B scales per 128 of K): median 1.3x (1.17-1.42x) at M = 4096
+# and 8192 over 11 (N, K) of Qwen3-14B, Llama-3-8B, DeepSeek-V3 and Mistral-Small-24B (H200,
+# 2026-12-01, bench/results/h200/gluon/). Rowcol and tensor gained nothing from wide tiles
+# (0.94-1.06x, mixed), int8 lost (0.9x median), so they keep 128 x 128.
+WIDE_TILE_GAIN = 1.3
 
 
 def _waves(tiles: int, num_sms: int) -> int:
