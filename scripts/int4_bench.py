@@ -39,7 +39,7 @@ SHAPES = [  # (set, name, N, K)
     ("untuned", "llama2-7b.down", 4096, 11008),
 ]
 M_DECODE = (1, 4, 16, 32, 64)
-M_PREFILL = (128, 512, 1024, 4096)
+M_PREFILL = (128, 256, 512, 1024, 2048, 4096)
 FIELDS = ["set", "shape", "m", "n", "k", "impl", "config", "ms", "tbps_weight", "max_rel_err", "note"]
 
 
@@ -58,7 +58,8 @@ def main() -> int:
     import tileq
     from tileq.bench.timing import Timer, TimingConfig
     from tileq.int4p import prepack_int4
-    from tileq.int4p.launch import Int4pConfig, default_config, linear_prepacked
+    from tileq.int4p.dequant import DEQUANT_MIN_M, DequantLaunch
+    from tileq.int4p.launch import Int4pConfig, default_config, describe_prepacked, linear_prepacked
     from tileq.quant import pack_int4
 
     dev = torch.device("cuda")
@@ -133,11 +134,17 @@ def main() -> int:
             record(s, name, m, n, k, "w4a16_pk", "", lambda: tileq.linear(x, w_pk, None, sw4, scheme="bquant"),
                    ref16, b4)
             cfg = default_config(m, n, k)
-            record(s, name, m, n, k, "w4a16_prepacked", cfg.tag,
+            path = describe_prepacked(m, n, k, device=dev).split()[0]
+            record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if m < DEQUANT_MIN_M else path,
                    lambda: linear_prepacked(x, w_pp, None, sw4), ref16, b4)
+            if m >= DEQUANT_MIN_M:  # the other prefill path, in the same run
+                dq = DequantLaunch(n, k, "group", "none", (sw4.stride(0), sw4.stride(1)), 128,
+                                   torch.bfloat16, torch.bfloat16)
+                record(s, name, m, n, k, "w4a16_dequant", dq.name, lambda: dq(x, w_pp.data, None, sw4, None),
+                       ref16, b4)
             record(s, name, m, n, k, "w4a8_pk", "", lambda: tileq.linear(xf8, w_pk, sx, sw4, scheme="bquant"),
                    ref8, b4)
-            record(s, name, m, n, k, "w4a8_prepacked", cfg.tag,
+            record(s, name, m, n, k, "w4a8_prepacked", cfg.tag if m < DEQUANT_MIN_M else "dequant+cublas",
                    lambda: linear_prepacked(xf8, w_pp, sx, sw4), ref8, b4)
             if m in (1, 16, 32, 64) and not args.no_sweep:
                 if m <= 16:
@@ -183,7 +190,8 @@ def summarize(rows) -> None:
         r_pk = div(g("w4a16_pk"), g("w4a16_prepacked"))
         r_a8 = div(g("w4a8_prepacked"), g("int8_rowcol"))
         r_a8f = div(g("fp8_rowcol"), g("w4a8_prepacked"))
-        ratio[(s, shape, m, n, k)] = (r_pp_i8, r_bf16, r_a8, r_a8f, div(best, g("int8_rowcol")))
+        ratio[(s, shape, m, n, k)] = (r_pp_i8, r_bf16, r_a8, r_a8f, div(best, g("int8_rowcol")),
+                                      div(g("bf16_cublas"), g("w4a16_dequant")))
         f2 = lambda x: f"{x:6.2f}" if x else "     -"  # noqa: E731
         print(f"{shape:22} {m:5d} {fmt(g('bf16_cublas'))} {fmt(g('int8_rowcol'))} {fmt(g('w4a16_pk'))} "
               f"{fmt(g('w4a16_prepacked'))} {fmt(best)} {f2(r_pp_i8)} {f2(r_bf16)} {f2(r_pk)} {f2(r_a8)}   (us)")
@@ -200,6 +208,8 @@ def summarize(rows) -> None:
         ("W4A16 decode M 32-64: prepacked / int8 (target <= 0.75)", med(lambda *a: 32 <= a[2] <= 64, 0)),
         ("W4A16 prefill M>=1024: bf16 time / prepacked time (target >= 0.95)", med(lambda *a: a[2] >= 1024, 1)),
         ("W4A16 prefill M 128-512: bf16 / prepacked (target >= 1.0)", med(lambda *a: 128 <= a[2] <= 512, 1)),
+        ("  dequant+cublas instead, M>=1024: bf16 / dequant", med(lambda *a: a[2] >= 1024, 5)),
+        ("  dequant+cublas instead, M 256-512: bf16 / dequant", med(lambda *a: 256 <= a[2] <= 512, 5)),
         ("W4A8 decode M<=16, >= 25 MB: prepacked / int8 (target <= 0.6)", med(lambda *a: a[2] <= 16 and big(*a), 2)),
         ("W4A8 prefill M>=128: fp8 rowcol time / prepacked (target >= 0.8)", med(lambda *a: a[2] >= 128, 3)),
         ("  untuned shapes only, W4A16 decode M<=16 / int8", med(lambda *a: a[0] == "untuned" and a[2] <= 16, 0)),

@@ -259,7 +259,9 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
     out = explain("--a", "bf16", "--m", "1", "--n", "3072", "--k", "4096")
     assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk4_swap_sm90" in out.stdout and "(heuristic)" in out.stdout
     out = explain("--a", "fp8", "--m", "1024", "--n", "5120", "--k", "17408")
-    assert out.returncode == 0 and "dequant+cublas" in out.stdout
+    assert out.returncode == 0 and "dequant+cublas" in out.stdout and "W4A16" in out.stdout
+    out = explain("--a", "bf16", "--m", "1024", "--n", "5120", "--k", "17408")
+    assert out.returncode == 0 and "gluon-i4p-prefill" in out.stdout
     out = explain("--a", "int8", "--m", "1", "--n", "64", "--k", "128")
     assert out.returncode != 0 and "--prepacked: expected" in out.stderr
 
@@ -290,3 +292,161 @@ def test_tuned_table_configs_parse_and_serve_only_their_sizes():
     for bad in ("m64n16k256_w4_s2_swap", "m128n16k512_w4_s2_swap"):
         with pytest.raises(ValueError):
             Int4pConfig.parse_tag(bad)
+
+
+# ----------------------------------------------------------------------------- Gluon prefill
+
+
+def test_prefill_path_choice():
+    """From DEQUANT_MIN_M tokens: the Gluon kernel for W4A16 on an sm_90 GPU, dequantize + cuBLAS
+    otherwise, each with its reason."""
+    from tileq.int4p import prefill
+    from tileq.int4p.launch import describe_prepacked
+
+    assert describe_prepacked(1024, 5120, 5120).startswith("gluon-i4p-prefill")
+    assert describe_prepacked(1024, 5120, 5120, torch.float16).startswith("gluon-i4p-prefill")
+    for x_dtype, k, why in ((torch.float8_e4m3fn, 5120, "W4A16"), (torch.bfloat16, 1100, "multiple of 8")):
+        text = describe_prepacked(1024, 5120, k, x_dtype)
+        assert text.startswith("dequant+cublas") and why in text
+    assert "a compiled kernel on a GPU" in describe_prepacked(1024, 5120, 5120, device=torch.device("cpu"))
+    assert prefill.unserved("bf16", "none", torch.float32, 5120, torch.device("cpu")) == "bf16/fp16 outputs only"
+    assert prefill.unserved("bf16", "vector", torch.bfloat16, 5120, torch.device("cpu")).endswith("(W4A16)")
+
+
+def _prefill_build(ct, w_kind, bias, tma_store):
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root / "src")
+    code = ("import json, sys, subprocess, re, pathlib, triton\n"
+            "from tileq.int4p.prefill import compile_sm90\n"
+            f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store})\n"
+            "p = pathlib.Path('/tmp/tileq-i4p-prefill.cubin'); p.write_bytes(k.asm['cubin'])\n"
+            "b = pathlib.Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin'\n"
+            "sass = subprocess.run([str(b / 'nvdisasm'), '-c', str(p)], capture_output=True, text=True).stdout\n"
+            "use = subprocess.run([str(b / 'cuobjdump'), '-res-usage', str(p)], capture_output=True, text=True).stdout\n"
+            "ops = {o: len(re.findall(r'\\b' + o + r'\\b', sass)) for o in "
+            "('HGMMA', 'LDS', 'STS', 'LDL', 'STL', 'HMUL2', 'HADD2', 'PRMT', 'SHFL', 'UTMALDG', 'UTMASTG')}\n"
+            "ops['DEPBAR'] = sass.count('WARPGROUP.DEPBAR')\n"
+            "print(json.dumps(dict(ops=ops, usage=use, ttgir=k.asm['ttgir'], shared=k.metadata.shared)))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("ct,w_kind,bias,tma_store", [("bf16", "group", True, True), ("fp16", "vector", False, True),
+                                                      ("bf16", "group", False, False)])
+def test_sm90_prefill_build(ct, w_kind, bias, tma_store):
+    """The Gluon prefill kernel compiled for sm_90 on the CPU: per consumer and 512 of K, 32
+    m64n128k16 wgmmas with the converted weights as register operands (the words reach them
+    with no layout conversion: the only shared loads are the words' 16 and the only shared
+    stores the epilogue's), 128 packed subtractions (and 128 packed scale multiplies for group
+    scales), no spills and no serialized wgmmas (ptxas waits only where the code does)."""
+    r = _prefill_build(ct, w_kind, bias, tma_store)
+    ops = r["ops"]
+    assert ops["HGMMA"] == 2 * 32, ops
+    # The only layout conversions are the operands' (linear layout -> the identical dot-operand
+    # layout, asserted trivial when the kernel is traced).
+    conversions = [ln for ln in r["ttgir"].splitlines() if "ttg.convert_layout" in ln]
+    ty = {"bf16": "bf16", "fp16": "f16"}[ct]
+    assert conversions and all(f"64x64x{ty}, #linear> -> tensor<64x64x{ty}, #ttg.dot_op" in ln
+                               for ln in conversions), conversions[:3]
+    assert ops["LDS"] <= 2 * 16 + 1 and ops["STS"] <= 4, ops
+    assert ops["HADD2"] == 2 * 128 and ops["HMUL2"] == (2 * 128 if w_kind == "group" else 0), ops
+    # (the masked-store epilogue extracts 16-bit halves for its scattered stores: PRMTs there)
+    assert (ops["PRMT"] == 0 or not tma_store) and ops["SHFL"] == 0 and ops["LDL"] == 0 and ops["STL"] == 0, ops
+    assert ops["DEPBAR"] <= 16, ops  # one wait per 128-wide slice and consumer, not per wgmma
+    assert ops["UTMALDG"] >= 2 and ops["UTMASTG"] == (2 if tma_store else 0), ops
+    assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
+    assert r["shared"] <= 232448
+
+
+GPU = pytest.mark.skipif(DEV != "cuda" or not torch.cuda.is_available()
+                         or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm_90 GPU")
+
+
+@pytest.fixture
+def prefill_launches(monkeypatch):
+    """Counts the Gluon prefill kernel's launches."""
+    from tileq.int4p import launch as ilaunch
+    from tileq.int4p import prefill
+
+    real = prefill._gl()["kernel"]
+    calls = []
+
+    class Counting:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return real[grid]
+
+    monkeypatch.setitem(prefill._gl(), "kernel", Counting())
+    ilaunch._LAUNCHES.clear()
+    yield calls
+    ilaunch._LAUNCHES.clear()
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(256, 64, 512), (300, 577, 1104), (1000, 4000, 4096), (2049, 384, 2560)])
+@pytest.mark.parametrize("xt,gk", [(torch.bfloat16, 128), (torch.float16, 256), (torch.bfloat16, 0),
+                                   (torch.bfloat16, -1)])
+def test_gpu_prefill_kernel_matches_reference(m, n, k, xt, gk, prefill_launches):
+    """Odd M (token tiles past M), N (weight rows past N; N = 577 takes the masked stores), K tails
+    inside a 512 block (zero words, TMA-zeroed activations); group scales of 128 and 256,
+    per-channel (gk 0) and per-tensor (gk -1) scales; bias."""
+    torch.manual_seed(m + n + k)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to("cuda")
+    if gk > 0:
+        ws = torch.rand(-(-k // gk), n) * 0.02 + 0.01
+    elif gk == 0:
+        ws = torch.rand(n) * 0.02 + 0.01
+    else:
+        ws = torch.tensor(0.013)
+    x = torch.randn(m, k).to(xt)
+    bias = torch.randn(n)
+    y = linear_prepacked(x.cuda(), w, None, ws.cuda(), bias=bias.cuda(), group_k=max(gk, 128))
+    torch.cuda.synchronize()
+    assert len(prefill_launches) == 1
+    want = _reference(x, v, ws, None, bias, max(gk, 128))
+    assert y.dtype == xt and y.shape == (m, n)
+    # Group scales are applied to the 16-bit values (one rounding each, as the dequantize path);
+    # per-channel and per-tensor scales in fp32 after the product.
+    err = float((y.cpu().double() - want).abs().max() / want.abs().max())
+    assert err < (1e-2 if gk > 0 else 5e-3), err
+
+
+@GPU
+@pytest.mark.gpu
+def test_gpu_prefill_out_graphs_and_fallback(prefill_launches):
+    """out= (TMA stores into it), CUDA-graph capture and replay on fresh inputs, and an unaligned
+    activation pointer handed to dequantize + cuBLAS."""
+    torch.manual_seed(5)
+    m, n, k = 512, 1024, 2048
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to("cuda")
+    ws = (torch.rand(k // 128, n) * 0.02 + 0.01).cuda()
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    y = linear_prepacked(x, w, None, ws, out=out)
+    assert y.data_ptr() == out.data_ptr() and len(prefill_launches) == 1
+    check = lambda xx: float((out.double() - _reference(xx.cpu(), v, ws.cpu(), None, None, 128).cuda()).abs().max())  # noqa: E731
+    assert check(x) < 1e-2 * float(out.double().abs().max())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        linear_prepacked(x, w, None, ws, out=out)
+    x.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert check(x) < 1e-2 * float(out.double().abs().max())
+    buf = torch.empty(m * k + 8, dtype=torch.bfloat16, device="cuda")
+    xu = buf[1:1 + m * k].view(m, k)
+    xu.copy_(x)
+    before = len(prefill_launches)
+    yu = linear_prepacked(xu, w, None, ws)
+    assert len(prefill_launches) == before  # the dequantize path ran
+    assert float((yu.double() - out.double()).abs().max()) < 1e-2 * float(out.double().abs().max())

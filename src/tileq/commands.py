@@ -167,13 +167,14 @@ def _explain_prepacked(args) -> int:
     print(f"problem : M={args.m} N={args.n} K={args.k}, x {args.a} x prepacked int4 (layout i4p1), "
           f"scheme {args.scheme}" + (f", group_k {args.group_k}" if args.scheme == "bquant" else ""))
     print(f"runs    : {path}")
-    if not path.startswith("dequant"):
+    if not path.startswith(("dequant", "gluon")):
         cfg, source = config_for(args.m, args.n, args.k, args.a)
         cap = f", registers capped at {cfg.maxnreg}" if cfg.maxnreg else ""
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
               f"{cfg.stages} stages, split-K {cfg.split_k}{cap} ({source})")
-    print("executor: the Triton kernel tileq.int4p (sm_90 wgmma, inline PTX), or the reference "
-          "executor on the unprepacked weight (backend='reference', CPU tensors)")
+    print("executor: the kernels of tileq.int4p on an sm_90 GPU (Triton decode kernel; from "
+          "256 tokens the Gluon prefill kernel, or dequantize + cuBLAS where it does not serve the call), "
+          "or the reference executor on the unprepacked weight (backend='reference', CPU tensors)")
     return 0
 
 

@@ -21,7 +21,9 @@ from ..errors import DTypeError, ShapeError, expect
 from ..kernels import gemm_kernel
 from ..kernels.direct import KernelCall, direct_launch_enabled
 from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
+from ..kernels.select import GLUON_ENV
 from . import kernel as _kernel_module
+from . import prefill
 from .dequant import DEQUANT_MIN_M, DequantLaunch
 from .layout import BLOCK_K, PrepackedInt4
 
@@ -296,11 +298,14 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     dequant = config is None and m >= DEQUANT_MIN_M
     cfg = None if dequant else (config or config_for(m, n, k, x_type)[0])
     key = (m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
-           x2.stride(0), x.device, cfg, interpreter_active())
+           x2.stride(0), x.device, cfg, interpreter_active(), os.environ.get(GLUON_ENV))
     launch = _LAUNCHES.get(key)
     if launch is None:
         if dequant:
             launch = DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype, x.dtype)
+            if prefill.unserved(x_type, x_kind, out_dtype, k, x.device) is None:
+                launch = prefill.GluonPrefillLaunch(m, n, k, x.dtype, out_dtype, w_kind, sw_strides, group_k,
+                                                    b is not None, x.device, launch)
         else:
             launch = Int4pLaunch(m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k,
                                  b is not None, x.device, cfg)
@@ -309,11 +314,21 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
 
 
 def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16,
-                       w_scale: str = "group", config: Int4pConfig | None = None) -> str:
-    """What ``linear_prepacked`` runs for these sizes: the kernel name and config, or the
-    prefill path (dequantize + cuBLAS) from ``DEQUANT_MIN_M`` tokens on."""
+                       w_scale: str = "group", config: Int4pConfig | None = None,
+                       device: torch.device | None = None) -> str:
+    """What ``linear_prepacked`` runs for these sizes: the kernel name and config, or from
+    ``DEQUANT_MIN_M`` tokens on a prefill path: the sm_90 Gluon kernel where it serves the call
+    on ``device`` (W4A16; without a device, on an sm_90 GPU), else dequantize + cuBLAS."""
     if config is None and m >= DEQUANT_MIN_M:
-        return f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product)"
+        x_type = _X_TYPES[x_dtype]
+        out = x_dtype if x_type in ("bf16", "fp16") else torch.bfloat16
+        why = (prefill.unserved(x_type, "none" if x_type in ("bf16", "fp16") else "vector", out, k, device)
+               if device is not None else prefill.unserved_on_sm90(x_type, k))
+        if why is None:
+            return (f"{prefill.GluonPrefillLaunch.name} (M >= {DEQUANT_MIN_M}: sm_90 Gluon kernel, "
+                    f"{prefill.TOKENS}-token x 128-row tiles, int4 converted in registers)")
+        return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "
+                f"not the Gluon prefill kernel: {why})")
     cfg = config or config_for(m, n, k, _X_TYPES[x_dtype])[0]
     return kernel_name(_X_TYPES[x_dtype], w_scale, cfg)
 

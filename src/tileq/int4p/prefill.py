@@ -1,0 +1,163 @@
+"""Prefill on prepacked int4 weights with the sm_90 Gluon kernel (``prefill_kernel.py``).
+
+``linear_prepacked`` takes this path from ``DEQUANT_MIN_M`` tokens on where the kernel serves the
+call (``unserved`` says why not), and the dequantize + cuBLAS path (``dequant.py``) otherwise:
+W4A16 (bf16 or fp16 activations without an activation scale), a 16-bit output, sm_90 compiled
+(not interpreted) with a Triton version the Gluon kernels were tested with, activations whose
+rows are 16-byte aligned, ``TILEQ_GLUON`` not 0. fp8 activations (W4A8) keep the dequantize path:
+the kernel's B operand comes from shared memory as TMA wrote it, with no room to convert.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..kernels import select
+
+TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x 128 tokens
+W_SLOTS = 2  # ring slots of [128, 64] words (one 512-wide K block each)
+X_SLOTS = 8  # ring slots of [128, 64] activations (two per 128-wide slice)
+GROUP_M = 8
+CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
+
+_CT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_GL = {}
+
+
+def _problem_reason(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int) -> str | None:
+    if x_type not in ("bf16", "fp16") or x_kind != "none":
+        return "bf16/fp16 activations without an activation scale only (W4A16)"
+    if out_dtype not in _CT:
+        return "bf16/fp16 outputs only"
+    if k % 8:
+        return "K a multiple of 8 (16-byte activation rows for TMA)"
+    return None
+
+
+def _version_reason() -> str | None:
+    version = select._triton_version()
+    if version not in select.GLUON_TRITON_VERSIONS:
+        return f"Gluon kernels are tested with Triton {', '.join(select.GLUON_TRITON_VERSIONS)} only, this is {version}"
+    return None
+
+
+def unserved(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, device: torch.device) -> str | None:
+    """Why the Gluon prefill kernel does not serve a call, or None when it does."""
+    from .._runtime import interpreter_active
+
+    why = _problem_reason(x_type, x_kind, out_dtype, k)
+    if why is not None:
+        return why
+    if device.type != "cuda" or interpreter_active():
+        return "a compiled kernel on a GPU"
+    from ..plan import _device_arch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    arch = _device_arch(index)[0]
+    if arch != select.GLUON_ARCH:
+        return f"Gluon kernels are {select.GLUON_ARCH} only, this is {arch}"
+    why = _version_reason()
+    if why is None and select.gluon_switch(os.environ.get(select.GLUON_ENV)) is False:
+        why = f"{select.GLUON_ENV}=0 switches the Gluon kernels off"
+    return why
+
+
+def unserved_on_sm90(x_type: str, k: int) -> str | None:
+    """``unserved`` for a described call (no tensors) on an sm_90 GPU with the default switch:
+    activations of ``x_type`` without a scale, the output in their type."""
+    out = torch.bfloat16 if x_type == "bf16" else torch.float16
+    return _problem_reason(x_type, "none" if x_type in ("bf16", "fp16") else "vector", out, k) or _version_reason()
+
+
+def _gl():
+    if not _GL:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        from .prefill_kernel import _i4p_prefill_kernel
+
+        _GL.update(gl=gl, TensorDescriptor=TensorDescriptor, kernel=_i4p_prefill_kernel)
+    return _GL
+
+
+def layouts(ct: str):
+    """Shared layouts of the words [128, 64] int32 (unswizzled: 256-byte rows), the activation
+    and output tiles [128, 64] 16-bit (128-byte swizzle)."""
+    gl = _gl()["gl"]
+    ty = gl.bfloat16 if ct == "bf16" else gl.float16
+    return (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2),
+            gl.NVMMASharedLayout.get_default_for([TOKENS, 64], ty),
+            gl.NVMMASharedLayout.get_default_for([TOKENS, 64], ty))
+
+
+def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bool) -> dict:
+    from .prefill_kernel import asm_for
+
+    grouped = w_kind == "group"
+    return dict(CT=ct, W_SCALE=w_kind, GROUP_K=group_k, HAS_BIAS=has_bias, TMA_STORE=tma_store,
+                BT=TOKENS, GROUP_M=GROUP_M, WS=W_SLOTS, XS=X_SLOTS,
+                ASM0=asm_for(ct, 0, grouped), ASM1=asm_for(ct, 1, grouped), ASM2=asm_for(ct, 2, grouped),
+                ASM3=asm_for(ct, 3, grouped), CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
+
+
+class GluonPrefillLaunch:
+    """The prefill path for one call signature, called like ``launch.Int4pLaunch``."""
+
+    name = "gluon-i4p-prefill"
+
+    def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback):
+        from ..kernels.gluon.launch import _num_sms
+
+        self.fallback = fallback  # for operands TMA cannot read (base pointers not 16-byte aligned)
+        self.m, self.n, self.k, self.out_dtype, self.device = m, n, k, out_dtype, device
+        self.ct = _CT[x_dtype]
+        self.ints = (m, n, k, n, sw_strides[0], sw_strides[1])
+        options = dict(num_warps=4, maxnreg=MAXNREG)
+        self.consts = {tma: dict(constexprs(self.ct, w_kind, group_k, has_bias, tma), **options)
+                       for tma in (True, False)}
+        tiles = -(-m // TOKENS) * -(-n // 128)
+        self.grid = (max(1, min(_num_sms(device), tiles)),)
+        self.layouts = None
+
+    def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
+        if (x2.data_ptr() | wdata.data_ptr()) & 15:
+            return self.fallback(x2, wdata, sx, sw, bias, out)
+        if out is None:
+            out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
+        g = _gl()
+        if self.layouts is None:
+            self.layouts = layouts(self.ct)
+        w_l, x_l, c_l = self.layouts
+        td = g["TensorDescriptor"]
+        kw = wdata.shape[1]
+        w_desc = td(wdata, [self.n, kw], [kw, 1], [128, 64], w_l)
+        x_desc = td(x2, [self.m, self.k], [x2.stride(0), 1], [TOKENS, 64], x_l)
+        tma_store = (self.n * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0 and out.is_contiguous()
+        c_desc = td(out, [self.m, self.n], [self.n, 1], [TOKENS, 64], c_l) if tma_store else None
+        g["kernel"][self.grid](w_desc, x_desc, c_desc, out, sw, bias, *self.ints, **self.consts[tma_store])
+        return out
+
+
+def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True):
+    """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    w_l, x_l, c_l = layouts(ct)
+    sig = {"w_desc": f"tensordesc<i32[128, 64],{w_l!r}>", "x_desc": f"tensordesc<{ct}[{TOKENS}, 64],{x_l!r}>",
+           "c_desc": f"tensordesc<{ct}[{TOKENS}, 64],{c_l!r}>" if tma_store else "constexpr",
+           "c_ptr": f"*{ct}", "sw_ptr": "*fp32", "bias_ptr": "*fp32" if has_bias else "constexpr"}
+    for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n"):
+        sig[name] = "i32"
+    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store)
+    for name in consts:
+        sig[name] = "constexpr"
+    if not tma_store:
+        consts["c_desc"] = None
+    if not has_bias:
+        consts["bias_ptr"] = None
+    src = GluonASTSource(fn=_gl()["kernel"], signature=sig, constexprs=consts, attrs={})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=MAXNREG))

@@ -1,0 +1,267 @@
+"""sm_90 prefill kernel on prepacked int4 weights (layout i4p1), in Gluon: W4A16 at large M.
+
+C[M, N] = epilogue(X[M, K] @ W[N, K]^T) for 16-bit activations X and an int4 weight W with group
+(a multiple of 128 along K), per-channel or per-tensor scales. It computes the transposed product
+C^T = W X^T tile by tile (swap-AB, as the decode kernel ``kernel.py`` does): the weight is the
+wgmma's A operand, converted from int4 in registers, the activations the B operand from shared
+memory. A tile is 128 weight rows x BT tokens:
+
+- one producer warp (40 registers) loads, by TMA, the words of each 512-wide K block of the
+  tile's 128 weight rows ([128, 64] int32, a ring of WS slots) and the activations of each
+  64-wide K slice ([BT, 64], 128-byte rows, a ring of XS slots);
+- two consumer warpgroups own 64 weight rows each. Per K block a consumer reads its [64, 64]
+  words from shared memory into registers in the A operand's layout of a [64, 64] wgmma (word
+  pairs (c, c + 1) in one thread: layout.py's design); per 128-wide slice one inline-PTX call
+  per word pair makes the two 64-wide value slices (2 shifts, 2 LOP3 with the magic exponent,
+  2 packed subtractions), which are the A operands as they stand (no data moves: checked on
+  the sm_90 build); an async wgmma chain against the two [64, BT] activation tiles, and while
+  it runs the other consumer converts the next slice. One fp32 accumulator over all of K: group
+  scales multiply the converted values (one packed multiply, rounded to the 16-bit type once, as
+  the dequantized weights of the dequantize + cuBLAS path are; a second accumulator for exact
+  promotion does not fit the registers), per-channel and per-tensor scales wait for the
+  epilogue (exact);
+- the grid is persistent with a grouped tile order; the epilogue (weight scale, bias, cast) is
+  stored transposed through shared memory by TMA, or with masked stores when C's rows are not
+  16-byte aligned.
+
+K past the logical K: the words are padded with zeros (the format), TMA zero-fills the
+activations, so no masks are needed in the main loop.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..kernels.gluon.ws_gemm import _tile_coords
+
+HALF_W = gl.constexpr(64)  # weight rows per consumer warpgroup: the height of one wgmma
+BLOCK_W = gl.constexpr(128)  # weight rows per tile (two consumers)
+SLICES = gl.constexpr(4)  # 128-wide K slices per 512-wide block (one wgmma chain each)
+
+
+def _slice_asm(word: int, q: int, magic: int, ty: str, scaled: bool) -> str:
+    """One word of a pair ($2 = word c, $3 = word c + 1) -> the registers of value slices q and
+    q + 1 ($0, $1): (w >> 4q) & 0x000F000F | magic puts nibbles k and k + 1 into the two halves
+    as magic + nibble; the packed subtraction of magic + 8 leaves the value exactly; ``scaled``:
+    times the row's scale ($4, the same 16-bit scale in both halves), rounded once."""
+    src = f"${2 + word}"
+    lines = ["{", ".reg .b32 t0, t1, m;", f"mov.b32 m, 0x{magic + 8:04X}{magic + 8:04X};"]
+    for out, shift in ((0, 4 * q), (1, 4 * q + 4)):
+        if shift:
+            lines.append(f"shr.u32 t{out}, {src}, {shift};")
+        else:
+            lines.append(f"mov.b32 t{out}, {src};")
+        lines.append(f"lop3.b32 ${out}, t{out}, 0x000F000F, 0x{magic:04X}{magic:04X}, 0xea;")
+        lines.append(f"sub.{ty}x2 ${out}, ${out}, m;")
+        if scaled:
+            lines.append(f"mul.rn.{ty}x2 ${out}, ${out}, $4;")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+_MAGIC = {"bf16": (0x4300, "bf16"), "fp16": (0x6400, "f16")}
+
+
+def asm_for(ct: str, i: int, scaled: bool):
+    """Slice i of a 512 block (k in [128 i, 128 i + 128)) = value slices 2i, 2i + 1: i = 0, 1 from
+    the even word's nibbles (q = 0, 2), i = 2, 3 from the odd word's (layout.py)."""
+    magic, ty = _MAGIC[ct]
+    return _slice_asm(i // 2, 2 * (i % 2), magic, ty, scaled)
+
+
+@gluon.jit
+def _operands(w, s, ASM: gl.constexpr, CT: gl.constexpr, SCALED: gl.constexpr, dot: gl.constexpr):
+    """The two [64, 64] A operands (k in [0, 64) and [64, 128)) of one 128-wide slice, from the
+    consumer's [64, 64] words (and with ``SCALED`` the rows' 16-bit scales, broadcast to the
+    words' shape). The words' layout is the [64, 64] dot-operand layout itself, and the
+    conversion is elementwise over word pairs: no data moves (``assert_trivial``)."""
+    if CT == "bf16":
+        if SCALED:
+            lo, hi = gl.inline_asm_elementwise(ASM, "=r,=r,r,r,r", [w, s], dtype=(gl.bfloat16, gl.bfloat16),
+                                               is_pure=True, pack=2)
+        else:
+            lo, hi = gl.inline_asm_elementwise(ASM, "=r,=r,r,r", [w], dtype=(gl.bfloat16, gl.bfloat16),
+                                               is_pure=True, pack=2)
+    else:
+        if SCALED:
+            lo, hi = gl.inline_asm_elementwise(ASM, "=r,=r,r,r,r", [w, s], dtype=(gl.float16, gl.float16),
+                                               is_pure=True, pack=2)
+        else:
+            lo, hi = gl.inline_asm_elementwise(ASM, "=r,=r,r,r", [w], dtype=(gl.float16, gl.float16),
+                                               is_pure=True, pack=2)
+    return (gl.convert_layout(lo, dot, assert_trivial=True),
+            gl.convert_layout(hi, dot, assert_trivial=True))
+
+
+@gluon.jit
+def _producer(w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K,
+              BT: gl.constexpr, GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr):
+    num_pid_m = gl.cdiv(M, BT)
+    num_pid_n = gl.cdiv(N, BLOCK_W)
+    num_tiles = num_pid_m * num_pid_n
+    k_blocks = gl.cdiv(K, 512)
+    w_bytes: gl.constexpr = w_desc.block_type.nbytes
+    x_bytes: gl.constexpr = x_desc.block_type.nbytes
+    wi = 0
+    xi = 0
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_t = pid_m * BT
+        off_w = pid_n * BLOCK_W
+        for b in range(k_blocks):
+            s = wi % WS
+            # A fresh mbarrier is in phase 0: waiting on parity 1 returns at once (first pass).
+            mbarrier.wait(w_empty.index(s), ((wi // WS) & 1) ^ 1)
+            mbarrier.expect(w_ready.index(s), w_bytes)
+            tma.async_copy_global_to_shared(w_desc, [off_w, b * 64], w_ready.index(s), w_bufs.index(s))
+            wi += 1
+            for j in gl.static_range(2 * SLICES):  # 64-wide activation tiles (128-byte rows)
+                s = xi % XS
+                mbarrier.wait(x_empty.index(s), ((xi // XS) & 1) ^ 1)
+                mbarrier.expect(x_ready.index(s), x_bytes)
+                tma.async_copy_global_to_shared(x_desc, [off_t, b * 512 + 64 * j], x_ready.index(s),
+                                                x_bufs.index(s))
+                xi += 1
+
+
+@gluon.jit
+def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
+              bias_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n,
+              HALF: gl.constexpr, CT: gl.constexpr, W_SCALE: gl.constexpr, GROUP_K: gl.constexpr,
+              HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr,
+              GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
+              ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr):
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BT, 16])
+    dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    # The words [64 rows, 64 words] in the A operand's layout of a [64, 64] wgmma (sm_90, 4 warps,
+    # kWidth 2, as a linear layout): word pairs (c, c + 1) in consecutive registers of a thread,
+    # so the conversion's outputs (value slices: element c = k, c + 1 = k + 1) are operands.
+    words_l: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [8, 0], [0, 8], [0, 16], [0, 32]],
+        lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
+    rows_l: gl.constexpr = gl.SliceLayout(1, mma)
+    cols_l: gl.constexpr = gl.SliceLayout(0, mma)
+    GROUPED: gl.constexpr = W_SCALE == "group"
+    num_pid_m = gl.cdiv(M, BT)
+    num_pid_n = gl.cdiv(N, BLOCK_W)
+    num_tiles = num_pid_m * num_pid_n
+    k_blocks = gl.cdiv(K, 512)
+    wi = 0
+    xi = 0
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_t = pid_m * BT
+        off_w = pid_n * BLOCK_W + HALF * HALF_W
+        rows = off_w + gl.arange(0, HALF_W, layout=rows_l)
+        row_ok = rows < N
+        w_rows = off_w + gl.arange(0, HALF_W, layout=gl.SliceLayout(1, words_l))
+        w_rows_ok = w_rows < N
+        acc = gl.zeros((HALF_W, BT), gl.float32, mma)
+        for b in range(k_blocks):
+            s = wi % WS
+            mbarrier.wait(w_ready.index(s), (wi // WS) & 1)
+            w = w_bufs.index(s).slice(HALF * HALF_W, HALF_W, dim=0).load(words_l)
+            mbarrier.arrive(w_empty.index(s), count=1)  # the words are in registers now
+            wi += 1
+            for i in gl.static_range(SLICES):
+                if GROUPED:
+                    # The group's scale of each weight row, as the 16-bit type, broadcast along
+                    # the words (the conversion multiplies each value by it: one rounding, as a
+                    # dequantized weight has).
+                    k0 = b * 512 + 128 * i
+                    sw = gl.load(sw_ptr + (k0 // GROUP_K) * stride_sw_g + w_rows * stride_sw_n,
+                                 mask=w_rows_ok & (k0 < K), other=0.0)
+                    s2 = gl.expand_dims(sw.to(x_bufs.dtype), 1).broadcast_to([HALF_W, 64])
+                else:
+                    s2 = w
+                if i == 0:
+                    a0, a1 = _operands(w, s2, ASM0, CT, GROUPED, dot)
+                elif i == 1:
+                    a0, a1 = _operands(w, s2, ASM1, CT, GROUPED, dot)
+                elif i == 2:
+                    a0, a1 = _operands(w, s2, ASM2, CT, GROUPED, dot)
+                else:
+                    a0, a1 = _operands(w, s2, ASM3, CT, GROUPED, dot)
+                s0 = xi % XS
+                s1 = (xi + 1) % XS
+                mbarrier.wait(x_ready.index(s0), (xi // XS) & 1)
+                mbarrier.wait(x_ready.index(s1), ((xi + 1) // XS) & 1)
+                x0 = x_bufs.index(s0).permute((1, 0))  # [64, BT] views of the K-major [BT, 64]
+                x1 = x_bufs.index(s1).permute((1, 0))
+                acc = warpgroup_mma(a0, x0, acc, use_acc=True, is_async=True)
+                acc = warpgroup_mma(a1, x1, acc, use_acc=True, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(x_empty.index(s0), count=1)
+                mbarrier.arrive(x_empty.index(s1), count=1)
+                xi += 2
+
+        # ---- epilogue: acc [weight rows, tokens] -> * weight scale -> + bias -> cast ----
+        y = acc
+        if W_SCALE == "vector":
+            y = y * gl.load(sw_ptr + rows * stride_sw_n, mask=row_ok, other=0.0)[:, None]
+        elif W_SCALE == "scalar":
+            y = y * gl.load(sw_ptr)
+        if HAS_BIAS:
+            y = y + gl.load(bias_ptr + rows, mask=row_ok, other=0.0)[:, None]
+        out = y.to(c_ptr.dtype.element_ty)
+        if TMA_STORE:
+            c_smem = c_bufs.index(HALF)
+            tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
+            c_smem.store(gl.permute(out, (1, 0)))  # [BT, 64]: C's orientation
+            fence_async_shared()
+            if off_w < N:  # (the second consumer's rows may lie wholly past N)
+                tma.async_copy_shared_to_global(c_desc, [off_t, off_w], c_smem)
+        else:
+            toks = off_t + gl.arange(0, BT, layout=cols_l)
+            c_ptrs = c_ptr + toks.to(gl.int64)[None, :] * ldc + rows[:, None]
+            gl.store(c_ptrs, out, mask=row_ok[:, None] & (toks < M)[None, :])
+    if TMA_STORE:
+        tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _i4p_prefill_kernel(
+    w_desc, x_desc, c_desc, c_ptr, sw_ptr, bias_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n,
+    CT: gl.constexpr, W_SCALE: gl.constexpr, GROUP_K: gl.constexpr, HAS_BIAS: gl.constexpr,
+    TMA_STORE: gl.constexpr, BT: gl.constexpr, GROUP_M: gl.constexpr, WS: gl.constexpr,
+    XS: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr,
+    ASM3: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [WS, BLOCK_W, 64], w_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [XS, BT, 64], x_desc.layout)
+    if TMA_STORE:
+        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, BT, HALF_W], c_desc.layout)
+    else:
+        # Partition arguments cannot be None: the unused slots carry the output pointer.
+        c_bufs = c_ptr
+        c_desc = c_ptr
+    w_ready = gl.allocate_shared_memory(gl.int64, [WS, 1], mbarrier.MBarrierLayout())
+    w_empty = gl.allocate_shared_memory(gl.int64, [WS, 1], mbarrier.MBarrierLayout())
+    x_ready = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
+    x_empty = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(WS):
+        mbarrier.init(w_ready.index(i), count=1)
+        mbarrier.init(w_empty.index(i), count=2)  # one arrival per consumer
+    for i in gl.static_range(XS):
+        mbarrier.init(x_ready.index(i), count=1)
+        mbarrier.init(x_empty.index(i), count=2)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
+                     bias_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, 0, CT, W_SCALE, GROUP_K,
+                     HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3)),
+        (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
+                     bias_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, 1, CT, W_SCALE, GROUP_K,
+                     HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3)),
+        (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, BT,
+                     GROUP_M, WS, XS)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
