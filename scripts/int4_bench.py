@@ -134,8 +134,8 @@ def main() -> int:
             record(s, name, m, n, k, "w4a16_pk", "", lambda: tileq.linear(x, w_pk, None, sw4, scheme="bquant"),
                    ref16, b4)
             cfg = default_config(m, n, k)
-            path = describe_prepacked(m, n, k, device=dev).split()[0]
-            record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if m < DEQUANT_MIN_M else path,
+            prefill_path = describe_prepacked(m, n, k, device=dev).split()[0]
+            record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if m < DEQUANT_MIN_M else prefill_path,
                    lambda: linear_prepacked(x, w_pp, None, sw4), ref16, b4)
             if m >= DEQUANT_MIN_M:  # the other prefill path, in the same run
                 dq = DequantLaunch(n, k, "group", "none", (sw4.stride(0), sw4.stride(1)), 128,

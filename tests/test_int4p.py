@@ -310,6 +310,24 @@ def test_prefill_path_choice():
         assert text.startswith("dequant+cublas") and why in text
     assert "a compiled kernel on a GPU" in describe_prepacked(1024, 5120, 5120, device=torch.device("cpu"))
     assert prefill.unserved("bf16", "none", torch.float32, 5120, torch.device("cpu")) == "bf16/fp16 outputs only"
+
+
+def test_prefill_path_on_a_gpu(monkeypatch):
+    """unserved() for a CUDA device, with the device queries answered as an H200's / an L40S's."""
+    from tileq import plan
+    from tileq.catalog.arch import ARCHS
+    from tileq.int4p import prefill
+
+    monkeypatch.setattr("tileq._runtime.interpreter_active", lambda: False)
+    monkeypatch.delenv("TILEQ_GLUON", raising=False)
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(plan, "_device_arch", lambda index: (ARCHS["sm_90"], 132, "H200"))
+    assert prefill.unserved("bf16", "none", torch.bfloat16, 5120, cuda) is None
+    monkeypatch.setenv("TILEQ_GLUON", "0")
+    assert "TILEQ_GLUON=0" in prefill.unserved("bf16", "none", torch.bfloat16, 5120, cuda)
+    monkeypatch.delenv("TILEQ_GLUON")
+    monkeypatch.setattr(plan, "_device_arch", lambda index: (ARCHS["sm_89"], 142, "L40S"))
+    assert prefill.unserved("fp16", "none", torch.float16, 5120, cuda) == "Gluon kernels are sm_90 only, this is sm_89"
     assert prefill.unserved("bf16", "vector", torch.bfloat16, 5120, torch.device("cpu")).endswith("(W4A16)")
 
 

@@ -55,7 +55,7 @@ def unserved(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, device: t
     from ..plan import _device_arch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    arch = _device_arch(index)[0]
+    arch = _device_arch(index)[0].name
     if arch != select.GLUON_ARCH:
         return f"Gluon kernels are {select.GLUON_ARCH} only, this is {arch}"
     why = _version_reason()
