@@ -112,6 +112,8 @@ def main() -> int:
         w_pk = pack_int4(v, dim=1)
         w_pp = prepack_int4(w_pk)
         w_bf16 = w_deq.to(torch.bfloat16)
+        sw_ch = sw4[0].contiguous()  # per-channel scales [N] (the prefill kernel's other scale kind)
+        w_ch = v.float() * sw_ch[:, None]
         w8 = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=dev, generator=g)
         sw8 = torch.rand(n, device=dev, generator=g) * 0.01 + 0.005
         wf8 = (torch.randn(n, k, device=dev, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -137,6 +139,9 @@ def main() -> int:
             prefill_path = describe_prepacked(m, n, k, device=dev).split()[0]
             record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if m < DEQUANT_MIN_M else prefill_path,
                    lambda: linear_prepacked(x, w_pp, None, sw4), ref16, b4)
+            if m >= DEQUANT_MIN_M and prefill_path.startswith("gluon"):  # per-channel scales
+                record(s, name, m, n, k, "w4a16_prepacked_channel", prefill_path,
+                       lambda: linear_prepacked(x, w_pp, None, sw_ch), x.float() @ w_ch.t(), b4)
             if m >= DEQUANT_MIN_M:  # the other prefill path, in the same run
                 dq = DequantLaunch(n, k, "group", "none", (sw4.stride(0), sw4.stride(1)), 128,
                                    torch.bfloat16, torch.bfloat16)
@@ -159,7 +164,7 @@ def main() -> int:
                         continue
                     record(s, name, m, n, k, "w4a16_prepacked_sweep", c.tag,
                            lambda c=c: linear_prepacked(x, w_pp, None, sw4, config=c), ref16, b4)
-        del v, w_deq, w_pk, w_pp, w_bf16, w8, wf8
+        del v, w_deq, w_pk, w_pp, w_bf16, w8, wf8, w_ch
         torch.cuda.empty_cache()
 
     csv_file.close()

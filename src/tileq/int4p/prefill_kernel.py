@@ -165,6 +165,10 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
         w_rows = off_w + gl.arange(0, HALF_W, layout=gl.SliceLayout(1, words_l))
         w_rows_ok = w_rows < N
         acc = gl.zeros((HALF_W, BT), gl.float32, mma)
+        if GROUPED:
+            # The scales of slice 0; in the loop those of the next slice are loaded while this
+            # slice's wgmma runs (an L2 round trip per slice would stall the conversion).
+            sw_next = gl.load(sw_ptr + w_rows * stride_sw_n, mask=w_rows_ok, other=0.0)
         for b in range(k_blocks):
             s = wi % WS
             mbarrier.wait(w_ready.index(s), (wi // WS) & 1)
@@ -176,10 +180,10 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
                     # The group's scale of each weight row, as the 16-bit type, broadcast along
                     # the words (the conversion multiplies each value by it: one rounding, as a
                     # dequantized weight has).
-                    k0 = b * 512 + 128 * i
-                    sw = gl.load(sw_ptr + (k0 // GROUP_K) * stride_sw_g + w_rows * stride_sw_n,
-                                 mask=w_rows_ok & (k0 < K), other=0.0)
-                    s2 = gl.expand_dims(sw.to(x_bufs.dtype), 1).broadcast_to([HALF_W, 64])
+                    s2 = gl.expand_dims(sw_next.to(x_bufs.dtype), 1).broadcast_to([HALF_W, 64])
+                    k1 = b * 512 + 128 * (i + 1)  # the next slice (of this block or the next)
+                    sw_next = gl.load(sw_ptr + (k1 // GROUP_K) * stride_sw_g + w_rows * stride_sw_n,
+                                      mask=w_rows_ok & (k1 < K), other=0.0)
                 else:
                     s2 = w
                 if i == 0:
