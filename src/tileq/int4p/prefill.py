@@ -17,7 +17,7 @@ import torch
 from ..kernels import select
 
 TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x 128 tokens
-W_SLOTS = 2  # ring slots of [128, 64] words (one 512-wide K block each)
+W_SLOTS = 2  # ring slots of 2 x [128, 32] words (one 512-wide K block each)
 X_SLOTS = 8  # ring slots of [128, 64] activations (two per 128-wide slice)
 GROUP_M = 8
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
@@ -83,11 +83,11 @@ def _gl():
 
 
 def layouts(ct: str):
-    """Shared layouts of the words [128, 64] int32 (unswizzled: 256-byte rows), the activation
-    and output tiles [128, 64] 16-bit (128-byte swizzle)."""
+    """Shared layouts of the words [128, 32] int32 and of the activation and output tiles
+    [128, 64] 16-bit, all with 128-byte rows, 128-byte swizzle."""
     gl = _gl()["gl"]
     ty = gl.bfloat16 if ct == "bf16" else gl.float16
-    return (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2),
+    return (gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2),
             gl.NVMMASharedLayout.get_default_for([TOKENS, 64], ty),
             gl.NVMMASharedLayout.get_default_for([TOKENS, 64], ty))
 
@@ -132,7 +132,7 @@ class GluonPrefillLaunch:
         w_l, x_l, c_l = self.layouts
         td = g["TensorDescriptor"]
         kw = wdata.shape[1]
-        w_desc = td(wdata, [self.n, kw], [kw, 1], [128, 64], w_l)
+        w_desc = td(wdata, [self.n, kw], [kw, 1], [128, 32], w_l)
         x_desc = td(x2, [self.m, self.k], [x2.stride(0), 1], [TOKENS, 64], x_l)
         tma_store = (self.n * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0 and out.is_contiguous()
         c_desc = td(out, [self.m, self.n], [self.n, 1], [TOKENS, 64], c_l) if tma_store else None
@@ -147,7 +147,7 @@ def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = Fals
     from triton.experimental.gluon._runtime import GluonASTSource
 
     w_l, x_l, c_l = layouts(ct)
-    sig = {"w_desc": f"tensordesc<i32[128, 64],{w_l!r}>", "x_desc": f"tensordesc<{ct}[{TOKENS}, 64],{x_l!r}>",
+    sig = {"w_desc": f"tensordesc<i32[128, 32],{w_l!r}>", "x_desc": f"tensordesc<{ct}[{TOKENS}, 64],{x_l!r}>",
            "c_desc": f"tensordesc<{ct}[{TOKENS}, 64],{c_l!r}>" if tma_store else "constexpr",
            "c_ptr": f"*{ct}", "sw_ptr": "*fp32", "bias_ptr": "*fp32" if has_bias else "constexpr"}
     for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n"):

@@ -7,7 +7,8 @@ wgmma's A operand, converted from int4 in registers, the activations the B opera
 memory. A tile is 128 weight rows x BT tokens:
 
 - one producer warp (40 registers) loads, by TMA, the words of each 512-wide K block of the
-  tile's 128 weight rows ([128, 64] int32, a ring of WS slots) and the activations of each
+  tile's 128 weight rows (two [128, 32] int32 boxes, 128-byte swizzled rows, a ring of WS slots)
+  and the activations of each
   64-wide K slice ([BT, 64], 128-byte rows, a ring of XS slots);
 - two consumer warpgroups own 64 weight rows each. Per K block a consumer reads its [64, 64]
   words from shared memory into registers in the A operand's layout of a [64, 64] wgmma (word
@@ -118,8 +119,12 @@ def _producer(w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty
             s = wi % WS
             # A fresh mbarrier is in phase 0: waiting on parity 1 returns at once (first pass).
             mbarrier.wait(w_empty.index(s), ((wi // WS) & 1) ^ 1)
-            mbarrier.expect(w_ready.index(s), w_bytes)
-            tma.async_copy_global_to_shared(w_desc, [off_w, b * 64], w_ready.index(s), w_bufs.index(s))
+            mbarrier.expect(w_ready.index(s), 2 * w_bytes)
+            # Two [128, 32] boxes (128-byte rows, swizzled: the consumers' loads are free of bank
+            # conflicts) for the block's 64 words per row.
+            tma.async_copy_global_to_shared(w_desc, [off_w, b * 64], w_ready.index(s), w_bufs.index(2 * s))
+            tma.async_copy_global_to_shared(w_desc, [off_w, b * 64 + 32], w_ready.index(s),
+                                            w_bufs.index(2 * s + 1))
             wi += 1
             for j in gl.static_range(2 * SLICES):  # 64-wide activation tiles (128-byte rows)
                 s = xi % XS
@@ -147,6 +152,11 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
         reg_bases=[[0, 1], [8, 0], [0, 8], [0, 16], [0, 32]],
         lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
         warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
+    # words_l less c's bit 5: one of the two 32-word halves of a block.
+    half_l: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [8, 0], [0, 8], [0, 16]],
+        lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 32])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
     cols_l: gl.constexpr = gl.SliceLayout(0, mma)
     GROUPED: gl.constexpr = W_SCALE == "group"
@@ -172,7 +182,12 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
         for b in range(k_blocks):
             s = wi % WS
             mbarrier.wait(w_ready.index(s), (wi // WS) & 1)
-            w = w_bufs.index(s).slice(HALF * HALF_W, HALF_W, dim=0).load(words_l)
+            lo = w_bufs.index(2 * s).slice(HALF * HALF_W, HALF_W, dim=0).load(half_l)
+            hi = w_bufs.index(2 * s + 1).slice(HALF * HALF_W, HALF_W, dim=0).load(half_l)
+            # [64, 32] x 2 -> [64, 64] with c = 32 j + c': the join's register bit becomes c's
+            # bit 5, which words_l keeps in registers too (a renaming, asserted trivial).
+            w = gl.reshape(gl.permute(gl.join(lo, hi), (0, 2, 1)), (HALF_W, 64))
+            w = gl.convert_layout(w, words_l, assert_trivial=True)
             mbarrier.arrive(w_empty.index(s), count=1)  # the words are in registers now
             wi += 1
             for i in gl.static_range(SLICES):
@@ -239,7 +254,7 @@ def _i4p_prefill_kernel(
     XS: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr,
     ASM3: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
-    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [WS, BLOCK_W, 64], w_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [2 * WS, BLOCK_W, 32], w_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [XS, BT, 64], x_desc.layout)
     if TMA_STORE:
         c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, BT, HALF_W], c_desc.layout)
