@@ -310,7 +310,13 @@ def test_prefill_path_choice():
         text = describe_prepacked(1024, 5120, k, x_dtype)
         assert text.startswith("dequant+cublas") and why in text
     assert "a compiled kernel on a GPU" in describe_prepacked(1024, 5120, 5120, device=torch.device("cpu"))
-    assert prefill.unserved("bf16", "none", torch.float32, 5120, torch.device("cpu")) == "bf16/fp16 outputs only"
+    cpu = torch.device("cpu")
+    assert prefill.unserved(512, 5120, "bf16", "none", "group", torch.float32, cpu) == "bf16/fp16 outputs only"
+    assert prefill.unserved(512, 5120, "bf16", "vector", "group", torch.bfloat16, cpu).endswith("(W4A16)")
+    # Group scales: dequantize + cuBLAS from GROUP_SCALE_MAX_M tokens; per-channel: the kernel.
+    big = prefill.GROUP_SCALE_MAX_M
+    assert "measured faster" in describe_prepacked(big, 5120, 5120)
+    assert describe_prepacked(big, 5120, 5120, w_scale="vector").startswith("gluon-i4p-prefill")
 
 
 def test_prefill_path_on_a_gpu(monkeypatch):
@@ -323,13 +329,13 @@ def test_prefill_path_on_a_gpu(monkeypatch):
     monkeypatch.delenv("TILEQ_GLUON", raising=False)
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(plan, "_device_arch", lambda index: (ARCHS["sm_90"], 132, "H200"))
-    assert prefill.unserved("bf16", "none", torch.bfloat16, 5120, cuda) is None
+    args = (1024, 5120, "bf16", "none", "group", torch.bfloat16, cuda)
+    assert prefill.unserved(*args) is None
     monkeypatch.setenv("TILEQ_GLUON", "0")
-    assert "TILEQ_GLUON=0" in prefill.unserved("bf16", "none", torch.bfloat16, 5120, cuda)
+    assert "TILEQ_GLUON=0" in prefill.unserved(*args)
     monkeypatch.delenv("TILEQ_GLUON")
     monkeypatch.setattr(plan, "_device_arch", lambda index: (ARCHS["sm_89"], 142, "L40S"))
-    assert prefill.unserved("fp16", "none", torch.float16, 5120, cuda) == "Gluon kernels are sm_90 only, this is sm_89"
-    assert prefill.unserved("bf16", "vector", torch.bfloat16, 5120, torch.device("cpu")).endswith("(W4A16)")
+    assert prefill.unserved(*args) == "Gluon kernels are sm_90 only, this is sm_89"
 
 
 def _prefill_build(ct, w_kind, bias, tma_store):
@@ -411,7 +417,7 @@ def prefill_launches(monkeypatch):
 
 @GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k", [(256, 64, 512), (300, 577, 1104), (1000, 4000, 4096), (2049, 384, 2560)])
+@pytest.mark.parametrize("m,n,k", [(256, 64, 512), (300, 577, 1104), (1000, 4000, 4096), (1999, 384, 2560)])
 @pytest.mark.parametrize("xt,gk", [(torch.bfloat16, 128), (torch.float16, 256), (torch.bfloat16, 0),
                                    (torch.bfloat16, -1)])
 def test_gpu_prefill_kernel_matches_reference(m, n, k, xt, gk, prefill_launches):

@@ -303,7 +303,7 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     if launch is None:
         if dequant:
             launch = DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype, x.dtype)
-            if prefill.unserved(x_type, x_kind, out_dtype, k, x.device) is None:
+            if prefill.unserved(m, k, x_type, x_kind, w_kind, out_dtype, x.device) is None:
                 launch = prefill.GluonPrefillLaunch(m, n, k, x.dtype, out_dtype, w_kind, sw_strides, group_k,
                                                     b is not None, x.device, launch)
         else:
@@ -322,8 +322,9 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
     if config is None and m >= DEQUANT_MIN_M:
         x_type = _X_TYPES[x_dtype]
         out = x_dtype if x_type in ("bf16", "fp16") else torch.bfloat16
-        why = (prefill.unserved(x_type, "none" if x_type in ("bf16", "fp16") else "vector", out, k, device)
-               if device is not None else prefill.unserved_on_sm90(x_type, k))
+        x_kind = "none" if x_type in ("bf16", "fp16") else "vector"
+        why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device)
+               if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale))
         if why is None:
             return (f"{prefill.GluonPrefillLaunch.name} (M >= {DEQUANT_MIN_M}: sm_90 Gluon kernel, "
                     f"{prefill.TOKENS}-token x 128-row tiles, int4 converted in registers)")

@@ -22,11 +22,21 @@ X_SLOTS = 8  # ring slots of [128, 64] activations (two per 128-wide slice)
 GROUP_M = 8
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
 
+# With group scales the kernel multiplies every converted value by its scale (a packed multiply
+# per two weights); from 2048 tokens dequantize + cuBLAS was faster (H200, 2026-12-01, three
+# weights: 0.78-0.85x bf16 cuBLAS's speed against 0.89-0.92x at M = 4096; at M = 1024
+# 0.63-0.82x against 0.70-0.71x, at 256 0.63-0.67x against 0.39-0.45x). Per-channel and
+# per-tensor scales (applied in the epilogue) match it at 4096 and beat it below.
+GROUP_SCALE_MAX_M = 2048
+
 _CT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _GL = {}
 
 
-def _problem_reason(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int) -> str | None:
+def _problem_reason(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, m: int, w_kind: str) -> str | None:
+    if w_kind == "group" and m >= GROUP_SCALE_MAX_M:
+        return (f"with group scales, dequantize + cuBLAS from {GROUP_SCALE_MAX_M} tokens "
+                f"(measured faster)")
     if x_type not in ("bf16", "fp16") or x_kind != "none":
         return "bf16/fp16 activations without an activation scale only (W4A16)"
     if out_dtype not in _CT:
@@ -43,11 +53,12 @@ def _version_reason() -> str | None:
     return None
 
 
-def unserved(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, device: torch.device) -> str | None:
-    """Why the Gluon prefill kernel does not serve a call, or None when it does."""
+def unserved(m: int, k: int, x_type: str, x_kind: str, w_kind: str, out_dtype: torch.dtype,
+             device: torch.device) -> str | None:
+    """Why the Gluon prefill kernel does not serve (or is not chosen for) a call, or None."""
     from .._runtime import interpreter_active
 
-    why = _problem_reason(x_type, x_kind, out_dtype, k)
+    why = _problem_reason(x_type, x_kind, out_dtype, k, m, w_kind)
     if why is not None:
         return why
     if device.type != "cuda" or interpreter_active():
@@ -64,11 +75,12 @@ def unserved(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, device: t
     return why
 
 
-def unserved_on_sm90(x_type: str, k: int) -> str | None:
+def unserved_on_sm90(m: int, k: int, x_type: str, w_kind: str) -> str | None:
     """``unserved`` for a described call (no tensors) on an sm_90 GPU with the default switch:
     activations of ``x_type`` without a scale, the output in their type."""
     out = torch.bfloat16 if x_type == "bf16" else torch.float16
-    return _problem_reason(x_type, "none" if x_type in ("bf16", "fp16") else "vector", out, k) or _version_reason()
+    x_kind = "none" if x_type in ("bf16", "fp16") else "vector"
+    return _problem_reason(x_type, x_kind, out, k, m, w_kind) or _version_reason()
 
 
 def _gl():
