@@ -552,6 +552,30 @@ def test_gpu_deterministic_and_linear(gluon_on):
 
 
 @gpu
+@pytest.mark.parametrize("family,m,n", [("rowcol_fp8xfp8_rcr_prefill", 300, 512),
+                                        ("abquant_fp8xfp8_rcr_prefill", 4096, 5120),  # 128 x 256 tiles
+                                        ("rowcol_fp8xfp8_rcr_prefill", 300, 577)])  # masked stores
+def test_gpu_direct_launches(family, m, n, monkeypatch):
+    """Later calls of a signature skip Triton's JIT launch (KernelCall keeps the compiled
+    kernel; its launcher encodes the TMA descriptors): same results, and a handle was kept."""
+    from tileq.kernels import direct
+    from tileq.kernels.gluon import launch as glaunch
+
+    monkeypatch.delenv("TILEQ_DIRECT_LAUNCH", raising=False)
+    monkeypatch.delenv("TILEQ_GLUON", raising=False)
+    api.clear_call_cache()
+    spec = _spec(family, m=m, n=n, k=1024, has_bias=True)
+    args = make_args(spec, seed=8, device="cuda")
+    first = args.call(tileq.gemm)
+    check_close(first, args.call(tileq.gemm, backend="reference"), torch.bfloat16)
+    for _ in range(3):
+        assert torch.equal(args.call(tileq.gemm), first)
+    kernel = glaunch._gl()["kernel"]
+    assert any(key[1] is kernel for key in direct._HANDLES)
+    api.clear_call_cache()
+
+
+@gpu
 def test_gpu_cuda_graph_capture(gluon_on):
     spec = _spec(m=512, n=4096, k=4096, has_bias=True)
     args = make_args(spec, seed=4, device="cuda")

@@ -477,3 +477,29 @@ def test_gpu_prefill_out_graphs_and_fallback(prefill_launches):
     yu = linear_prepacked(xu, w, None, ws)
     assert len(prefill_launches) == before  # the dequantize path ran
     assert float((yu.double() - out.double()).abs().max()) < 1e-2 * float(out.double().abs().max())
+
+
+@GPU
+@pytest.mark.gpu
+def test_gpu_prefill_direct_launches(monkeypatch):
+    """Later calls skip Triton's JIT launch: the same results, and a kept handle."""
+    from tileq.int4p import launch as ilaunch
+    from tileq.int4p import prefill
+    from tileq.kernels import direct
+
+    monkeypatch.delenv("TILEQ_DIRECT_LAUNCH", raising=False)
+    ilaunch._LAUNCHES.clear()
+    torch.manual_seed(9)
+    m, n, k = 700, 1024, 1536
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to("cuda")
+    ws = (torch.rand(k // 128, n) * 0.02 + 0.01).cuda()
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    first = linear_prepacked(x, w, None, ws)
+    want = _reference(x.cpu(), v, ws.cpu(), None, None, 128)
+    assert float((first.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+    for _ in range(3):
+        assert torch.equal(linear_prepacked(x, w, None, ws), first)
+    kernel = prefill._gl()["kernel"]
+    assert any(key[1] is kernel for key in direct._HANDLES)
+    ilaunch._LAUNCHES.clear()

@@ -15,6 +15,7 @@ import os
 import torch
 
 from ..kernels import select
+from ..kernels.direct import KernelCall, TableKernel, direct_launch_enabled
 
 TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x 128 tokens
 W_SLOTS = 2  # ring slots of 2 x [128, 32] words (one 512-wide K block each)
@@ -31,6 +32,7 @@ GROUP_SCALE_MAX_M = 2048
 
 _CT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _GL = {}
+_KERNEL = TableKernel(_GL, "kernel", __name__)  # the kernel, once _gl() has imported it
 
 
 def _problem_reason(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, m: int, w_kind: str) -> str | None:
@@ -125,12 +127,17 @@ class GluonPrefillLaunch:
         self.fallback = fallback  # for operands TMA cannot read (base pointers not 16-byte aligned)
         self.m, self.n, self.k, self.out_dtype, self.device = m, n, k, out_dtype, device
         self.ct = _CT[x_dtype]
-        self.ints = (m, n, k, n, sw_strides[0], sw_strides[1])
+        self.direct = device.type == "cuda"
+        ints = (m, n, k, n, sw_strides[0], sw_strides[1])
         options = dict(num_warps=4, maxnreg=MAXNREG)
-        self.consts = {tma: dict(constexprs(self.ct, w_kind, group_k, has_bias, tma), **options)
-                       for tma in (True, False)}
         tiles = -(-m // TOKENS) * -(-n // 128)
-        self.grid = (max(1, min(_num_sms(device), tiles)),)
+        grid = (max(1, min(_num_sms(device), tiles)),)
+        # The first launch of each output path goes through Triton's JIT launch, later ones
+        # straight to the compiled kernel (whose launcher encodes the TMA descriptors).
+        self.calls = {tma: KernelCall(_KERNEL, "_i4p_prefill_kernel", grid, ints,
+                                      dict(constexprs(self.ct, w_kind, group_k, has_bias, tma), **options),
+                                      (x_dtype, out_dtype, has_bias, tma))
+                      for tma in (True, False)}
         self.layouts = None
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
@@ -148,7 +155,7 @@ class GluonPrefillLaunch:
         x_desc = td(x2, [self.m, self.k], [x2.stride(0), 1], [TOKENS, 64], x_l)
         tma_store = (self.n * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0 and out.is_contiguous()
         c_desc = td(out, [self.m, self.n], [self.n, 1], [TOKENS, 64], c_l) if tma_store else None
-        g["kernel"][self.grid](w_desc, x_desc, c_desc, out, sw, bias, *self.ints, **self.consts[tma_store])
+        self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias), self.direct and direct_launch_enabled())
         return out
 
 

@@ -2,7 +2,8 @@
 
 ``KernelCall`` fixes a launch's grid, integer arguments, constexprs and pointer dtypes once; the
 first launch goes through Triton's ``JITFunction.run`` and later ones call the compiled kernel's
-launcher directly (tens of microseconds less per call). The GEMM launcher (``launch.py``) and the
+launcher directly (tens of microseconds less per call). The GEMM launchers (``launch.py``, the
+Gluon kernels' launchers, whose TMA descriptors the compiled launcher encodes) and the
 activation-quantization launchers use it.
 """
 
@@ -45,8 +46,13 @@ def _triton():
         from triton.runtime.driver import driver
         from triton.runtime.jit import JITFunction
 
+        try:  # Gluon kernels launch the same way (their descriptors are converted by the launcher)
+            from triton.experimental.gluon._runtime import GluonJITFunction
+        except ImportError:  # a Triton without Gluon
+            GluonJITFunction = JITFunction
         _TRITON.update(
             knobs=knobs, CompiledKernel=CompiledKernel, HookChain=HookChain, JITFunction=JITFunction,
+            jit_types=(JITFunction, GluonJITFunction),
             # What JITFunction.run calls: torch.cuda.current_device and
             # torch._C._cuda_getCurrentRawStream (no torch.cuda.Stream object is made).
             device=driver.active.get_current_device, stream=driver.active.get_current_stream,
@@ -92,7 +98,7 @@ class KernelCall:
         fn = getattr(self.module, self.name)
         if direct:
             t = _triton()
-            if type(fn) is t["JITFunction"] and not fn.pre_run_hooks:
+            if type(fn) in t["jit_types"] and not fn.pre_run_hooks:
                 self._direct(fn, ptrs, t)
                 return
         fn[self.grid](*ptrs, *self.ints, **self.kwargs)
@@ -102,7 +108,7 @@ class KernelCall:
         device = t["device"]()
         align = 0
         for i, p in enumerate(ptrs):
-            if p is not None and p.data_ptr() & 15:
+            if p is not None and _address(p) & 15:
                 align |= 1 << i
         key = (self.sid, fn, device, align, knobs.runtime.debug, knobs.compilation.instrumentation_mode)
         handle = _HANDLES.get(key)
@@ -134,6 +140,26 @@ class KernelCall:
 
 
 _MISSING = object()
+
+
+def _address(arg) -> int:
+    """A tensor's data pointer, or a TMA descriptor's base tensor's."""
+    data_ptr = getattr(arg, "data_ptr", None)
+    if data_ptr is not None:
+        return data_ptr()
+    return arg.base.data_ptr()
+
+
+class TableKernel:
+    """A kernel held in a launcher's lazily filled table (``table[key]``), seen as a module
+    attribute by ``KernelCall`` (which looks its kernel up at every call, so that tests and
+    profiling scripts can replace it in the table)."""
+
+    def __init__(self, table: dict, key: str, name: str):
+        self._table, self._key, self.__name__ = table, key, name
+
+    def __getattr__(self, attr):
+        return self._table[self._key]
 
 
 def _idle(hook, t: dict) -> bool:

@@ -17,9 +17,11 @@ import math
 import torch
 
 from ...problem import Problem, ScaleKind
+from ..direct import KernelCall, TableKernel, direct_launch_enabled
 from .config import GluonConfig, masked_store_config
 
 _GL = {}
+_KERNEL = TableKernel(_GL, "kernel", __name__)  # the kernel, once _gl() has imported it
 
 
 def _gl():
@@ -80,10 +82,10 @@ def rows_aligned(leading_dim: int, elem_bytes: int) -> bool:
 class GluonLaunch:
     """A plan's Gluon launch for tensors of fixed shapes, strides and dtypes (what ``GemmLaunch``
     is for the Triton kernel; ``tileq.gemm`` keeps one per call signature). Each call builds the
-    three TMA descriptors (they hold data pointers) and launches through Triton's JIT."""
+    three TMA descriptors (they hold data pointers) and launches through ``KernelCall``."""
 
     __slots__ = ("spec", "m", "n", "k", "lda", "ldb", "ldc", "out_dtype", "device", "cfg", "ints",
-                 "c_rows_ok", "fallback", "_variants")
+                 "c_rows_ok", "fallback", "direct", "_variants")
 
     def __init__(self, problem: Problem, plan, fallback):
         spec = problem.spec
@@ -105,21 +107,29 @@ class GluonLaunch:
             sb_g = 0
         self.ints = (spec.m, spec.n, spec.k, self.ldc, sa_m, sa_g, sb_g, sb_n)
         self.fallback = fallback
-        # Per output path (TMA store or masked stores): config, constexprs, grid; the shared
-        # layouts are made on first use (they need Triton).
+        # Per output path (TMA store or masked stores): the config and its KernelCall (grid,
+        # integer arguments, constexprs); the shared layouts are made on first use (they need
+        # Triton).
         sms = _num_sms(problem.device)
+        self.direct = problem.device.type == "cuda"
+        # Everything a launch specializes on besides the constexprs: operand and output dtypes,
+        # which optional pointers are present.
+        ptr_types = (spec.a_type, spec.b_type, spec.out_dtype, problem.a_scale is not None,
+                     problem.b_scale is not None, spec.has_bias)
         self._variants = {}
         for tma_store in (True, False):
             vcfg = cfg if tma_store else masked_store_config(cfg, spec.out_dtype)
             tiles = math.ceil(spec.m / vcfg.block_m) * math.ceil(spec.n / vcfg.block_n)
-            self._variants[tma_store] = [vcfg, dict(constexprs(spec, vcfg, tma_store), **options(vcfg)),
-                                         (max(1, min(sms, tiles)),), None]
+            consts = dict(constexprs(spec, vcfg, tma_store), **options(vcfg))
+            call = KernelCall(_KERNEL, "_ws_gemm_kernel", (max(1, min(sms, tiles)),), self.ints, consts,
+                              ptr_types + (tma_store,))
+            self._variants[tma_store] = [vcfg, call, None]
 
     def variant(self, tma_store: bool):
-        """(config, constexprs, grid, shared layouts) of the TMA-store or masked-store launch."""
+        """(config, KernelCall, shared layouts) of the TMA-store or masked-store launch."""
         v = self._variants[tma_store]
-        if v[3] is None:
-            v[3] = shared_layouts(self.spec, v[0])
+        if v[2] is None:
+            v[2] = shared_layouts(self.spec, v[0])
         return v
 
     @property
@@ -134,14 +144,16 @@ class GluonLaunch:
             out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
         g = _gl()
         tma_store = self.c_rows_ok and out.data_ptr() % 16 == 0
-        cfg, consts, grid, (a_l, b_l, c_l) = self.variant(tma_store)
+        cfg, call, (a_l, b_l, c_l) = self.variant(tma_store)
         td = g["TensorDescriptor"]
         a_desc = td(a, [self.m, self.k], [self.lda, 1], [cfg.block_m, cfg.block_k], a_l)
         # B's storage is the logical [K, N] view of an [N, K] weight: same pointer, its rows.
         b_desc = td(b, [self.n, self.k], [self.ldb, 1], [cfg.block_n, cfg.block_k], b_l)
         c_desc = (td(out, [self.m, self.n], [self.ldc, 1], [cfg.block_m // 2, cfg.sub_n], c_l)
                   if tma_store else None)
-        g["kernel"][grid](a_desc, b_desc, c_desc, out, sa, sb, bias, *self.ints, **consts)
+        # The first launch of a signature goes through Triton's JIT launch, later ones straight to
+        # the compiled kernel (whose launcher encodes the three TMA descriptors).
+        call((a_desc, b_desc, c_desc, out, sa, sb, bias), self.direct and direct_launch_enabled())
         return out
 
 

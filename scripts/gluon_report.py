@@ -1,0 +1,65 @@
+"""Summarize scripts/gluon_bench.py CSVs: Gluon / baseline medians per shape set and M range.
+
+    python3 scripts/gluon_report.py bench/results/h200/gluon/gluon.csv [more.csv ...]
+
+Per problem the first Gluon row is the planner's config (gluon_bench writes it first); further
+Gluon rows are forced --variants, summarized per config. Shape sets: 'qwen3' (Qwen3-14B, which
+the earlier tables were tuned on), 'llama3' (Llama-3-8B, where the wide-tile gain of
+kernels/gluon/config.py was fitted), 'untuned' (every other (N, K): DeepSeek-V3 and
+Mistral-Small-24B in the committed runs).
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import sys
+
+SETS = {(5120, 5120): "qwen3", (17408, 5120): "qwen3", (5120, 17408): "qwen3",
+        (4096, 4096): "llama3", (14336, 4096): "llama3"}
+RANGES = ((128, 512), (1024, 8192))
+
+
+def _fmt(vals: list[float]) -> str:
+    if not vals:
+        return "-"
+    return f"{statistics.median(vals):.3f} ({min(vals):.3f}-{max(vals):.3f}, n={len(vals)})"
+
+
+def summarize(path: str) -> list[str]:
+    rows = [r for r in csv.DictReader(open(path)) if r["impl"] == "gluon" and r["vs_cublaslt"]]
+    plan, by_config = {}, {}
+    for r in rows:
+        key = (int(r["m"]), int(r["n"]), int(r["k"]))
+        ratio = float(r["vs_cublaslt"])
+        if key not in plan:
+            plan[key] = ratio
+        else:
+            by_config.setdefault(r["config"], {})[key] = ratio
+    out = [f"## {path}", "", "| set | M | planner's config: median (min-max, n) |", "|---|---|---|"]
+    for name in ("qwen3", "llama3", "untuned", "all"):
+        for lo, hi in RANGES:
+            vals = [v for (m, n, k), v in plan.items() if lo <= m <= hi
+                    and name in ("all", SETS.get((n, k), "untuned"))]
+            out.append(f"| {name} | {lo}-{hi} | {_fmt(vals)} |")
+    ms = sorted({m for m, _, _ in plan})
+    out += ["", "| M | " + " | ".join(str(m) for m in ms) + " |", "|---" * (len(ms) + 1) + "|",
+            "| median | " + " | ".join(f"{statistics.median([v for (mm, _, _), v in plan.items() if mm == m]):.3f}"
+                                       for m in ms) + " |"]
+    for config, vals in sorted(by_config.items()):
+        out.append(f"\nforced {config}: M 128-512 {_fmt([v for (m, _, _), v in vals.items() if m <= 512])}; "
+                   f"M >= 1024 {_fmt([v for (m, _, _), v in vals.items() if m >= 1024])}")
+    return out
+
+
+def main() -> int:
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    for path in sys.argv[1:]:
+        print("\n".join(summarize(path)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
