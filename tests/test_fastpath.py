@@ -352,6 +352,7 @@ def fake_triton(monkeypatch):
     monkeypatch.setattr(launch, "_gemm_kernel", fake)
     monkeypatch.setattr(direct, "_TRITON", dict(
         knobs=knobs, CompiledKernel=_FakeCompiled, HookChain=HookChain, JITFunction=_FakeJIT,
+        jit_types=(_FakeJIT,),
         device=lambda: 0, stream=lambda device: 1234,
     ))
     monkeypatch.setattr(direct, "_HANDLES", {})
