@@ -1,6 +1,6 @@
 """Summarize scripts/gluon_bench.py CSVs: Gluon / baseline medians per shape set and M range.
 
-    python3 scripts/gluon_report.py bench/results/h200/gluon/gluon.csv [more.csv ...]
+    python3 scripts/gluon_report.py bench/results/h200/gluon/gluon.csv [more.csv ...] [--plot out.png]
 
 Per problem the first Gluon row is the planner's config (gluon_bench writes it first); further
 Gluon rows are forced --variants, summarized per config. Shape sets: 'qwen3' (Qwen3-14B, which
@@ -52,12 +52,48 @@ def summarize(path: str) -> list[str]:
     return out
 
 
+def plot(paths: list[str], out: str) -> None:
+    """Gluon / baseline against M (log scale): the planner's config per (N, K) as points, the
+    median per M as a line, one panel per CSV."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(paths), figsize=(5.5 * len(paths), 4), squeeze=False)
+    for ax, path in zip(axes[0], paths):
+        plan = {}
+        for r in csv.DictReader(open(path)):
+            if r["impl"] == "gluon" and r["vs_cublaslt"]:
+                plan.setdefault((int(r["m"]), int(r["n"]), int(r["k"])), float(r["vs_cublaslt"]))
+        ms = sorted({m for m, _, _ in plan})
+        ax.scatter([m for m, _, _ in plan], list(plan.values()), s=10, alpha=0.5, label="one (N, K)")
+        ax.plot(ms, [statistics.median([v for (mm, _, _), v in plan.items() if mm == m]) for m in ms],
+                "o-", color="C1", label="median")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M")
+        ax.set_ylabel("Gluon / baseline (speed)")
+        ax.set_title(path.rsplit("/", 1)[-1])
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
 def main() -> int:
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    out = None
+    if "--plot" in args:
+        i = args.index("--plot")
+        out = args[i + 1]
+        del args[i:i + 2]
+    if not args:
         print(__doc__, file=sys.stderr)
         return 2
-    for path in sys.argv[1:]:
+    for path in args:
         print("\n".join(summarize(path)) + "\n")
+    if out:
+        plot(args, out)
     return 0
 
 
