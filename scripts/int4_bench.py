@@ -139,7 +139,7 @@ def main() -> int:
             prefill_path = describe_prepacked(m, n, k, device=dev).split()[0]
             record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if m < DEQUANT_MIN_M else prefill_path,
                    lambda: linear_prepacked(x, w_pp, None, sw4), ref16, b4)
-            if m >= DEQUANT_MIN_M and prefill_path.startswith("gluon"):  # per-channel scales
+            if m >= DEQUANT_MIN_M and "__gluon_" in prefill_path:  # per-channel scales
                 record(s, name, m, n, k, "w4a16_prepacked_channel", prefill_path,
                        lambda: linear_prepacked(x, w_pp, None, sw_ch), x.float() @ w_ch.t(), b4)
             if m >= DEQUANT_MIN_M:  # the other prefill path, in the same run

@@ -125,7 +125,8 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     kernels = manifest["kernels"]
-    from tileq.catalog.build import wants_gluon_build, wants_int4p_build, wants_swapped_build
+    from tileq.catalog.build import (wants_gluon_build, wants_int4p_build, wants_int4p_prefill_build,
+                                     wants_swapped_build)
 
     sm90 = get_arch("sm_90")
     gluon = [f.name for f in catalog() if wants_gluon_build(f, sm90)]
@@ -135,12 +136,18 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     int4p = [f.name for f in catalog() if wants_int4p_build(f, sm90)]
     assert int4p == ["bquant_fp8xi4_rcr_decode", "bquant_bf8xi4_rcr_decode", "bquant_bf16xi4_rcr_decode",
                      "bquant_fp16xi4_rcr_decode"]
-    expected = len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon) + len(int4p)
+    int4p_prefill = [f.name for f in catalog() if wants_int4p_prefill_build(f, sm90)]
+    assert int4p_prefill == ["bquant_bf16xi4_rcr_prefill", "bquant_fp16xi4_rcr_prefill"]
+    expected = (len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon) + len(int4p)
+                + len(int4p_prefill))
     assert len(kernels) == expected and all(k["ok"] for k in kernels)
-    assert sorted(k["family"] for k in kernels if "__gluon_" in k["name"]) == sorted(gluon)
+    assert sorted(k["family"] for k in kernels if "__gluon_" in k["name"] and "xi4p_" not in k["name"]) == sorted(gluon)
     # The prepacked-int4 kernel: its own names (xi4p), wgmma, no spills.
     built_int4p = [k for k in kernels if "xi4p_" in k["name"]]
-    assert sorted(k["family"] for k in built_int4p) == sorted(int4p)
+    assert sorted(k["family"] for k in built_int4p) == sorted(int4p + int4p_prefill)
+    assert sorted(k["name"] for k in built_int4p if "_prefill__gluon_" in k["name"]) == [
+        "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90",
+        "bquant_fp16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90"]
     assert all(k["mma"] == "wgmma" and not k["spills"] for k in built_int4p)
     assert manifest["triton"] and manifest["arch"] == "sm_90"
     for k in kernels:

@@ -262,7 +262,7 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
     out = explain("--a", "fp8", "--m", "1024", "--n", "5120", "--k", "17408")
     assert out.returncode == 0 and "dequant+cublas" in out.stdout and "W4A16" in out.stdout
     out = explain("--a", "bf16", "--m", "1024", "--n", "5120", "--k", "17408")
-    assert out.returncode == 0 and "gluon-i4p-prefill" in out.stdout
+    assert out.returncode == 0 and "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90" in out.stdout
     out = explain("--a", "int8", "--m", "1", "--n", "64", "--k", "128")
     assert out.returncode != 0 and "--prepacked: expected" in out.stderr
 
@@ -304,8 +304,8 @@ def test_prefill_path_choice():
     from tileq.int4p import prefill
     from tileq.int4p.launch import describe_prepacked
 
-    assert describe_prepacked(1024, 5120, 5120).startswith("gluon-i4p-prefill")
-    assert describe_prepacked(1024, 5120, 5120, torch.float16).startswith("gluon-i4p-prefill")
+    assert describe_prepacked(1024, 5120, 5120).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
+    assert describe_prepacked(1024, 5120, 5120, torch.float16).startswith("bquant_fp16xi4p_rcr_prefill__gluon_")
     for x_dtype, k, why in ((torch.float8_e4m3fn, 5120, "W4A16"), (torch.bfloat16, 1100, "multiple of 8")):
         text = describe_prepacked(1024, 5120, k, x_dtype)
         assert text.startswith("dequant+cublas") and why in text
@@ -316,7 +316,7 @@ def test_prefill_path_choice():
     # Group scales: dequantize + cuBLAS from GROUP_SCALE_MAX_M tokens; per-channel: the kernel.
     big = prefill.GROUP_SCALE_MAX_M
     assert "measured faster" in describe_prepacked(big, 5120, 5120)
-    assert describe_prepacked(big, 5120, 5120, w_scale="vector").startswith("gluon-i4p-prefill")
+    assert describe_prepacked(big, 5120, 5120, w_scale="vector").startswith("rowcol_bf16xi4p_rcr_prefill__gluon_")
 
 
 def test_prefill_path_on_a_gpu(monkeypatch):

@@ -167,7 +167,7 @@ def _explain_prepacked(args) -> int:
     print(f"problem : M={args.m} N={args.n} K={args.k}, x {args.a} x prepacked int4 (layout i4p1), "
           f"scheme {args.scheme}" + (f", group_k {args.group_k}" if args.scheme == "bquant" else ""))
     print(f"runs    : {path}")
-    if not path.startswith(("dequant", "gluon")):
+    if "_decode__" in path:  # the decode kernel: its config (the prefill paths have theirs in the name)
         cfg, source = config_for(args.m, args.n, args.k, args.a)
         cap = f", registers capped at {cfg.maxnreg}" if cfg.maxnreg else ""
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "

@@ -91,6 +91,29 @@ def wants_int4p_build(fam: KernelFamily, arch: ArchInfo) -> bool:
             and fam.a.value in INT4P_ACTIVATIONS and fam.scheme.value == "bquant")
 
 
+def wants_int4p_prefill_build(fam: KernelFamily, arch: ArchInfo) -> bool:
+    """Prefill families of nn.Linear int4 weights with 16-bit activations (rcr, bquant: W4A16)
+    get the sm_90 Gluon prefill kernel on prepacked weights (tileq.int4p.prefill) built too."""
+    return (arch.name == "sm_90" and fam.pipeline == "prefill" and fam.b.value == "i4" and fam.layout == "rcr"
+            and fam.a.value in ("bf16", "fp16") and fam.scheme.value == "bquant")
+
+
+def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
+    from ..int4p.launch import W_SCALE_OF_SCHEME
+    from ..int4p.prefill import compile_sm90, kernel_name
+
+    w_kind = W_SCALE_OF_SCHEME[fam.scheme.value]
+    name = kernel_name(fam.a.value, w_kind)
+    config = name.split("__", 1)[1].rsplit("_", 1)[0]
+    try:
+        compiled = compile_sm90(fam.a.value, w_kind)
+    except Exception as e:
+        msg = str(e).strip().splitlines()
+        return BuildResult(name, fam.name, config, False, time.time() - t0,
+                           error=f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500]), None
+    return BuildResult(name, fam.name, config, True, time.time() - t0), compiled
+
+
 def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
     from triton.backends.compiler import GPUTarget
 
@@ -126,6 +149,10 @@ def _compile_gluon(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildR
     return BuildResult(name, fam.name, f"gluon_{cfg.tag}", True, time.time() - t0), compiled
 
 
+# The kernels built beside a family's portable Triton kernel, by ``compile_one``'s impl.
+_SPECIAL = {"gluon": _compile_gluon, "int4p": _compile_int4p, "int4p_prefill": _compile_int4p_prefill}
+
+
 def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
@@ -147,7 +174,8 @@ def _resource_usage(cubin_path: Path) -> tuple[int | None, int | None]:
 def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: bool = False,
                 impl: str = "triton") -> BuildResult:
     """Compile one family (runs in a worker process): the portable Triton kernel, its swapped
-    variant, the sm_90 Gluon kernel (``impl='gluon'``) or the prepacked-int4 kernel ('int4p')."""
+    variant, the sm_90 Gluon kernel (``impl='gluon'``), the prepacked-int4 decode kernel
+    ('int4p') or the prepacked-int4 Gluon prefill kernel ('int4p_prefill')."""
     from triton.backends.compiler import GPUTarget
 
     from ..kernels.gemm_kernel import _gemm_kernel
@@ -156,8 +184,8 @@ def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: boo
     fam = parse_family(family_name)
     arch = get_arch(arch_name)
     t0 = time.time()
-    if impl in ("gluon", "int4p"):
-        res, compiled = (_compile_gluon if impl == "gluon" else _compile_int4p)(fam, arch, t0)
+    if impl in _SPECIAL:
+        res, compiled = _SPECIAL[impl](fam, arch, t0)
         if compiled is not None:
             _finish(res, compiled, out_dir)
         return res
@@ -207,6 +235,7 @@ def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = Non
     work += [(n, True, "triton") for n in names if wants_swapped_build(parse_family(n))]
     work += [(n, False, "gluon") for n in names if wants_gluon_build(parse_family(n), arch)]
     work += [(n, False, "int4p") for n in names if wants_int4p_build(parse_family(n), arch)]
+    work += [(n, False, "int4p_prefill") for n in names if wants_int4p_prefill_build(parse_family(n), arch)]
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     jobs = jobs or max(1, os.cpu_count() or 1)

@@ -326,8 +326,8 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
         why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device)
                if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale))
         if why is None:
-            return (f"{prefill.GluonPrefillLaunch.name} (M >= {DEQUANT_MIN_M}: sm_90 Gluon kernel, "
-                    f"{prefill.TOKENS}-token x 128-row tiles, int4 converted in registers)")
+            return (f"{prefill.kernel_name(x_type, w_scale)} (M >= {DEQUANT_MIN_M}: the sm_90 Gluon "
+                    f"prefill kernel, {prefill.TOKENS}-token x 128-row tiles, int4 converted in registers)")
         return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "
                 f"not the Gluon prefill kernel: {why})")
     cfg = config or config_for(m, n, k, _X_TYPES[x_dtype])[0]

@@ -119,14 +119,13 @@ def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bo
 class GluonPrefillLaunch:
     """The prefill path for one call signature, called like ``launch.Int4pLaunch``."""
 
-    name = "gluon-i4p-prefill"
-
     def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback):
         from ..kernels.gluon.launch import _num_sms
 
         self.fallback = fallback  # for operands TMA cannot read (base pointers not 16-byte aligned)
         self.m, self.n, self.k, self.out_dtype, self.device = m, n, k, out_dtype, device
         self.ct = _CT[x_dtype]
+        self.name = kernel_name(self.ct, w_kind)
         self.direct = device.type == "cuda"
         ints = (m, n, k, n, sw_strides[0], sw_strides[1])
         options = dict(num_warps=4, maxnreg=MAXNREG)
@@ -157,6 +156,14 @@ class GluonPrefillLaunch:
         c_desc = td(out, [self.m, self.n], [self.n, 1], [TOKENS, 64], c_l) if tma_store else None
         self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias), self.direct and direct_launch_enabled())
         return out
+
+
+def kernel_name(x_type: str, w_kind: str) -> str:
+    """The kernel's catalog-style name: scheme, activation x prepacked int4, rcr, the prefill
+    pipeline, the Gluon tile (128 weight rows x TOKENS tokens x 512 of K, two consumers)."""
+    from .launch import _SCHEME_OF_W_SCALE
+
+    return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__gluon_w128t{TOKENS}k512_ws2x64_sm90"
 
 
 def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True):
