@@ -130,6 +130,17 @@ def test_gluon_config():
                 assert smem_bytes(cfg, out) <= 232448 - 2048
 
 
+def test_choose_tiles_says_why():
+    from tileq.kernels.gluon.config import choose_tiles
+
+    cfg, why = choose_tiles(_spec("abquant_fp8xfp8_rcr_prefill", m=4096, n=5120), 132)
+    assert cfg.block_n == 256 and why == ("128 x 256 overlapped tiles: 640 tiles, 5 waves on 132 SMs, worth "
+                                          "7.7 waves of 128 x 128 tiles against their 10")
+    assert choose_tiles(_spec(m=128, n=4096), 132)[1].startswith("128 x 64 tiles: 32 tiles")
+    assert "measured no faster" in choose_tiles(_spec(m=4096), 132)[1]
+    assert "wgmma during the epilogue" in cfg.describe() and "2 sub-tiles of 128 columns" in cfg.describe()
+
+
 @pytest.mark.parametrize("m,n,wide", [
     (4096, 5120, True),  # 32 x 40 narrow tiles: 10 waves; 32 x 20 wide: 5 waves = 10 narrow / 1.3
     (2048, 5120, True),  # 5 narrow waves (4.85 rounded up) against 3 wide (= 4.6 narrow)

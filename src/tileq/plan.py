@@ -72,6 +72,7 @@ class Plan:
     impl: str = "triton"
     impl_reason: str = ""
     gluon: object = None  # kernels.gluon.config.GluonConfig when impl == 'gluon'
+    gluon_reason: str = ""  # why that tile (kernels.gluon.config.choose_tiles)
 
     @property
     def pipeline(self) -> str:
@@ -101,6 +102,8 @@ class Plan:
         if self.gluon is not None:
             lines.append(f"gluon     : {self.family.name}__gluon_{self.gluon.tag}_{self.arch.tag}")
             lines.append(f"            {self.gluon.describe(s.integer_mainloop)}")
+            if self.gluon_reason:
+                lines.append(f"            {self.gluon_reason}")
         if self.instance is not None:
             fallback = " (the Triton fallback)" if self.gluon is not None else ""
             lines.append(f"instance  : {self.instance.name}{fallback}")
@@ -201,13 +204,13 @@ def _plan_cached(spec: ProblemSpec, executor: str, interpreted: bool, arch_name:
     from .kernels.select import implementation
 
     impl = implementation(spec, pipeline, arch.name, interpreted, gluon_env)
-    gcfg = None
+    gcfg, tiles_why = None, ""
     if impl.name == "gluon":
-        from .kernels.gluon.config import gluon_config
+        from .kernels.gluon.config import choose_tiles
 
-        gcfg = gluon_config(spec, num_sms)
+        gcfg, tiles_why = choose_tiles(spec, num_sms)
     return Plan(spec, executor, interpreted, arch, family, cfg, source, deterministic, why,
-                impl.name, impl.reason, gcfg)
+                impl.name, impl.reason, gcfg, tiles_why)
 
 
 def _check_pipeline(pipeline: str | None, spec: ProblemSpec) -> str | None:

@@ -68,9 +68,12 @@ class GluonConfig:
     def describe(self, integer: bool = False) -> str:
         acc = ("int32 in the wgmma accumulator over all of K" if integer
                else f"fp32 promotion every {self.block_k} of K")
-        return (f"BM={self.block_m} BN={self.block_n} BK={self.block_k} stages={self.stages} "
-                f"GROUP_M={self.group_m}; persistent; 1 TMA producer warp ({self.producer_regs} "
-                f"regs) + 2 consumer warpgroups x 64 rows ({self.consumer_regs} regs); {acc}")
+        subs = f" ({self.sub_tiles} sub-tiles of {self.sub_n} columns)" if self.sub_tiles > 1 else ""
+        ovl = "; next tile's first wgmma during the epilogue" if self.overlap and not integer else ""
+        return (f"BM={self.block_m} BN={self.block_n}{subs} BK={self.block_k} stages={self.stages} "
+                f"GROUP_M={self.group_m}; persistent; 1 TMA producer warp (setmaxnreg "
+                f"{self.producer_regs}) + 2 consumer warpgroups x 64 rows (setmaxnreg {self.consumer_regs}; "
+                f"code within {self.maxnreg} registers); {acc}{ovl}")
 
 
 def stage_bytes(cfg: GluonConfig) -> int:
@@ -116,7 +119,12 @@ def _waves(tiles: int, num_sms: int) -> int:
 
 
 def gluon_config(spec: ProblemSpec, num_sms: int) -> GluonConfig:
-    """The deterministic default, a model of the persistent grid's waves:
+    """The deterministic default (``choose_tiles``' config)."""
+    return choose_tiles(spec, num_sms)[0]
+
+
+def choose_tiles(spec: ProblemSpec, num_sms: int) -> tuple[GluonConfig, str]:
+    """The default config and why, a model of the persistent grid's waves:
     - 128 x 64 tiles where 128-wide tiles would fill at most half the SMs (a small M: each
       program then finishes in about half the time);
     - for group-scaled fp8 with a 16-bit output (an fp32 one spills), 128 x 256 tiles with the
@@ -127,11 +135,21 @@ def gluon_config(spec: ProblemSpec, num_sms: int) -> GluonConfig:
     and as many ring slots as shared memory holds (6 for a bf16 output at BN = 128, 4 at 256)."""
     rows = math.ceil(spec.m / 128)
     narrow = rows * math.ceil(spec.n / 128)
+    wide = rows * math.ceil(spec.n / 256)
+    w_narrow, w_wide = _waves(narrow, num_sms), _waves(wide, num_sms)
+    wide_kind = spec.scheme.grouped and not spec.integer_mainloop and spec.out_dtype != torch.float32
     if narrow * 2 <= num_sms:
         cfg = GluonConfig(block_n=64)
-    elif (spec.scheme.grouped and not spec.integer_mainloop and spec.out_dtype != torch.float32
-          and 2 * _waves(rows * math.ceil(spec.n / 256), num_sms) < WIDE_TILE_GAIN * _waves(narrow, num_sms)):
+        why = f"128 x 64 tiles: {narrow} tiles of 128 x 128 would fill at most half of {num_sms} SMs"
+    elif wide_kind and 2 * w_wide < WIDE_TILE_GAIN * w_narrow:
         cfg = GluonConfig(block_n=256, overlap=True)
+        why = (f"128 x 256 overlapped tiles: {wide} tiles, {w_wide} waves on {num_sms} SMs, worth "
+               f"{2 * w_wide / WIDE_TILE_GAIN:.1f} waves of 128 x 128 tiles against their {w_narrow}")
+    elif wide_kind:
+        cfg = GluonConfig(block_n=128)
+        why = (f"128 x 128 tiles: {narrow} tiles, {w_narrow} waves on {num_sms} SMs, against 128 x 256 "
+               f"tiles worth {2 * w_wide / WIDE_TILE_GAIN:.1f}")
     else:
         cfg = GluonConfig(block_n=128)
-    return replace(cfg, stages=max_stages(cfg, spec.out_dtype))
+        why = "128 x 128 tiles (wide tiles measured no faster for tensor, rowcol and int8 scales)"
+    return replace(cfg, stages=max_stages(cfg, spec.out_dtype)), why
