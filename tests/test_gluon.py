@@ -88,8 +88,8 @@ def test_gluon_chosen_when_switched_on():
     (dict(has_acc=True), "prefill", "sm_90", False, "1", "no acc_in"),
     (dict(fast_accum=True), "prefill", "sm_90", False, "1", "precise accumulation only"),
     (dict(k=0), "prefill", "sm_90", False, "1", "K = 0"),
-    (dict(family="rowcol_i8xi8_rcr_prefill"), "prefill", "sm_90", False, None,
-     "the Gluon sm_90 kernel serves this problem but is off by default for i8xi8"),
+    (dict(family="rowcol_i8xi8_rcr_prefill", m=1023), "prefill", "sm_90", False, None,
+     "the Gluon sm_90 kernel serves this problem but runs int8 by default from M = 1024 only"),
     ({}, "prefill", "sm_90", False, "0", "TILEQ_GLUON=0 switches the Gluon kernel off"),
 ])
 def test_triton_chosen_and_why(spec_kw, pipeline, arch, interpreted, env, reason):
@@ -113,8 +113,9 @@ def test_switch_values():
     # On by default for the pairs whose GPU tests passed and that were benchmarked on an H200.
     assert select.GLUON_DEFAULT_ON
     assert _impl(_spec(), env=None).name == "gluon"
-    assert _impl(_spec("rowcol_i8xi8_rcr_prefill"), env=None).name == "triton"
-    assert _impl(_spec("rowcol_i8xi8_rcr_prefill"), env="1").name == "gluon"
+    assert _impl(_spec("rowcol_i8xi8_rcr_prefill"), env=None).name == "gluon"  # M = 4096
+    assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=512), env=None).name == "triton"
+    assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=512), env="1").name == "gluon"
     assert _impl(_spec(), env="0").name == "triton"
 
 

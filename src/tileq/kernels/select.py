@@ -119,13 +119,14 @@ GLUON_INT8_SCHEMES = (Scheme.TENSOR, Scheme.ROWCOL)
 GLUON_GROUP_K = 128  # the kernel's K tile: a group scale applies to exactly one K tile
 GLUON_GROUP_N = 128  # a b_scale column group spans a 128-column sub-tile of the N tile
 # On by default where the GPU tests passed and the kernel beat the portable one (H200,
-# 2026-12-01, bench/results/h200/gluon/, 30 shapes each): fp8 rowcol at 0.95x cuBLASLt (median;
-# the Triton kernel 0.61x), fp8 abquant 0.79x (Triton 0.52x). int8 passes its tests and runs at
-# 1.20x the Triton kernel's speed (median; 0.95x at worst) but gained nothing at M = 512, K = N =
-# 5120 (36.9 vs 37.3 us), while an eager Gluon call costs about 40 us more host time (it builds
-# its TMA descriptors through the JIT launch): opt-in with TILEQ_GLUON=1.
+# 2026-12-01, bench/results/h200/gluon/): fp8 e4m3 at every prefill M (rowcol 0.97x cuBLASLt at
+# M >= 1024 against the Triton kernel's 0.62x; 1x128 x 128x128 1.04x against 0.52x); int8 from
+# GLUON_INT8_MIN_M tokens, where it ran 1.05-1.27x faster than the Triton kernel on all 12
+# problems measured (M 1024-8192 x 4 (N, K)); at M = 512 the two tied (0.99-1.18x) and a Gluon
+# call costs more host time (three TMA descriptors per call), so the Triton kernel keeps it.
 GLUON_DEFAULT_ON = True
-GLUON_DEFAULT_PAIRS = ((OperandType.FP8, OperandType.FP8),)
+GLUON_DEFAULT_PAIRS = ((OperandType.FP8, OperandType.FP8), (OperandType.I8, OperandType.I8))
+GLUON_INT8_MIN_M = 1024
 GLUON_ENV = "TILEQ_GLUON"
 
 _GLUON_ON = "sm_90 warp-specialized kernel (TMA producer warp + 2 consumer warpgroups)"
@@ -205,8 +206,10 @@ def implementation(spec: ProblemSpec, pipeline: str, arch_name: str | None, inte
         return Implementation("triton", f"{GLUON_ENV}=0 switches the Gluon kernel off")
     if switch is None and not (GLUON_DEFAULT_ON and (spec.a_type, spec.b_type) in GLUON_DEFAULT_PAIRS):
         return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but is off by "
-                                        f"default for {spec.a_type}x{spec.b_type} (no gain over the "
-                                        f"portable kernel at mid-size M, more host time per eager "
-                                        f"call): {GLUON_ENV}=1 opts in")
+                                        f"default for {spec.a_type}x{spec.b_type}: {GLUON_ENV}=1 opts in")
+    if switch is None and spec.integer_mainloop and spec.m < GLUON_INT8_MIN_M:
+        return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but runs int8 by default "
+                                        f"from M = {GLUON_INT8_MIN_M} only (below, no faster than the portable "
+                                        f"kernel on an H200, and more host time per call): {GLUON_ENV}=1 opts in")
     how = f"switched on by {GLUON_ENV}=1" if switch else "on by default"
     return Implementation("gluon", f"{_GLUON_ON}; {how}; {_ALIGN_NOTE}")
