@@ -69,15 +69,15 @@ def _nks(text: str) -> list[tuple[int, int]]:
 
 
 def _variants(text: str) -> list:
-    """--variants: [(BN, STAGES, EPI_BUFS, OVERLAP) or None for the planner's config]; [None]
-    when empty."""
+    """--variants: [(BN, STAGES, EPI_BUFS, OVERLAP, SPLIT_K) or None for the planner's config];
+    [None] when empty."""
     out = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
         if item == "plan":
             out.append(None)
             continue
-        parts = [int(v) for v in item.split(":")] + [1, 0]
-        out.append((parts[0], parts[1], parts[2], bool(parts[3])))
+        parts = [int(v) for v in item.split(":")] + [1, 0, 1]
+        out.append((parts[0], parts[1], parts[2], bool(parts[3]), parts[4]))
     return out or [None]
 
 
@@ -89,8 +89,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--variants", default="",
                    help="Gluon configs to time instead of the planner's, comma-separated "
-                        "BN:STAGES[:EPI_BUFS[:OVERLAP]] (e.g. 128:6,256:4,256:3:2,128:6:1:1); 'plan' = the "
-                        "planner's")
+                        "BN:STAGES[:EPI_BUFS[:OVERLAP[:SPLIT_K]]] (e.g. 128:6,256:4,256:3:2,128:6:1:1,"
+                        "128:6:1:0:2); 'plan' = the planner's")
     p.add_argument("--no-triton", action="store_true", help="skip the portable Triton kernel")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tileq-out"), help="folder for gluon.csv")
     p.add_argument("--scheme", choices=tuple(SCHEMES), default="rowcol")
@@ -169,9 +169,9 @@ def main() -> int:
                     continue
                 plan_v = plan_g
                 if variant is not None:
-                    bn, stages, epi, overlap = variant
+                    bn, stages, epi, overlap, split = variant
                     plan_v = replace(plan_g, gluon=replace(plan_g.gluon, block_n=bn, stages=stages,
-                                                           epi_bufs=epi, overlap=overlap))
+                                                           epi_bufs=epi, overlap=overlap, split_k=split))
                 launch_v = make_launch(problem, plan_v)
                 out_v = torch.empty(m, n, dtype=torch.bfloat16, device=device)
                 gluon_calls[name] = (lambda lv=launch_v, o=out_v: lv(a, b, sa, sb, None, None, o))

@@ -242,11 +242,11 @@ from tileq.kernels.gluon.config import gluon_config, masked_store_config
 from tileq.kernels.gluon.launch import compile_sm90, constexprs
 out_dir, variants = sys.argv[1], json.loads(sys.argv[2])
 res = []
-for i, (family, out, bias, tma, m) in enumerate(variants):
+for i, (family, out, bias, tma, m, split) in enumerate(variants):
     spec = replace(family_spec(parse_family(family), m, 5120, 5120, out_dtype=getattr(torch, out)),
                    has_bias=bias)
-    cfg = gluon_config(spec, 132)
-    if not tma:
+    cfg = replace(gluon_config(spec, 132), split_k=split)
+    if not tma or split > 1:
         cfg = masked_store_config(cfg, spec.out_dtype)
     k = compile_sm90(spec, cfg, tma)
     base = f"{out_dir}/k{i}"
@@ -258,16 +258,18 @@ for i, (family, out, bias, tma, m) in enumerate(variants):
 print(json.dumps(res))
 """
 
-BUILDS = [  # family, output dtype, bias, TMA store, M
-    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096),
-    ("tensor_fp8xfp8_rcr_prefill", "float32", False, False, 4096),
-    ("tensor_fp8xfp8_rcr_prefill", "float16", False, True, 128),  # BN = 64, 8 stages
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096),  # 128 x 256, overlapped
-    ("abquant_fp8xfp8_rcr_prefill", "float32", True, True, 4096),  # fp32 out: 128 x 128
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096),  # masked stores: 128 x 128
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 512),  # 128 x 128 (waves)
-    ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096),
-    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096),
+BUILDS = [  # family, output dtype, bias, TMA store, M, split-K
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1),
+    ("tensor_fp8xfp8_rcr_prefill", "float32", False, False, 4096, 1),
+    ("tensor_fp8xfp8_rcr_prefill", "float16", False, True, 128, 1),  # BN = 64, 8 stages
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096, 1),  # 128 x 256, overlapped
+    ("abquant_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1),  # fp32 out: 128 x 128
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1),  # masked stores: 128 x 128
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 512, 1),  # 128 x 128 (waves)
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3),  # split-K: fp32 partials
+    ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096, 1),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 256, 2),
 ]
 
 
@@ -284,9 +286,9 @@ def sm90_builds(tmp_path_factory):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("index", range(len(BUILDS)), ids=[f"{b[0]}-{b[1]}-{b[4]}" for b in BUILDS])
+@pytest.mark.parametrize("index", range(len(BUILDS)), ids=[f"{b[0]}-{b[1]}-{b[4]}-sk{b[5]}" for b in BUILDS])
 def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
-    family, out, bias, tma_store, m = BUILDS[index]
+    family, out, bias, tma_store, m, split = BUILDS[index]
     spec = _spec(family, m=m, out_dtype=getattr(torch, out), has_bias=bias)
     assert select.gluon_serves(spec, parse_family(family).pipeline) is None
     built = sm90_builds[index]
@@ -318,6 +320,16 @@ def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
     usage = subprocess.run([str(BIN / "cuobjdump"), "-res-usage", cubin], capture_output=True,
                            text=True).stdout
     assert "STACK:0" in usage and "LOCAL:0" in usage  # no spills
+
+
+def test_split_k_config_and_tag():
+    from tileq.kernels.gluon.config import masked_store_config
+
+    cfg = GluonConfig(block_n=256, stages=4, overlap=True, split_k=2)
+    assert cfg.tag == "m128n256k128_s4_ov_sk2_ws2x64"
+    narrow = masked_store_config(cfg, torch.bfloat16)  # split-K stores with masks: 128 x 128, no overlap
+    assert (narrow.block_n, narrow.overlap, narrow.split_k, narrow.stages) == (128, False, 2, 6)
+    assert masked_store_config(GluonConfig(overlap=True), torch.bfloat16).overlap  # no split: unchanged
 
 
 # ---- the launcher, against a stand-in kernel -----------------------------------------------
@@ -372,6 +384,32 @@ def test_launcher_descriptors_and_constexprs(gluon_plan_for):
     _, args, kwargs = rec.calls[-1]
     assert kwargs["TMA_STORE"] is True and args[3] is out
     assert (args[2].shape, args[2].strides, args[2].block_shape) == ([300, 577], [584, 1], [64, 64])
+
+
+@needs_interpreter
+def test_launcher_split_k_writes_partials_and_reduces(gluon_plan_for):
+    """A split-K config: the kernel gets the fp32 workspace (ldc = N, masked stores, SPLIT_K) and
+    a grid over (tile, split) items; the reduction (Triton, interpreted here) sums the partials
+    into C in order. The stand-in kernel writes known partials."""
+    from tileq.kernels.gluon.launch import GluonLaunch
+
+    rec, make = gluon_plan_for
+    _, problem, plan = make(_spec(m=300, n=577, k=1024), pad=0)
+    plan = replace(plan, gluon=GluonConfig(split_k=3))
+
+    def fill(grid, args, kwargs):  # partial s = s + 1 everywhere: the sum is 6
+        ws = args[3]
+        for s_ in range(3):
+            ws[s_ * 300 * 577:(s_ + 1) * 300 * 577] = s_ + 1
+
+    rec.on_call = fill
+    launch = GluonLaunch(problem, plan, None)
+    out = launch(problem.a, problem.b, problem.a_scale, problem.b_scale, None, None, None)
+    (grid, args, kwargs), = rec.calls
+    assert kwargs["SPLIT_K"] == 3 and kwargs["TMA_STORE"] is False and kwargs["OVERLAP"] is False
+    assert grid == (min(132, 3 * 5 * 3),) and args[2] is None and args[3].dtype == torch.float32
+    assert args[7:11] == (300, 577, 1024, 577)  # M N K, ldc = N for the workspace
+    assert torch.equal(out.float(), torch.full((300, 577), 6.0))
 
 
 @needs_interpreter
@@ -485,19 +523,22 @@ def forced_gluon_config(monkeypatch):
     api.clear_call_cache()
 
 
-WIDE_CONFIGS = [GluonConfig(block_n=256, stages=4), GluonConfig(block_n=256, stages=3, epi_bufs=2),
-                GluonConfig(block_n=256, stages=4, overlap=True), GluonConfig(overlap=True),
-                GluonConfig(block_n=64, stages=8, overlap=True)]
+FORCED_CONFIGS = [GluonConfig(block_n=256, stages=4), GluonConfig(block_n=256, stages=3, epi_bufs=2),
+                  GluonConfig(block_n=256, stages=4, overlap=True), GluonConfig(overlap=True),
+                  GluonConfig(block_n=64, stages=8, overlap=True),
+                  GluonConfig(split_k=2), GluonConfig(block_n=64, stages=8, split_k=3)]
 
 
 @gpu
-@pytest.mark.parametrize("cfg", WIDE_CONFIGS, ids=lambda c: c.tag)
+@pytest.mark.parametrize("cfg", FORCED_CONFIGS, ids=lambda c: c.tag)
 @pytest.mark.parametrize("family", SERVED + ["bquant_fp8xfp8_rcr_prefill"])
 @pytest.mark.parametrize("m,n,k", [(65, 577, 859), (727, 4000, 1024), (1500, 5120, 1040)])
 def test_gpu_forced_configs(cfg, family, m, n, k, gluon_on, forced_gluon_config):
     """Tiles of two 128-column sub-tiles: odd N (a sub-tile wholly or partly past N; N = 577
     bf16 takes the masked stores), group scales per sub-tile, bias; the overlapped main loop
-    (each K tile's wgmma started one step early, an extra ring item after the last tile)."""
+    (each K tile's wgmma started one step early, an extra ring item after the last tile);
+    split-K (fp32 partials per K range, the bias from the first, summed in order; K = 859 in
+    three splits leaves the last one a single tail tile)."""
     forced_gluon_config(cfg)
     kw = dict(group_n=128) if family.startswith("bquant") else {}
     _run(_spec(family, m, n, k, has_bias=True, **kw), pad=(-k) % 16, seed=m + n + k)

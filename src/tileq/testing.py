@@ -152,13 +152,17 @@ def check_close(out: torch.Tensor, ref: torch.Tensor, out_dtype=None, tol: float
 
 class KernelRecorder:
     """Stands in for a Triton kernel in tests: records each launch's grid, arguments and keywords
-    (``kernel[grid](*args, **kwargs)``) instead of running it."""
+    (``kernel[grid](*args, **kwargs)``) instead of running it; ``on_call(grid, args, kwargs)``,
+    when set, runs in its place (e.g. to write known values into an output)."""
 
     def __init__(self):
         self.calls = []
+        self.on_call = None
 
     def __getitem__(self, grid):
         def launch_(*args, **kwargs):
             self.calls.append((grid, args, kwargs))
+            if self.on_call is not None:
+                self.on_call(grid, args, kwargs)
 
         return launch_

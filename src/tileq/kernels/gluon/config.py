@@ -39,6 +39,10 @@ class GluonConfig:
     # fp8: start each K tile's wgmma at the end of the previous K tile's step, so that the next
     # tile's first K tile runs during the epilogue (int8 accumulates in place: never).
     overlap: bool = False
+    # K split in this many ranges, each item a (tile, range) pair, fp32 partials summed in order
+    # by gemm_kernel._splitk_reduce_kernel: for tiles too few to fill the SMs (a medium M).
+    # Runs 128 x 128 (or 64) tiles with masked stores into the workspace, no overlap.
+    split_k: int = 1
     # setmaxnreg budgets per thread. The kernel runs 12 warps (4 + 4 + the producer's warpgroup,
     # which Triton pads to 4 warps) under maxnreg = 168, i.e. 168 x 384 = 64512 of the 65536
     # registers: 232 x 128 for each consumer warpgroup and 40 x 128 for the producer's (the
@@ -63,7 +67,8 @@ class GluonConfig:
     def tag(self) -> str:
         epi = f"_e{self.epi_bufs}" if self.epi_bufs != 1 else ""
         ovl = "_ov" if self.overlap else ""
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}_ws2x64"
+        split = f"_sk{self.split_k}" if self.split_k > 1 else ""
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}{split}_ws2x64"
 
     def describe(self, integer: bool = False) -> str:
         acc = ("int32 in the wgmma accumulator over all of K" if integer
@@ -97,13 +102,17 @@ def max_stages(cfg: GluonConfig, out_dtype: torch.dtype) -> int:
 
 
 def masked_store_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig:
-    """The config of a call whose output rows TMA cannot store (e.g. N = 577 in bf16): 128 x 128
-    in place of 128 x 256 tiles, whose masked stores (64-bit addresses of two sub-tiles) would
-    spill registers (sm_90 build, 2026-12)."""
-    if cfg.sub_tiles == 1:
-        return cfg
-    narrow = replace(cfg, block_n=128, overlap=False)
-    return replace(narrow, stages=max_stages(narrow, out_dtype))
+    """The config of a call whose output TMA cannot store (e.g. N = 577 in bf16, or split-K's
+    workspace): 128 x 128 in place of 128 x 256 tiles, whose masked stores (64-bit addresses of
+    two sub-tiles) would spill registers (sm_90 build, 2026-12); split-K without the overlapped
+    loop (each item's partial is stored before the next starts)."""
+    out = cfg
+    if cfg.sub_tiles > 1:
+        out = replace(cfg, block_n=128, overlap=False)
+        out = replace(out, stages=max_stages(out, out_dtype))
+    if out.split_k > 1 and out.overlap:
+        out = replace(out, overlap=False)
+    return out
 
 
 # Throughput per tile of a 128 x 256 tile with the overlapped main loop over a 128 x 128 tile,

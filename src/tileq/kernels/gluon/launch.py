@@ -17,7 +17,9 @@ import math
 import torch
 
 from ...problem import Problem, ScaleKind
+from .. import gemm_kernel
 from ..direct import KernelCall, TableKernel, direct_launch_enabled
+from ..launch import REDUCE_BLOCK, _stream_workspace, _workspace
 from .config import GluonConfig, masked_store_config
 
 _GL = {}
@@ -61,7 +63,7 @@ def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
         A_SCALE=spec.a_scale_kind.value, B_SCALE=spec.b_scale_kind.value,
         GROUP_N=spec.group_n if b_group else 1,  # constant when unused: no needless recompiles
         HAS_BIAS=spec.has_bias, TMA_STORE=tma_store, INT_DOT=spec.integer_mainloop,
-        OVERLAP=cfg.overlap and not spec.integer_mainloop,
+        OVERLAP=cfg.overlap and not spec.integer_mainloop, SPLIT_K=cfg.split_k,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -85,7 +87,7 @@ class GluonLaunch:
     three TMA descriptors (they hold data pointers) and launches through ``KernelCall``."""
 
     __slots__ = ("spec", "m", "n", "k", "lda", "ldb", "ldc", "out_dtype", "device", "cfg", "ints",
-                 "c_rows_ok", "fallback", "direct", "_variants")
+                 "c_rows_ok", "fallback", "direct", "_variants", "reduce")
 
     def __init__(self, problem: Problem, plan, fallback):
         spec = problem.spec
@@ -117,6 +119,22 @@ class GluonLaunch:
         ptr_types = (spec.a_type, spec.b_type, spec.out_dtype, problem.a_scale is not None,
                      problem.b_scale is not None, spec.has_bias)
         self._variants = {}
+        self.reduce = None
+        if cfg.split_k > 1:
+            # fp32 partials [split_k, M, N] with masked stores (ldc = N), summed in order into C.
+            vcfg = masked_store_config(cfg, spec.out_dtype)
+            tiles = math.ceil(spec.m / vcfg.block_m) * math.ceil(spec.n / vcfg.block_n) * cfg.split_k
+            ws_ints = self.ints[:3] + (spec.n,) + self.ints[4:]
+            consts = dict(constexprs(spec, vcfg, False), **options(vcfg))
+            call = KernelCall(_KERNEL, "_ws_gemm_kernel", (max(1, min(sms, tiles)),), ws_ints, consts,
+                              ptr_types + ("split-k",))
+            self._variants = {True: [vcfg, call, None], False: [vcfg, call, None]}
+            total = spec.m * spec.n
+            self.reduce = KernelCall(gemm_kernel, "_splitk_reduce_kernel", (math.ceil(total / REDUCE_BLOCK),),
+                                     (total, spec.n, self.ldc),
+                                     dict(SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK, SWAPPED=False, num_warps=4),
+                                     (torch.float32, spec.out_dtype))
+            return
         for tma_store in (True, False):
             vcfg = cfg if tma_store else masked_store_config(cfg, spec.out_dtype)
             tiles = math.ceil(spec.m / vcfg.block_m) * math.ceil(spec.n / vcfg.block_n)
@@ -143,6 +161,18 @@ class GluonLaunch:
         if out is None:
             out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
         g = _gl()
+        direct = self.direct and direct_launch_enabled()
+        if self.reduce is not None:
+            cfg, call, (a_l, b_l, c_l) = self.variant(False)
+            td = g["TensorDescriptor"]
+            numel = self.cfg.split_k * self.m * self.n
+            # (the whole stream buffer on the direct path: same pointer, no view made per call)
+            ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
+            a_desc = td(a, [self.m, self.k], [self.lda, 1], [cfg.block_m, cfg.block_k], a_l)
+            b_desc = td(b, [self.n, self.k], [self.ldb, 1], [cfg.block_n, cfg.block_k], b_l)
+            call((a_desc, b_desc, None, ws, sa, sb, bias), direct)
+            self.reduce((ws, out), direct)
+            return out
         tma_store = self.c_rows_ok and out.data_ptr() % 16 == 0
         cfg, call, (a_l, b_l, c_l) = self.variant(tma_store)
         td = g["TensorDescriptor"]
@@ -153,7 +183,7 @@ class GluonLaunch:
                   if tma_store else None)
         # The first launch of a signature goes through Triton's JIT launch, later ones straight to
         # the compiled kernel (whose launcher encodes the three TMA descriptors).
-        call((a_desc, b_desc, c_desc, out, sa, sb, bias), self.direct and direct_launch_enabled())
+        call((a_desc, b_desc, c_desc, out, sa, sb, bias), direct)
         return out
 
 

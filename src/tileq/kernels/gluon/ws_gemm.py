@@ -59,21 +59,34 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
+def _work_item(item, num_pid_m, num_pid_n, k_tiles, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr):
+    """Item ``item`` of a program's walk: its tile, its K split and that split's K tiles
+    [k_begin, k_end). With SPLIT_K = 1 an item is a tile with all of K."""
+    tile_id = item // SPLIT_K
+    split = item % SPLIT_K
+    pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    per = gl.cdiv(k_tiles, SPLIT_K)
+    k_begin = split * per
+    k_end = gl.minimum(k_begin + per, k_tiles)
+    return pid_m, pid_n, split, k_begin, k_end
+
+
+@gluon.jit
 def _producer(a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
-              STAGES: gl.constexpr, OVERLAP: gl.constexpr):
-    """One warp: TMA loads of every K tile of every tile this program owns, STAGES ahead."""
+              STAGES: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr):
+    """One warp: TMA loads of every K tile of every item this program owns, STAGES ahead."""
     num_pid_m = gl.cdiv(M, BM)
     num_pid_n = gl.cdiv(N, BN)
-    num_tiles = num_pid_m * num_pid_n
+    num_items = num_pid_m * num_pid_n * SPLIT_K
     k_tiles = gl.cdiv(K, BK)
     tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     it = 0
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        pid_m, pid_n, split, k_begin, k_end = _work_item(item, num_pid_m, num_pid_n, k_tiles, GROUP_M, SPLIT_K)
         off_m = pid_m * BM
         off_n = pid_n * BN
-        for ki in range(k_tiles):
+        for ki in range(k_begin, k_end):
             s = it % STAGES
             # A fresh mbarrier is in phase 0; a wait on parity 1 (the phase "before" it) returns
             # at once, so the first pass over the ring does not wait for the consumers.
@@ -122,8 +135,8 @@ def _promote(acc, part, sa_g, sb_g, A_GROUP: gl.constexpr, B_GROUP: gl.constexpr
 
 
 @gluon.jit
-def _epilogue(acc, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, sa_ptr, sb_ptr, bias_ptr, M,
-              N, ldc, stride_sa_m, stride_sb_n, cols_l: gl.constexpr, SUB_N: gl.constexpr,
+def _epilogue(acc, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, sa_ptr, sb_ptr, bias_ptr, bias_on,
+              M, N, ldc, stride_sa_m, stride_sb_n, cols_l: gl.constexpr, SUB_N: gl.constexpr,
               A_SCALE: gl.constexpr, B_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
               TMA_STORE: gl.constexpr, PENDING: gl.constexpr):
     """acc [64, SUB_N] -> * a_scale rows -> * b_scale columns -> + bias -> cast -> store."""
@@ -141,7 +154,8 @@ def _epilogue(acc, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, sa_ptr, sb
         sb_col = gl.load(sb_ptr + cols * stride_sb_n, mask=col_ok, other=0.0)
         y = y * sb_col[None, :]
     if HAS_BIAS:
-        bias = gl.load(bias_ptr + cols, mask=col_ok, other=0.0)
+        # (with split-K only the first split adds it: ``bias_on``)
+        bias = gl.load(bias_ptr + cols, mask=col_ok & bias_on, other=0.0)
         y = y + bias[None, :]
     out = y.to(c_ptr.dtype.element_ty)
     if TMA_STORE:
@@ -165,8 +179,13 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
               SUB_N: gl.constexpr, EPI_BUFS: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
               B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr,
-              TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr, OVERLAP: gl.constexpr):
+              TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr, OVERLAP: gl.constexpr,
+              SPLIT_K: gl.constexpr):
     """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue.
+
+    With SPLIT_K > 1 an item is a tile and one of SPLIT_K ranges of its K tiles, and the epilogue
+    writes its fp32 partial (scaled; the bias from the first split) to the workspace ``c_ptr``
+    [SPLIT_K, M, N] with masked stores; ``_splitk_reduce_kernel`` sums the splits in order.
 
     The tile's BN columns are NSUB = BN / SUB_N sub-tiles of SUB_N <= 128 columns, each with its
     own accumulator: a 64 x 256 fp8 tile would need 2 x 128 registers per thread for the
@@ -181,7 +200,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
     cols_l: gl.constexpr = gl.SliceLayout(0, mma)
     num_pid_m = gl.cdiv(M, BM)
     num_pid_n = gl.cdiv(N, BN)
-    num_tiles = num_pid_m * num_pid_n
+    num_items = num_pid_m * num_pid_n * SPLIT_K
     k_tiles = gl.cdiv(K, BK)
     A_GROUP: gl.constexpr = A_SCALE == "group"
     B_GROUP: gl.constexpr = B_SCALE == "group"
@@ -193,12 +212,13 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
     # OVERLAP (fp8): the wgmma of each K tile is started at the end of the previous K tile's
     # step, so the first K tile of the next tile runs on the tensor cores during the epilogue.
     gl.static_assert(not (OVERLAP and INT_DOT), "OVERLAP: fp8 only")
+    gl.static_assert(SPLIT_K == 1 or (not OVERLAP and not TMA_STORE), "split-K: masked stores, no overlap")
     part = gl.zeros((HALF_M, SUB_N), gl.float32, mma)
     it = 0
     if OVERLAP:
         part = _issue(a_bufs, b_bufs, ready_bars, it, part, HALF, SUB_N, STAGES)
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        pid_m, pid_n, split, k_begin, k_end = _work_item(item, num_pid_m, num_pid_n, k_tiles, GROUP_M, SPLIT_K)
         off_m = pid_m * BM + HALF * HALF_M
         off_n = pid_n * BN
         rows = off_m + gl.arange(0, HALF_M, layout=rows_l)
@@ -206,16 +226,19 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
         acc0 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
         if NSUB == 2:
             acc1 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
-        # Group scales of K group 0; inside the loop those of group ki + 1 are loaded while group
-        # ki's wgmma runs (BK = GROUP_K: K tile ki is K group ki).
+        # Group scales of the first K group; inside the loop those of group ki + 1 are loaded
+        # while group ki's wgmma runs (BK = GROUP_K: K tile ki is K group ki).
+        has_k = k_begin < k_end  # (a split past the last K tile: no loads, a zero partial)
         if A_GROUP:
-            sa_next = gl.load(sa_ptr + rows * stride_sa_m, mask=row_ok, other=0.0)
+            sa_next = gl.load(sa_ptr + rows * stride_sa_m + k_begin * stride_sa_g, mask=row_ok & has_k,
+                              other=0.0)
         if B_GROUP:
-            sb0_next = gl.load(sb_ptr + (off_n // GROUP_N) * stride_sb_n)
+            sb0_next = gl.load(sb_ptr + k_begin * stride_sb_g + (off_n // GROUP_N) * stride_sb_n,
+                               mask=has_k, other=0.0)
             if NSUB == 2:
-                sb1_next = gl.load(sb_ptr + ((off_n + SUB_N) // GROUP_N) * stride_sb_n,
-                                   mask=off_n + SUB_N < N, other=0.0)
-        for ki in range(k_tiles):
+                sb1_next = gl.load(sb_ptr + k_begin * stride_sb_g + ((off_n + SUB_N) // GROUP_N) * stride_sb_n,
+                                   mask=has_k & (off_n + SUB_N < N), other=0.0)
+        for ki in range(k_begin, k_end):
             s = it % STAGES
             if not OVERLAP:
                 mbarrier.wait(ready_bars.index(s), (it // STAGES) & 1)
@@ -226,9 +249,9 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                 b1 = b_bufs.index(s).slice(SUB_N, SUB_N, dim=0).permute((1, 0))
             if INT_DOT:
                 # int8: exact int32 products, accumulated by wgmma over the whole K loop.
-                acc0 = warpgroup_mma(a, b0, acc0, use_acc=ki > 0, is_async=True)
+                acc0 = warpgroup_mma(a, b0, acc0, use_acc=ki > k_begin, is_async=True)
                 if NSUB == 2:
-                    acc1 = warpgroup_mma(a, b1, acc1, use_acc=ki > 0, is_async=True)
+                    acc1 = warpgroup_mma(a, b1, acc1, use_acc=ki > k_begin, is_async=True)
                     acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
                 else:
                     acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
@@ -238,7 +261,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                 # alone, accumulated by wgmma in its reduced fp8 precision over 128 of K at most.
                 if not OVERLAP:
                     part = warpgroup_mma(a, b0, part, use_acc=False, is_async=True)
-                more = ki + 1 < k_tiles
+                more = ki + 1 < k_end
                 if A_GROUP:
                     sa_g = sa_next
                     sa_next = gl.load(sa_ptr + rows * stride_sa_m + (ki + 1) * stride_sa_g,
@@ -275,15 +298,19 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                 # the last tile) the producer's extra item.
                 part = _issue(a_bufs, b_bufs, ready_bars, it, part, HALF, SUB_N, STAGES)
         # ---- epilogue, per sub-tile: acc -> scales -> bias -> cast -> store ----
+        if SPLIT_K > 1:
+            c_out = c_ptr + split.to(gl.int64) * M * N  # this split's [M, N] slab of the workspace
+        else:
+            c_out = c_ptr
         _epilogue(acc0.to(gl.float32), rows, row_ok, off_m, off_n,
-                  c_bufs.index(HALF * EPI_BUFS) if TMA_STORE else c_bufs, c_desc, c_ptr, sa_ptr,
-                  sb_ptr, bias_ptr, M, N, ldc, stride_sa_m, stride_sb_n, cols_l, SUB_N, A_SCALE,
-                  B_SCALE, HAS_BIAS, TMA_STORE, EPI_BUFS - 1)
+                  c_bufs.index(HALF * EPI_BUFS) if TMA_STORE else c_bufs, c_desc, c_out, sa_ptr,
+                  sb_ptr, bias_ptr, split == 0, M, N, ldc, stride_sa_m, stride_sb_n, cols_l, SUB_N,
+                  A_SCALE, B_SCALE, HAS_BIAS, TMA_STORE, EPI_BUFS - 1)
         if NSUB == 2:
             _epilogue(acc1.to(gl.float32), rows, row_ok, off_m, off_n + SUB_N,
                       c_bufs.index(HALF * EPI_BUFS + EPI_BUFS - 1) if TMA_STORE else c_bufs, c_desc,
-                      c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, ldc, stride_sa_m, stride_sb_n, cols_l,
-                      SUB_N, A_SCALE, B_SCALE, HAS_BIAS, TMA_STORE, EPI_BUFS - 1)
+                      c_out, sa_ptr, sb_ptr, bias_ptr, split == 0, M, N, ldc, stride_sa_m, stride_sb_n,
+                      cols_l, SUB_N, A_SCALE, B_SCALE, HAS_BIAS, TMA_STORE, EPI_BUFS - 1)
     if OVERLAP:
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
         mbarrier.arrive(empty_bars.index(it % STAGES), count=1)
@@ -298,7 +325,7 @@ def _ws_gemm_kernel(
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SUB_N: gl.constexpr,
     EPI_BUFS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
     B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr,
-    INT_DOT: gl.constexpr, OVERLAP: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    INT_DOT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     gl.static_assert(BM == 2 * HALF_M, "two consumer warpgroups of 64 rows each")
@@ -323,11 +350,11 @@ def _ws_gemm_kernel(
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      0, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP)),
+                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K)),
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      1, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP)),
+                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K)),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K, BM, BN, BK,
-                     GROUP_M, STAGES, OVERLAP)),
+                     GROUP_M, STAGES, OVERLAP, SPLIT_K)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
