@@ -130,9 +130,12 @@ def test_build_whole_catalog_for_sm90(tmp_path):
 
     sm90 = get_arch("sm_90")
     gluon = [f.name for f in catalog() if wants_gluon_build(f, sm90)]
-    assert gluon == ["tensor_i8xi8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill", "rowcol_i8xi8_rcr_prefill",
-                     "rowcol_fp8xfp8_rcr_prefill", "aquant_fp8xfp8_rcr_prefill",
-                     "aquant_fp8xfp8_rcr_preshufflequant", "abquant_fp8xfp8_rcr_prefill"]
+    assert gluon == ["tensor_i8xi8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill", "tensor_bf8xbf8_rcr_prefill",
+                     "rowcol_i8xi8_rcr_prefill", "rowcol_fp8xfp8_rcr_prefill", "rowcol_bf8xbf8_rcr_prefill",
+                     "rowcol_fp8xbf8_rcr_prefill", "aquant_fp8xfp8_rcr_prefill",
+                     "aquant_fp8xfp8_rcr_preshufflequant", "aquant_bf8xbf8_rcr_prefill",
+                     "aquant_bf8xbf8_rcr_preshufflequant", "abquant_fp8xfp8_rcr_prefill",
+                     "abquant_bf8xbf8_rcr_prefill"]
     int4p = [f.name for f in catalog() if wants_int4p_build(f, sm90)]
     assert int4p == ["bquant_fp8xi4_rcr_decode", "bquant_bf8xi4_rcr_decode", "bquant_bf16xi4_rcr_decode",
                      "bquant_fp16xi4_rcr_decode"]

@@ -47,7 +47,8 @@ def _impl(spec, pipeline="prefill", arch="sm_90", interpreted=False, env="1"):
 
 SERVED = ["rowcol_fp8xfp8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill", "rowcol_i8xi8_rcr_prefill",
           "tensor_i8xi8_rcr_prefill", "abquant_fp8xfp8_rcr_prefill", "aquant_fp8xfp8_rcr_prefill",
-          "aquant_fp8xfp8_rcr_preshufflequant"]
+          "aquant_fp8xfp8_rcr_preshufflequant", "rowcol_bf8xbf8_rcr_prefill", "rowcol_fp8xbf8_rcr_prefill",
+          "abquant_bf8xbf8_rcr_prefill"]
 
 
 def test_gluon_chosen_when_switched_on():
@@ -68,10 +69,12 @@ def test_gluon_chosen_when_switched_on():
     (dict(m=64), "decode", "sm_90", False, "1", "prefill only (M > 64): the decode pipeline"),
     (dict(m=64), "prefill", "sm_90", False, "1", "prefill only (M > 64): the prefill pipeline"),
     (dict(m=4096), "decode", "sm_90", False, "1", "prefill only (M > 64): the decode pipeline"),
-    (dict(family="rowcol_bf8xbf8_rcr_prefill"), "prefill", "sm_90", False, "1",
-     "8-bit rcr prefill only (fp8 e4m3 x e4m3 or int8 x int8; A row-major, B K-major as the 8-bit "
-     "wgmma reads them), this is bf8xbf8 rcr"),
-    (dict(family="rowcol_fp8xbf8_rcr_prefill"), "prefill", "sm_90", False, "1", "this is fp8xbf8 rcr"),
+    (dict(family="rowcol_bf8xbf8_rcr_prefill"), "prefill", "sm_90", False, None,
+     "the Gluon sm_90 kernel serves this problem but is off by default for bf8xbf8: TILEQ_GLUON=1 opts in"),
+    (dict(family="rowcol_fp8xbf8_rcr_prefill"), "prefill", "sm_90", False, None, "off by default for fp8xbf8"),
+    (dict(family="rowcol_bf16xi8_rcr_prefill"), "prefill", "sm_90", False, "1",
+     "8-bit rcr prefill only (fp8 e4m3/e5m2 pairs or int8 x int8; A row-major, B K-major as the 8-bit "
+     "wgmma reads them), this is bf16xi8 rcr"),
     (dict(family="rowcol_bf16xi8_rcr_prefill"), "prefill", "sm_90", False, "1", "this is bf16xi8 rcr"),
     (dict(family="bquant_fp8xi4_rcr_prefill"), "prefill", "sm_90", False, "1", "this is fp8xi4 rcr"),
     (dict(family="rowcol_fp8xfp8_rrr_prefill"), "prefill", "sm_90", False, "1", "this is fp8xfp8 rrr"),
@@ -187,8 +190,11 @@ def test_plan_records_the_implementation(monkeypatch):
     p = _plan(monkeypatch, "0")
     assert p.impl == "triton" and p.gluon is None
     assert "impl      : triton (TILEQ_GLUON=0 switches the Gluon kernel off)" in p.describe()
-    p = _plan(monkeypatch, "1", _spec(family="rowcol_bf8xbf8_rcr_prefill"))
+    p = _plan(monkeypatch, "1", _spec(family="rowcol_bf16xi8_rcr_prefill"))
     assert "impl      : triton (8-bit rcr prefill only" in p.describe()
+    p = _plan(monkeypatch, None, _spec(family="rowcol_bf8xbf8_rcr_prefill"))  # served, opt-in
+    assert p.impl == "triton" and "off by default for bf8xbf8" in p.describe()
+    assert _plan(monkeypatch, "1", _spec(family="rowcol_bf8xbf8_rcr_prefill")).impl == "gluon"
     p = _plan(monkeypatch, "1", _spec(family="aquant_fp8xfp8_rcr_preshufflequant"))
     assert p.pipeline == "preshufflequant" and p.impl == "gluon"
     p = _plan(monkeypatch, "1", arch="sm_89")
@@ -270,6 +276,8 @@ BUILDS = [  # family, output dtype, bias, TMA store, M, split-K
     ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096, 1),
     ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1),
     ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 256, 2),
+    ("rowcol_fp8xbf8_rcr_prefill", "bfloat16", True, True, 4096, 1),  # e4m3 x e5m2 (opt-in)
+    ("abquant_bf8xbf8_rcr_prefill", "bfloat16", False, True, 4096, 1),
 ]
 
 
@@ -296,7 +304,9 @@ def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
     cubin = built["base"] + ".cubin"
     # Each consumer's K tile: four m64nSUB_Nk32 wgmmas per sub-tile (e4m3 -> f32, or s8 -> s32);
     # the overlapped main loop has a second copy of the first sub-tile's chain (its prologue).
-    kind = r"s32\.s8\.s8" if spec.integer_mainloop else r"f32\.e4m3\.e4m3"
+    f8 = {"fp8": "e4m3", "bf8": "e5m2"}
+    kind = (r"s32\.s8\.s8" if spec.integer_mainloop
+            else rf"f32\.{f8[spec.a_type.value]}\.{f8[spec.b_type.value]}")
     n = built["sub_n"]
     chains = built["sub_tiles"] + (1 if built["overlap"] else 0)
     wgmmas = 2 * 4 * chains

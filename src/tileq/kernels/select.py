@@ -112,7 +112,11 @@ def kernel_notes(spec: ProblemSpec, cfg: "TileConfig") -> list[str]:
 # runs the portable Triton kernel, the reference implementation and the fallback.
 GLUON_ARCH = "sm_90"
 GLUON_TRITON_VERSIONS = ("3.6.0",)
-GLUON_PAIRS = ((OperandType.FP8, OperandType.FP8), (OperandType.I8, OperandType.I8))
+# fp8 e5m2 (bf8) pairs run the same kernel (wgmma takes e4m3 and e5m2 in any combination); they
+# compile in the sm_90 build checks but have not been timed: opt-in (TILEQ_GLUON=1).
+GLUON_PAIRS = ((OperandType.FP8, OperandType.FP8), (OperandType.I8, OperandType.I8),
+               (OperandType.BF8, OperandType.BF8), (OperandType.FP8, OperandType.BF8),
+               (OperandType.BF8, OperandType.FP8))
 GLUON_LAYOUTS = ("rcr",)
 # int8 accumulates exactly in the wgmma's int32 accumulator: no promotion, no group schemes.
 GLUON_INT8_SCHEMES = (Scheme.TENSOR, Scheme.ROWCOL)
@@ -165,7 +169,7 @@ def gluon_serves(spec: ProblemSpec, pipeline: str) -> str | None:
     if pipeline not in ("prefill", "preshufflequant") or spec.m <= DECODE_MAX_M:
         return f"prefill only (M > {DECODE_MAX_M}): the {pipeline} pipeline runs the portable kernel"
     if (spec.a_type, spec.b_type) not in GLUON_PAIRS or spec.layout not in GLUON_LAYOUTS:
-        return (f"8-bit rcr prefill only (fp8 e4m3 x e4m3 or int8 x int8; A row-major, B K-major "
+        return (f"8-bit rcr prefill only (fp8 e4m3/e5m2 pairs or int8 x int8; A row-major, B K-major "
                 f"as the 8-bit wgmma reads them), this is {spec.a_type}x{spec.b_type} {spec.layout}")
     if spec.integer_mainloop and spec.scheme not in GLUON_INT8_SCHEMES:
         return f"int8 x int8: tensor and rowcol schemes only, this is {spec.scheme}"

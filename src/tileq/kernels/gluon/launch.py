@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from ...dtypes import OperandType
 from ...problem import Problem, ScaleKind
 from .. import gemm_kernel
 from ..direct import KernelCall, TableKernel, direct_launch_enabled
@@ -35,7 +36,8 @@ def _gl():
         from .ws_gemm import _ws_gemm_kernel
 
         _GL.update(gl=gl, TensorDescriptor=TensorDescriptor, kernel=_ws_gemm_kernel,
-                   dtypes={torch.float8_e4m3fn: gl.float8e4nv, torch.int8: gl.int8,
+                   dtypes={torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5,
+                           torch.int8: gl.int8,
                            torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
                            torch.float32: gl.float32})
     return _GL
@@ -48,9 +50,8 @@ def _gl_dtype(torch_dtype: torch.dtype):
 def shared_layouts(spec, cfg: GluonConfig):
     """NVMMA (swizzled) shared layouts of the A, B and C tiles, as the descriptors carry them."""
     gl = _gl()["gl"]
-    op = _gl_dtype(spec.a_type.torch_dtype)  # fp8 e4m3 or int8, both operands
-    return (gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], op),
-            gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], op),
+    return (gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], _gl_dtype(spec.a_type.torch_dtype)),
+            gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], _gl_dtype(spec.b_type.torch_dtype)),
             gl.NVMMASharedLayout.get_default_for([cfg.block_m // 2, cfg.sub_n], _gl_dtype(spec.out_dtype)))
 
 
@@ -206,10 +207,10 @@ def signature(spec, cfg: GluonConfig, tma_store: bool = True) -> tuple[dict, dic
     _OUT_TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
     a_l, b_l, c_l = shared_layouts(spec, cfg)
     out_ty = _OUT_TY[spec.out_dtype]
-    op_ty = "i8" if spec.integer_mainloop else "fp8e4nv"
+    op_ty = {OperandType.I8: "i8", OperandType.FP8: "fp8e4nv", OperandType.BF8: "fp8e5"}
     sig = {
-        "a_desc": f"tensordesc<{op_ty}[{cfg.block_m}, {cfg.block_k}],{a_l!r}>",
-        "b_desc": f"tensordesc<{op_ty}[{cfg.block_n}, {cfg.block_k}],{b_l!r}>",
+        "a_desc": f"tensordesc<{op_ty[spec.a_type]}[{cfg.block_m}, {cfg.block_k}],{a_l!r}>",
+        "b_desc": f"tensordesc<{op_ty[spec.b_type]}[{cfg.block_n}, {cfg.block_k}],{b_l!r}>",
         "c_desc": f"tensordesc<{out_ty}[{cfg.block_m // 2}, {cfg.sub_n}],{c_l!r}>" if tma_store else "constexpr",
         "c_ptr": f"*{out_ty}",
         "sa_ptr": "*fp32" if spec.a_scale_kind is not ScaleKind.NONE else "constexpr",
