@@ -1,6 +1,8 @@
 """The int4 report from scripts/int4_bench.py's CSV: markdown tables and a plot.
 
     python scripts/int4_report.py bench/results/h200/int4/int4.csv --out bench/results/h200/int4
+    python scripts/int4_report.py bench/results/h200/int4/prefill-gluon/int4.csv --prefill \
+        --out bench/results/h200/int4/prefill-gluon
 
 Writes int4_tables.md (per problem: microseconds and the ratios the issue's targets name) and
 int4.png (W4A16 time relative to tileq int8 and to bf16 cuBLAS, by M). Every ratio compares
@@ -36,11 +38,67 @@ def load(path):
     return t, meta
 
 
+def prefill_report(path: str, out: str) -> None:
+    """prefill_tables.md and prefill.png: per weight and prefill M (>= 256), bf16 cuBLAS, the path
+    tileq takes for W4A16 with group scales (its name in the CSV's config column), and the other
+    prefill path and the Gluon kernel with per-channel scales where the run timed them; as speed
+    relative to bf16 cuBLAS."""
+    rows = [r for r in csv.DictReader(open(path)) if r["ms"] and int(r["m"]) >= 256]
+    t, cfg = {}, {}
+    for r in rows:
+        key = (r["set"], r["shape"], int(r["m"]))
+        t.setdefault(key, {})[r["impl"]] = float(r["ms"]) * 1000
+        if r["impl"] == "w4a16_prepacked":
+            cfg[key] = r["config"]
+    lines = ["| weight | set | M | bf16 cuBLAS us | default path | its time us | x bf16 speed "
+             "| dequant+cuBLAS x bf16 | Gluon, per-channel scales x bf16 |", "|" + "---|" * 9]
+    ratio = lambda d, impl: f"{d['bf16_cublas'] / d[impl]:.2f}" if impl in d else "-"  # noqa: E731
+    for key in sorted(t):
+        d = t[key]
+        if "bf16_cublas" not in d or "w4a16_prepacked" not in d:
+            continue
+        lines.append(f"| {key[1]} | {key[0]} | {key[2]} | {d['bf16_cublas']:.1f} | {cfg[key]} | "
+                     f"{d['w4a16_prepacked']:.1f} | {ratio(d, 'w4a16_prepacked')} | {ratio(d, 'w4a16_dequant')} | "
+                     f"{ratio(d, 'w4a16_prepacked_channel')} |")
+    with open(os.path.join(out, "prefill_tables.md"), "w") as fh:
+        fh.write("W4A16 prefill, group-128 scales; times in microseconds, ratios from the same run.\n\n"
+                 + "\n".join(lines) + "\n")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    ms = sorted({k[2] for k in t})
+    for impl, label, style in (("w4a16_prepacked", "default path (group scales)", "-o"),
+                               ("w4a16_dequant", "dequantize + cuBLAS", "--s"),
+                               ("w4a16_prepacked_channel", "Gluon kernel, per-channel scales", "-^")):
+        ys = []
+        for m in ms:
+            vals = [d["bf16_cublas"] / d[impl] for k, d in t.items() if k[2] == m and impl in d and "bf16_cublas" in d]
+            ys.append(statistics.median(vals) if vals else float("nan"))
+        ax.plot(ms, ys, style, label=label)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M (tokens)")
+    ax.set_ylabel("speed relative to bf16 cuBLAS (median over weights)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "prefill.png"), dpi=110)
+    print("wrote", os.path.join(out, "prefill_tables.md"), os.path.join(out, "prefill.png"))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("csv")
     p.add_argument("--out", default=".")
+    p.add_argument("--prefill", action="store_true",
+                   help="the W4A16 prefill paths instead (prefill_tables.md, prefill.png)")
     args = p.parse_args()
+    if args.prefill:
+        prefill_report(args.csv, args.out)
+        return
     t, meta = load(args.csv)
     lines = ["| set | shape | N x K | M | bf16 cuBLAS | int8 | fp8 | W4A16 pk_int4 | W4A16 prepacked | best swept "
              "| prepacked / int8 | bf16 / prepacked | pk / prepacked | W4A8 pk | W4A8 prepacked | W4A8 pp / int8 |",
