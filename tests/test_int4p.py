@@ -503,3 +503,52 @@ def test_gpu_prefill_direct_launches(monkeypatch):
     kernel = prefill._gl()["kernel"]
     assert any(key[1] is kernel for key in direct._HANDLES)
     ilaunch._LAUNCHES.clear()
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the fallback runs Triton kernels on CPU tensors")
+def test_prefill_launcher_descriptors(monkeypatch):
+    """The Gluon prefill launcher against a stand-in kernel on CPU tensors: the words as two-box
+    [128, 32] tiles of the [N, K/8] storage, the activations as [128, 64] tiles, the output
+    through TMA when its rows are 16-byte aligned and with masked stores otherwise, the grid;
+    an activation base pointer TMA cannot take runs the dequantize path instead."""
+    from tileq.int4p import prefill
+    from tileq.int4p.dequant import DequantLaunch
+    from tileq.testing import KernelRecorder
+
+    rec = KernelRecorder()
+    monkeypatch.setitem(prefill._gl(), "kernel", rec)
+    torch.manual_seed(3)
+    m, n, k = 300, 577, 1104
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v)
+    ws = torch.rand(-(-k // 128), n) * 0.02 + 0.01
+    x = torch.randn(m, k).to(torch.bfloat16)
+    fallback = DequantLaunch(n, k, "group", "none", (ws.stride(0), ws.stride(1)), 128, torch.bfloat16,
+                             torch.bfloat16)
+    launch = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
+                                        (ws.stride(0), ws.stride(1)), 128, False, torch.device("cpu"), fallback)
+    assert launch.name == "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90"
+    launch(x, w.data, None, ws, None)
+    (grid, args, kwargs), = rec.calls
+    w_desc, x_desc, c_desc, out = args[:4]
+    assert (w_desc.shape, w_desc.strides, w_desc.block_shape) == ([n, 3 * 64], [192, 1], [128, 32])
+    assert (x_desc.shape, x_desc.strides, x_desc.block_shape) == ([m, k], [k, 1], [128, 64])
+    assert c_desc is None and kwargs["TMA_STORE"] is False  # 577 bf16 = 1154-byte rows
+    assert grid == (min(132, 3 * 5),) and args[6:] == (m, n, k, n, n, 1)
+    assert (kwargs["W_SCALE"], kwargs["GROUP_K"], kwargs["BT"], kwargs["WS"], kwargs["XS"]) == ("group", 128, 128, 2, 8)
+    assert kwargs["maxnreg"] == 168 and "mul.rn.bf16x2" in kwargs["ASM0"]
+    n2 = 576  # 16-byte rows: TMA stores through a [128, 64] box
+    launch2 = prefill.GluonPrefillLaunch(m, n2, k, torch.bfloat16, torch.bfloat16, "vector", (0, 1), 128, True,
+                                         torch.device("cpu"), fallback)
+    launch2(x, prepack_int4(v[:n2]).data, None, torch.ones(n2), torch.zeros(n2))
+    _, args, kwargs = rec.calls[-1]
+    assert kwargs["TMA_STORE"] is True and args[2].block_shape == [128, 64] and "mul.rn" not in kwargs["ASM0"]
+    # An activation base pointer off 16 bytes: dequantize + cuBLAS computes the same function.
+    buf = torch.empty(m * k + 8, dtype=torch.bfloat16)
+    xu = buf[1:1 + m * k].view(m, k)
+    xu.copy_(x)
+    before = len(rec.calls)
+    y = launch(xu, w.data, None, ws, None)
+    assert len(rec.calls) == before
+    want = _reference(x, v, ws, None, None, 128)
+    assert float((y.double() - want).abs().max() / want.abs().max()) < 1e-2
