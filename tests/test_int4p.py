@@ -395,6 +395,16 @@ GPU = pytest.mark.skipif(DEV != "cuda" or not torch.cuda.is_available()
                          or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm_90 GPU")
 
 
+def _w4a16_problem(m, n, k, seed, device="cuda"):
+    """int4 values [N, K], their prepacked weight, group-128 scales and bf16 activations."""
+    torch.manual_seed(seed)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to(device)
+    ws = (torch.rand(-(-k // 128), n) * 0.02 + 0.01).to(device)
+    x = torch.randn(m, k, device=device).to(torch.bfloat16)
+    return v, w, ws, x
+
+
 @pytest.fixture
 def prefill_launches(monkeypatch):
     """Counts the Gluon prefill kernel's launches."""
@@ -451,12 +461,8 @@ def test_gpu_prefill_kernel_matches_reference(m, n, k, xt, gk, prefill_launches)
 def test_gpu_prefill_out_graphs_and_fallback(prefill_launches):
     """out= (TMA stores into it), CUDA-graph capture and replay on fresh inputs, and an unaligned
     activation pointer handed to dequantize + cuBLAS."""
-    torch.manual_seed(5)
     m, n, k = 512, 1024, 2048
-    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
-    w = prepack_int4(v).to("cuda")
-    ws = (torch.rand(k // 128, n) * 0.02 + 0.01).cuda()
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    v, w, ws, x = _w4a16_problem(m, n, k, seed=5)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     y = linear_prepacked(x, w, None, ws, out=out)
     assert y.data_ptr() == out.data_ptr() and len(prefill_launches) == 1
@@ -489,12 +495,8 @@ def test_gpu_prefill_direct_launches(monkeypatch):
 
     monkeypatch.delenv("TILEQ_DIRECT_LAUNCH", raising=False)
     ilaunch._LAUNCHES.clear()
-    torch.manual_seed(9)
     m, n, k = 700, 1024, 1536
-    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
-    w = prepack_int4(v).to("cuda")
-    ws = (torch.rand(k // 128, n) * 0.02 + 0.01).cuda()
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    v, w, ws, x = _w4a16_problem(m, n, k, seed=9)
     first = linear_prepacked(x, w, None, ws)
     want = _reference(x.cpu(), v, ws.cpu(), None, None, 128)
     assert float((first.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2

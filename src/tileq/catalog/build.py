@@ -100,11 +100,11 @@ def wants_int4p_prefill_build(fam: KernelFamily, arch: ArchInfo) -> bool:
 
 def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
     from ..int4p.launch import W_SCALE_OF_SCHEME
+    from ..int4p.prefill import CONFIG_TAG as config
     from ..int4p.prefill import compile_sm90, kernel_name
 
     w_kind = W_SCALE_OF_SCHEME[fam.scheme.value]
     name = kernel_name(fam.a.value, w_kind)
-    config = name.split("__", 1)[1].rsplit("_", 1)[0]
     try:
         compiled = compile_sm90(fam.a.value, w_kind)
     except Exception as e:

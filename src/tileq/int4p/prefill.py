@@ -21,6 +21,7 @@ TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x 128 t
 W_SLOTS = 2  # ring slots of 2 x [128, 32] words (one 512-wide K block each)
 X_SLOTS = 8  # ring slots of [128, 64] activations (two per 128-wide slice)
 GROUP_M = 8
+CONFIG_TAG = f"gluon_w128t{TOKENS}k512_ws2x64"  # the kernel name's config part
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
 
 # With group scales the kernel multiplies every converted value by its scale (a packed multiply
@@ -163,7 +164,7 @@ def kernel_name(x_type: str, w_kind: str) -> str:
     pipeline, the Gluon tile (128 weight rows x TOKENS tokens x 512 of K, two consumers)."""
     from .launch import _SCHEME_OF_W_SCALE
 
-    return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__gluon_w128t{TOKENS}k512_ws2x64_sm90"
+    return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__{CONFIG_TAG}_sm90"
 
 
 def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True):

@@ -163,18 +163,8 @@ class GluonLaunch:
             out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
         g = _gl()
         direct = self.direct and direct_launch_enabled()
-        if self.reduce is not None:
-            cfg, call, (a_l, b_l, c_l) = self.variant(False)
-            td = g["TensorDescriptor"]
-            numel = self.cfg.split_k * self.m * self.n
-            # (the whole stream buffer on the direct path: same pointer, no view made per call)
-            ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
-            a_desc = td(a, [self.m, self.k], [self.lda, 1], [cfg.block_m, cfg.block_k], a_l)
-            b_desc = td(b, [self.n, self.k], [self.ldb, 1], [cfg.block_n, cfg.block_k], b_l)
-            call((a_desc, b_desc, None, ws, sa, sb, bias), direct)
-            self.reduce((ws, out), direct)
-            return out
-        tma_store = self.c_rows_ok and out.data_ptr() % 16 == 0
+        split = self.reduce is not None  # split-K: fp32 partials into the workspace, then the sum
+        tma_store = not split and self.c_rows_ok and out.data_ptr() % 16 == 0
         cfg, call, (a_l, b_l, c_l) = self.variant(tma_store)
         td = g["TensorDescriptor"]
         a_desc = td(a, [self.m, self.k], [self.lda, 1], [cfg.block_m, cfg.block_k], a_l)
@@ -182,9 +172,16 @@ class GluonLaunch:
         b_desc = td(b, [self.n, self.k], [self.ldb, 1], [cfg.block_n, cfg.block_k], b_l)
         c_desc = (td(out, [self.m, self.n], [self.ldc, 1], [cfg.block_m // 2, cfg.sub_n], c_l)
                   if tma_store else None)
+        target = out
+        if split:
+            numel = self.cfg.split_k * self.m * self.n
+            # (the whole stream buffer on the direct path: same pointer, no view made per call)
+            target = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
         # The first launch of a signature goes through Triton's JIT launch, later ones straight to
         # the compiled kernel (whose launcher encodes the three TMA descriptors).
-        call((a_desc, b_desc, c_desc, out, sa, sb, bias), direct)
+        call((a_desc, b_desc, c_desc, target, sa, sb, bias), direct)
+        if split:
+            self.reduce((target, out), direct)
         return out
 
 
