@@ -70,13 +70,14 @@ def _nks(text: str) -> list[tuple[int, int]]:
 
 def _variants(text: str) -> list:
     """--variants: [(BN, STAGES, EPI_BUFS, OVERLAP, SPLIT_K) or None for the planner's config];
-    [None] when empty."""
+    [None] when empty. SPLIT_K 'a': as many K ranges as the wave model gives the last wave
+    (``split_k_for``; -1 here)."""
     out = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
         if item == "plan":
             out.append(None)
             continue
-        parts = [int(v) for v in item.split(":")] + [1, 0, 1]
+        parts = [-1 if v == "a" else int(v) for v in item.split(":")] + [1, 0, 1]
         out.append((parts[0], parts[1], parts[2], bool(parts[3]), parts[4]))
     return out or [None]
 
@@ -90,7 +91,7 @@ def main() -> int:
     p.add_argument("--variants", default="",
                    help="Gluon configs to time instead of the planner's, comma-separated "
                         "BN:STAGES[:EPI_BUFS[:OVERLAP[:SPLIT_K]]] (e.g. 128:6,256:4,256:3:2,128:6:1:1,"
-                        "128:6:1:0:2); 'plan' = the planner's")
+                        "128:6:1:0:2, 128:6:1:0:a); 'plan' = the planner's")
     p.add_argument("--no-triton", action="store_true", help="skip the portable Triton kernel")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tileq-out"), help="folder for gluon.csv")
     p.add_argument("--scheme", choices=tuple(SCHEMES), default="rowcol")
@@ -107,6 +108,7 @@ def main() -> int:
     from tileq.catalog.names import parse_family
     from tileq.kernels.gluon import launch as glaunch
     from tileq.kernels.gluon.launch import GluonLaunch
+    from tileq.kernels.gluon.config import split_k_for
     from tileq.kernels.launch import make_launch
     from tileq.plan import make_plan
     from tileq.problem import build_problem
@@ -170,6 +172,9 @@ def main() -> int:
                 plan_v = plan_g
                 if variant is not None:
                     bn, stages, epi, overlap, split = variant
+                    if split == -1:
+                        tiles = -(-m // 128) * -(-n // bn)
+                        split = split_k_for(tiles, -(-k // 128), torch.cuda.get_device_properties(device).multi_processor_count)
                     plan_v = replace(plan_g, gluon=replace(plan_g.gluon, block_n=bn, stages=stages,
                                                            epi_bufs=epi, overlap=overlap, split_k=split))
                 launch_v = make_launch(problem, plan_v)

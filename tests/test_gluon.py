@@ -127,6 +127,9 @@ def test_gluon_config():
     assert gluon_config(_spec(out_dtype=torch.float32), 132).stages == 5
     # 1 x 40 tiles of 128 x 128 fill under half of 132 SMs: 128 x 64 tiles instead.
     assert gluon_config(_spec(m=128), 132) == GluonConfig(block_n=64, stages=8)
+    for m in (65, 128, 256, 512, 1024, 4096):  # a split config is always a legal one
+        cfg = gluon_config(_spec(m=m, n=4096, k=4096), 132)
+        assert cfg.split_k == 1 or (cfg.block_n <= 128 and not cfg.overlap)
     for family in ("rowcol_fp8xfp8_rcr_prefill", "abquant_fp8xfp8_rcr_prefill"):
         for out in (torch.bfloat16, torch.float16, torch.float32):
             for m in (65, 128, 1024, 4096):
@@ -138,29 +141,35 @@ def test_choose_tiles_says_why():
     from tileq.kernels.gluon.config import choose_tiles
 
     cfg, why = choose_tiles(_spec("abquant_fp8xfp8_rcr_prefill", m=4096, n=5120), 132)
-    assert cfg.block_n == 256 and why == ("128 x 256 overlapped tiles: 640 tiles, 5 waves on 132 SMs, worth "
-                                          "7.7 waves of 128 x 128 tiles against their 10")
-    assert choose_tiles(_spec(m=128, n=4096), 132)[1].startswith("128 x 64 tiles: 32 tiles")
-    assert "measured no faster" in choose_tiles(_spec(m=4096), 132)[1]
+    assert cfg.block_n == 256 and why == ("128 x 256 overlapped tiles: 640 tiles, 5 waves on 132 SMs: 333 K "
+                                          "steps of a 128 x 128 tile, against 128 400, 64 480")
+    assert choose_tiles(_spec(m=128, n=5120), 132)[1].startswith("128 x 64 tiles: 80 tiles, 1 wave on")
     assert "wgmma during the epilogue" in cfg.describe() and "2 sub-tiles of 128 columns" in cfg.describe()
+    cfg, why = choose_tiles(_spec(m=256, n=17408), 132)
+    assert cfg.split_k == 10 and why.startswith(
+        "128 x 128 tiles: 272 tiles, 2 full waves, the last 8 tiles split 10 ways over K on 132 SMs: 96 K steps")
+    assert "split 10 ways over K" in cfg.describe()
+    assert "every tile split 4 ways" in choose_tiles(_spec(m=128, n=4096), 132)[1]
 
 
-@pytest.mark.parametrize("m,n,wide", [
-    (4096, 5120, True),  # 32 x 40 narrow tiles: 10 waves; 32 x 20 wide: 5 waves = 10 narrow / 1.3
-    (2048, 5120, True),  # 5 narrow waves (4.85 rounded up) against 3 wide (= 4.6 narrow)
-    (1024, 17408, True),  # 9 narrow waves against 5 wide (= 7.7 narrow)
-    (1024, 5120, False),  # 3 narrow waves (2.4 rounded up) against 2 wide (= 3.08 narrow)
-    (256, 17408, False),  # 3 (2.06 rounded up) against 2 (1.03 rounded up)
-    (256, 14336, True),  # 2 against 1
+@pytest.mark.parametrize("m,n,want", [
+    # (M, N, {family: (block_n, split_k)}); 132 SMs, K = 5120 (40 K steps)
+    (4096, 5120, {"abquant": (256, 1), "rowcol": (128, 1)}),  # 10 narrow waves, 5 wide (= 8.3 narrow)
+    (2048, 5120, {"abquant": (128, 1), "rowcol": (128, 1)}),  # 5 narrow waves, 3 wide (= 5 narrow): a tie
+    (1024, 17408, {"abquant": (256, 1), "rowcol": (128, 4)}),  # 8 waves + 32 tiles; 5 wide waves
+    (1024, 5120, {"abquant": (128, 2), "rowcol": (128, 2)}),  # 2 waves + 56 tiles split 2 ways
+    (256, 17408, {"abquant": (128, 10), "rowcol": (128, 10)}),  # 2 waves + 8 tiles split 10 ways
+    (256, 14336, {"abquant": (256, 1), "rowcol": (128, 1)}),  # 224 tiles: 2 waves; 112 wide: 1
+    (128, 5120, {"abquant": (64, 1), "rowcol": (64, 1)}),  # 40 tiles: 80 of 128 x 64 in one wave
 ])
-def test_gluon_config_wide_tiles_for_group_scales(m, n, wide):
-    """Group-scaled fp8 takes 128 x 256 overlapped tiles where the wave model says they are
-    faster; rowcol keeps 128 x 128 at every M."""
-    cfg = gluon_config(_spec("abquant_fp8xfp8_rcr_prefill", m=m, n=n), 132)
-    want = GluonConfig(block_n=256, stages=4, overlap=True) if wide else GluonConfig(stages=6)
-    assert cfg == want
-    assert gluon_config(_spec(m=m, n=n), 132) == GluonConfig(stages=6)
-    assert gluon_config(_spec("rowcol_i8xi8_rcr_prefill", m=m, n=n), 132).block_n == 128
+def test_wave_model_choices(m, n, want):
+    """The wave model's choices between 128 x 128 tiles (with the last wave split over K or
+    not), 128 x 64 and (group-scaled fp8) 128 x 256 overlapped tiles."""
+    for short, (block_n, split) in want.items():
+        cfg = gluon_config(_spec(f"{short}_fp8xfp8_rcr_prefill", m=m, n=n), 132)
+        assert (cfg.block_n, cfg.split_k, cfg.overlap) == (block_n, split, block_n == 256)
+    int8 = gluon_config(_spec("rowcol_i8xi8_rcr_prefill", m=m, n=n), 132)
+    assert (int8.block_n, int8.split_k) == want["rowcol"]  # int8: no wide tiles, as rowcol
 
 
 # ---- the plan and explain ------------------------------------------------------------------
@@ -251,8 +260,10 @@ res = []
 for i, (family, out, bias, tma, m, split) in enumerate(variants):
     spec = replace(family_spec(parse_family(family), m, 5120, 5120, out_dtype=getattr(torch, out)),
                    has_bias=bias)
-    cfg = replace(gluon_config(spec, 132), split_k=split)
-    if not tma or split > 1:
+    cfg = gluon_config(spec, 132)
+    if split > 1:  # (split tiles: 128 columns at most, no overlap)
+        cfg = replace(cfg, block_n=min(cfg.block_n, 128), overlap=False, split_k=split)
+    if not tma:
         cfg = masked_store_config(cfg, spec.out_dtype)
     k = compile_sm90(spec, cfg, tma)
     base = f"{out_dir}/k{i}"
@@ -273,6 +284,7 @@ BUILDS = [  # family, output dtype, bias, TMA store, M, split-K
     ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1),  # masked stores: 128 x 128
     ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 512, 1),  # 128 x 128 (waves)
     ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3),  # split-K: fp32 partials
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 256, 4),  # whole tiles by TMA, split ones
     ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096, 1),
     ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1),
     ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 256, 2),
@@ -333,13 +345,20 @@ def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
 
 
 def test_split_k_config_and_tag():
-    from tileq.kernels.gluon.config import masked_store_config
+    from tileq.kernels.gluon.config import split_schedule
 
-    cfg = GluonConfig(block_n=256, stages=4, overlap=True, split_k=2)
-    assert cfg.tag == "m128n256k128_s4_ov_sk2_ws2x64"
-    narrow = masked_store_config(cfg, torch.bfloat16)  # split-K stores with masks: 128 x 128, no overlap
-    assert (narrow.block_n, narrow.overlap, narrow.split_k, narrow.stages) == (128, False, 2, 6)
-    assert masked_store_config(GluonConfig(overlap=True), torch.bfloat16).overlap  # no split: unchanged
+    cfg = GluonConfig(block_n=128, stages=6, split_k=3)
+    assert cfg.tag == "m128n128k128_s6_sk3_ws2x64"
+    with pytest.raises(ValueError, match="block_n <= 128 and no overlap"):
+        GluonConfig(block_n=256, stages=4, overlap=True, split_k=2)
+    # 272 tiles on 132 SMs: two full waves, the last 8 tiles split.
+    assert split_schedule(256, 17408, cfg, 132) == (132, 264, 8)
+    # Fewer tiles than SMs: every tile split, one program per item.
+    assert split_schedule(256, 5120, cfg, 132) == (132, 0, 80)
+    assert split_schedule(128, 1024, cfg, 132) == (24, 0, 8)
+    # Whole waves: nothing to split; no split: every tile whole.
+    assert split_schedule(512, 8448, cfg, 132) == (132, 264, 0)
+    assert split_schedule(256, 17408, GluonConfig(), 132) == (132, 272, 0)
 
 
 # ---- the launcher, against a stand-in kernel -----------------------------------------------
@@ -377,13 +396,14 @@ def test_launcher_descriptors_and_constexprs(gluon_plan_for):
     cfg = plan.gluon
     assert cfg == GluonConfig(block_n=64, stages=8)  # 3 x 5 tiles of 128 x 128 fill few SMs
     assert grid == (3 * 10,)
-    a_desc, b_desc, c_desc, out = args[:4]
+    a_desc, b_desc, c_desc, out, ws = args[:5]
+    assert ws is None  # no split tiles, no workspace
     assert (a_desc.shape, a_desc.strides, a_desc.block_shape) == ([300, 859], [864, 1], [128, 128])
     assert (b_desc.shape, b_desc.strides, b_desc.block_shape) == ([577, 859], [864, 1], [64, 128])
     assert a_desc.base.data_ptr() == problem.a.data_ptr() and b_desc.base.data_ptr() == problem.b.data_ptr()
     # N = 577 bf16 rows are 1154 bytes: no TMA store, masked stores.
     assert c_desc is None and kwargs["TMA_STORE"] is False and out.shape == (300, 577)
-    assert args[7:] == (300, 577, 859, 577, 1, 0, 0, 1)  # M N K ldc, scale strides
+    assert args[8:] == (300, 577, 859, 577, 1, 0, 0, 1)  # M N K ldc, scale strides
     assert kwargs["A_SCALE"] == "vector" and kwargs["B_SCALE"] == "vector" and kwargs["HAS_BIAS"]
     assert (kwargs["num_warps"], kwargs["maxnreg"], kwargs["STAGES"], kwargs["BN"]) == (4, 168, 8, 64)
     assert (kwargs["CONSUMER_REGS"], kwargs["PRODUCER_REGS"]) == (232, 40)
@@ -397,29 +417,41 @@ def test_launcher_descriptors_and_constexprs(gluon_plan_for):
 
 
 @needs_interpreter
-def test_launcher_split_k_writes_partials_and_reduces(gluon_plan_for):
-    """A split-K config: the kernel gets the fp32 workspace (ldc = N, masked stores, SPLIT_K) and
-    a grid over (tile, split) items; the reduction (Triton, interpreted here) sums the partials
-    into C in order. The stand-in kernel writes known partials."""
+@pytest.mark.parametrize("n,programs,n_split", [
+    (577, 45, 15),  # 3 x 5 tiles, fewer than the SMs: every tile split, 45 items
+    (5700, 132, 3),  # 3 x 45 tiles: one full wave of 132, the last 3 tiles split
+])
+def test_launcher_split_k_writes_partials_and_reduces(gluon_plan_for, n, programs, n_split):
+    """A split-K config: the kernel gets an fp32 workspace of [BM, BN] blocks, one per split
+    item, and the grid of the schedule; the reduction (Triton, interpreted here) sums each split
+    tile's blocks into its place in C, and only there. The stand-in kernel writes known
+    partials (split s: s + 1, so every split tile sums to 6) and leaves the whole tiles alone."""
     from tileq.kernels.gluon.launch import GluonLaunch
 
     rec, make = gluon_plan_for
-    _, problem, plan = make(_spec(m=300, n=577, k=1024), pad=0)
+    out = torch.zeros(300, n, dtype=torch.bfloat16)
+    _, problem, plan = make(_spec(m=300, n=n, k=1024), pad=0, out=out)
     plan = replace(plan, gluon=GluonConfig(split_k=3))
 
-    def fill(grid, args, kwargs):  # partial s = s + 1 everywhere: the sum is 6
-        ws = args[3]
+    def fill(grid, args, kwargs):
+        ws = args[4].view(-1, 3, 128, 128)
         for s_ in range(3):
-            ws[s_ * 300 * 577:(s_ + 1) * 300 * 577] = s_ + 1
+            ws[:, s_] = s_ + 1
 
     rec.on_call = fill
     launch = GluonLaunch(problem, plan, None)
-    out = launch(problem.a, problem.b, problem.a_scale, problem.b_scale, None, None, None)
+    launch(problem.a, problem.b, problem.a_scale, problem.b_scale, None, None, out)
     (grid, args, kwargs), = rec.calls
-    assert kwargs["SPLIT_K"] == 3 and kwargs["TMA_STORE"] is False and kwargs["OVERLAP"] is False
-    assert grid == (min(132, 3 * 5 * 3),) and args[2] is None and args[3].dtype == torch.float32
-    assert args[7:11] == (300, 577, 1024, 577)  # M N K, ldc = N for the workspace
-    assert torch.equal(out.float(), torch.full((300, 577), 6.0))
+    assert kwargs["SPLIT_K"] == 3 and kwargs["OVERLAP"] is False and kwargs["BN"] == 128
+    assert grid == (programs,) and args[4].dtype == torch.float32
+    assert args[4].numel() >= n_split * 3 * 128 * 128
+    assert args[8:12] == (300, n, 1024, n)  # M N K ldc
+    want = torch.zeros(300, n)
+    if n_split == 15:
+        want[:] = 6.0
+    else:  # tiles 132-134 in grouped order: the last column tile of each row tile
+        want[:, 44 * 128:] = 6.0
+    assert torch.equal(out.float(), want)
 
 
 @needs_interpreter
@@ -536,7 +568,8 @@ def forced_gluon_config(monkeypatch):
 FORCED_CONFIGS = [GluonConfig(block_n=256, stages=4), GluonConfig(block_n=256, stages=3, epi_bufs=2),
                   GluonConfig(block_n=256, stages=4, overlap=True), GluonConfig(overlap=True),
                   GluonConfig(block_n=64, stages=8, overlap=True),
-                  GluonConfig(split_k=2), GluonConfig(block_n=64, stages=8, split_k=3)]
+                  GluonConfig(split_k=2), GluonConfig(block_n=64, stages=8, split_k=3),
+                  GluonConfig(split_k=16)]  # (K = 1040: 9 K tiles, splits 9-15 empty)
 
 
 @gpu

@@ -39,9 +39,10 @@ class GluonConfig:
     # fp8: start each K tile's wgmma at the end of the previous K tile's step, so that the next
     # tile's first K tile runs during the epilogue (int8 accumulates in place: never).
     overlap: bool = False
-    # K split in this many ranges, each item a (tile, range) pair, fp32 partials summed in order
-    # by gemm_kernel._splitk_reduce_kernel: for tiles too few to fill the SMs (a medium M).
-    # Runs 128 x 128 (or 64) tiles with masked stores into the workspace, no overlap.
+    # The tiles of the last, partial wave of the persistent grid (every tile when they are fewer
+    # than the SMs) split over K in this many ranges, each an item of its own, their fp32
+    # partials summed in order by split_reduce.py: the last wave then keeps every SM busy.
+    # 128-column tiles at most, no overlap (``split_schedule``).
     split_k: int = 1
     # setmaxnreg budgets per thread. The kernel runs 12 warps (4 + 4 + the producer's warpgroup,
     # which Triton pads to 4 warps) under maxnreg = 168, i.e. 168 x 384 = 64512 of the 65536
@@ -52,6 +53,11 @@ class GluonConfig:
     producer_regs: int = 40
     maxnreg: int = 168
     num_warps: int = 4  # the default partition (consumer 0); the kernel adds 4 + 1 worker warps
+
+    def __post_init__(self):
+        if self.split_k > 1 and (self.block_n > 128 or self.overlap):
+            raise ValueError(f"split_k={self.split_k} needs block_n <= 128 and no overlap "
+                             f"(block_n={self.block_n}, overlap={self.overlap})")
 
     @property
     def sub_n(self) -> int:
@@ -75,6 +81,8 @@ class GluonConfig:
                else f"fp32 promotion every {self.block_k} of K")
         subs = f" ({self.sub_tiles} sub-tiles of {self.sub_n} columns)" if self.sub_tiles > 1 else ""
         ovl = "; next tile's first wgmma during the epilogue" if self.overlap and not integer else ""
+        if self.split_k > 1:
+            ovl += f"; the last wave's tiles split {self.split_k} ways over K (fp32 partials, summed in order)"
         return (f"BM={self.block_m} BN={self.block_n}{subs} BK={self.block_k} stages={self.stages} "
                 f"GROUP_M={self.group_m}; persistent; 1 TMA producer warp (setmaxnreg "
                 f"{self.producer_regs}) + 2 consumer warpgroups x 64 rows (setmaxnreg {self.consumer_regs}; "
@@ -102,29 +110,66 @@ def max_stages(cfg: GluonConfig, out_dtype: torch.dtype) -> int:
 
 
 def masked_store_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig:
-    """The config of a call whose output TMA cannot store (e.g. N = 577 in bf16, or split-K's
-    workspace): 128 x 128 in place of 128 x 256 tiles, whose masked stores (64-bit addresses of
-    two sub-tiles) would spill registers (sm_90 build, 2026-12); split-K without the overlapped
-    loop (each item's partial is stored before the next starts)."""
-    out = cfg
-    if cfg.sub_tiles > 1:
-        out = replace(cfg, block_n=128, overlap=False)
-        out = replace(out, stages=max_stages(out, out_dtype))
-    if out.split_k > 1 and out.overlap:
-        out = replace(out, overlap=False)
-    return out
+    """The config of a call whose output TMA cannot store (e.g. N = 577 in bf16): 128 x 128 in
+    place of 128 x 256 tiles, whose masked stores (64-bit addresses of two sub-tiles) would
+    spill registers (sm_90 build, 2026-12)."""
+    if cfg.sub_tiles == 1:
+        return cfg
+    out = replace(cfg, block_n=128, overlap=False)
+    return replace(out, stages=max_stages(out, out_dtype))
 
 
-# Throughput per tile of a 128 x 256 tile with the overlapped main loop over a 128 x 128 tile,
-# for group-scaled fp8 (A and/or B scales per 128 of K): median 1.3x (1.17-1.42x) at M = 4096
-# and 8192 over 11 (N, K) of Qwen3-14B, Llama-3-8B, DeepSeek-V3 and Mistral-Small-24B (H200,
-# 2026-12-01, bench/results/h200/gluon/). Rowcol and tensor gained nothing from wide tiles
-# (0.94-1.06x, mixed), int8 lost (0.9x median), so they keep 128 x 128.
-WIDE_TILE_GAIN = 1.3
+def split_schedule(m: int, n: int, cfg: GluonConfig, num_sms: int) -> tuple[int, int, int]:
+    """(programs, tiles computed whole, tiles split over K) of the persistent grid for an
+    M x N output: with split_k > 1 the tiles past the last full wave (``tiles % programs``;
+    all of them when fewer than the SMs) are split, as the kernel's ``_full_tiles`` does."""
+    tiles = math.ceil(m / cfg.block_m) * math.ceil(n / cfg.block_n)
+    if cfg.split_k == 1:
+        return max(1, min(num_sms, tiles)), tiles, 0
+    programs = max(1, min(num_sms, tiles * cfg.split_k))
+    n_full = tiles - tiles % programs
+    return programs, n_full, tiles - n_full
+
+
+# Cost per column of a 128 x 256 overlapped tile over a 128 x 128 tile, for group-scaled fp8
+# (A and/or B scales per 128 of K). Measured throughput per tile: median 1.3x (1.17-1.42x) at
+# M = 4096 and 8192 over 11 (N, K) of Qwen3-14B, Llama-3-8B, DeepSeek-V3 and Mistral-Small-24B
+# (H200, 2026-12-01, bench/results/h200/gluon/). 1.2 is the value that, with the other costs
+# below, picks the fastest of the four tilings best at M 128-2048 (55 problems per scheme,
+# bench/results/h200/gluon/tiles/), and picks as 1.3 did at M 4096-8192. Rowcol and tensor
+# gained nothing from wide tiles (0.94-1.06x, mixed), int8 lost (0.9x median): 128 x 128.
+WIDE_TILE_GAIN = 1.2
+
+
+# The wave model's costs, in K steps (128 of K) of one 128 x 128 tile on one SM, fitted to the
+# fastest of four tilings (128 x 128, the same with the last wave split, 128 x 64, 128 x 256) on
+# 165 problems (fp8 rowcol, abquant, int8 x M 128-2048 x 11 (N, K); H200, 2026-12-01,
+# bench/results/h200/gluon/tiles/): the chosen tiling ran at 99.7% of the best one's speed on
+# average, 91% at worst.
+# - a 128 x 64 tile's K step (half the columns; the A tile is loaded all the same);
+NARROW64_STEP = 0.6
+# - splitting the last wave: the partials' stores and the reduction kernel's launch and reads;
+SPLIT_FIXED_STEPS = 12.0
+# - each split keeps at least this many K steps (a shorter one is all prologue and epilogue).
+MIN_SPLIT_STEPS = 4
+MAX_SPLIT_K = 16
 
 
 def _waves(tiles: int, num_sms: int) -> int:
     return -(-tiles // num_sms)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def split_k_for(tiles: int, k_steps: int, num_sms: int) -> int:
+    """K ranges per tile of the last, partial wave (1: no split): as many as fill the SMs, each
+    at least MIN_SPLIT_STEPS K steps long."""
+    rem = tiles % num_sms
+    if rem == 0:
+        return 1
+    return max(1, min(num_sms // rem, k_steps // MIN_SPLIT_STEPS, MAX_SPLIT_K))
 
 
 def gluon_config(spec: ProblemSpec, num_sms: int) -> GluonConfig:
@@ -132,33 +177,45 @@ def gluon_config(spec: ProblemSpec, num_sms: int) -> GluonConfig:
     return choose_tiles(spec, num_sms)[0]
 
 
-def choose_tiles(spec: ProblemSpec, num_sms: int) -> tuple[GluonConfig, str]:
-    """The default config and why, a model of the persistent grid's waves:
-    - 128 x 64 tiles where 128-wide tiles would fill at most half the SMs (a small M: each
-      program then finishes in about half the time);
-    - for group-scaled fp8 with a 16-bit output (an fp32 one spills), 128 x 256 tiles with the
-      overlapped main loop (masked-store calls: ``masked_store_config``) where their waves,
-      each WIDE_TILE_GAIN times cheaper per column than two narrow tiles' waves, take less
-      time (ceil(tiles / SMs) counts the last, partial wave as a whole one);
-    - 128 x 128 otherwise;
-    and as many ring slots as shared memory holds (6 for a bf16 output at BN = 128, 4 at 256)."""
+def tile_costs(spec: ProblemSpec, num_sms: int) -> dict[str, tuple[float, GluonConfig, str]]:
+    """Each candidate tiling of the persistent grid with its cost in K steps of a 128 x 128 tile
+    (the wave model) and a description."""
     rows = math.ceil(spec.m / 128)
+    k_steps = max(1, math.ceil(spec.k / 128))
     narrow = rows * math.ceil(spec.n / 128)
-    wide = rows * math.ceil(spec.n / 256)
-    w_narrow, w_wide = _waves(narrow, num_sms), _waves(wide, num_sms)
-    wide_kind = spec.scheme.grouped and not spec.integer_mainloop and spec.out_dtype != torch.float32
-    if narrow * 2 <= num_sms:
-        cfg = GluonConfig(block_n=64)
-        why = f"128 x 64 tiles: {narrow} tiles of 128 x 128 would fill at most half of {num_sms} SMs"
-    elif wide_kind and 2 * w_wide < WIDE_TILE_GAIN * w_narrow:
-        cfg = GluonConfig(block_n=256, overlap=True)
-        why = (f"128 x 256 overlapped tiles: {wide} tiles, {w_wide} waves on {num_sms} SMs, worth "
-               f"{2 * w_wide / WIDE_TILE_GAIN:.1f} waves of 128 x 128 tiles against their {w_narrow}")
-    elif wide_kind:
-        cfg = GluonConfig(block_n=128)
-        why = (f"128 x 128 tiles: {narrow} tiles, {w_narrow} waves on {num_sms} SMs, against 128 x 256 "
-               f"tiles worth {2 * w_wide / WIDE_TILE_GAIN:.1f}")
-    else:
-        cfg = GluonConfig(block_n=128)
-        why = "128 x 128 tiles (wide tiles measured no faster for tensor, rowcol and int8 scales)"
+    out = {}
+    w = _waves(narrow, num_sms)
+    out["128"] = (w * k_steps, GluonConfig(block_n=128), f"128 x 128 tiles: {narrow} tiles, {_n(w, 'wave')}")
+    split = split_k_for(narrow, k_steps, num_sms)
+    if split > 1:
+        full = narrow // num_sms
+        cost = full * k_steps + math.ceil(k_steps / split) + SPLIT_FIXED_STEPS
+        last = (f"{_n(full, 'full wave')}, the last {narrow % num_sms} tiles" if full
+                else "every tile")
+        out["128+split"] = (cost, GluonConfig(block_n=128, split_k=split),
+                            f"128 x 128 tiles: {narrow} tiles, {last} split {split} ways over K")
+    w64 = _waves(2 * narrow, num_sms)
+    out["64"] = (w64 * k_steps * NARROW64_STEP, GluonConfig(block_n=64),
+                 f"128 x 64 tiles: {2 * narrow} tiles, {_n(w64, 'wave')}")
+    # Wide tiles: group-scaled fp8 with a 16-bit output only (an fp32 one spills).
+    if spec.scheme.grouped and not spec.integer_mainloop and spec.out_dtype != torch.float32:
+        wide = rows * math.ceil(spec.n / 256)
+        ww = _waves(wide, num_sms)
+        out["256"] = (ww * k_steps * 2 / WIDE_TILE_GAIN, GluonConfig(block_n=256, overlap=True),
+                      f"128 x 256 overlapped tiles: {wide} tiles, {_n(ww, 'wave')}")
+    return out
+
+
+def choose_tiles(spec: ProblemSpec, num_sms: int) -> tuple[GluonConfig, str]:
+    """The default config and why: the cheapest tiling under a model of the persistent grid's
+    waves (``tile_costs``). A wave costs its tiles' K steps (ceil(tiles / SMs) counts the last,
+    partial wave as a whole one); 128 x 64 tiles cost NARROW64_STEP per step, 128 x 256 tiles
+    (group-scaled fp8, 16-bit output, overlapped) 2 / WIDE_TILE_GAIN; splitting the last wave
+    over K makes it ceil(K steps / split) long plus SPLIT_FIXED_STEPS. Ring slots: as many as
+    shared memory holds (6 for a bf16 output at BN = 128, 4 at 256)."""
+    costs = tile_costs(spec, num_sms)
+    best = min(costs, key=lambda key: costs[key][0])  # (ties: the first, the plainest)
+    cost, cfg, what = costs[best]
+    others = ", ".join(f"{key} {c:.0f}" for key, (c, _, _) in costs.items() if key != best)
+    why = f"{what} on {num_sms} SMs: {cost:.0f} K steps of a 128 x 128 tile, against {others}"
     return replace(cfg, stages=max_stages(cfg, spec.out_dtype)), why

@@ -12,16 +12,16 @@ prefill, tensor/rowcol, opted in); TMA adds conditions that only tensors can ans
 
 from __future__ import annotations
 
-import math
+from dataclasses import replace
 
 import torch
 
 from ...dtypes import OperandType
 from ...problem import Problem, ScaleKind
-from .. import gemm_kernel
 from ..direct import KernelCall, TableKernel, direct_launch_enabled
-from ..launch import REDUCE_BLOCK, _stream_workspace, _workspace
-from .config import GluonConfig, masked_store_config
+from ..launch import _stream_workspace, _workspace
+from . import split_reduce
+from .config import GluonConfig, masked_store_config, split_schedule
 
 _GL = {}
 _KERNEL = TableKernel(_GL, "kernel", __name__)  # the kernel, once _gl() has imported it
@@ -88,7 +88,7 @@ class GluonLaunch:
     three TMA descriptors (they hold data pointers) and launches through ``KernelCall``."""
 
     __slots__ = ("spec", "m", "n", "k", "lda", "ldb", "ldc", "out_dtype", "device", "cfg", "ints",
-                 "c_rows_ok", "fallback", "direct", "_variants", "reduce")
+                 "c_rows_ok", "fallback", "direct", "_variants")
 
     def __init__(self, problem: Problem, plan, fallback):
         spec = problem.spec
@@ -120,32 +120,29 @@ class GluonLaunch:
         ptr_types = (spec.a_type, spec.b_type, spec.out_dtype, problem.a_scale is not None,
                      problem.b_scale is not None, spec.has_bias)
         self._variants = {}
-        self.reduce = None
-        if cfg.split_k > 1:
-            # fp32 partials [split_k, M, N] with masked stores (ldc = N), summed in order into C.
-            vcfg = masked_store_config(cfg, spec.out_dtype)
-            tiles = math.ceil(spec.m / vcfg.block_m) * math.ceil(spec.n / vcfg.block_n) * cfg.split_k
-            ws_ints = self.ints[:3] + (spec.n,) + self.ints[4:]
-            consts = dict(constexprs(spec, vcfg, False), **options(vcfg))
-            call = KernelCall(_KERNEL, "_ws_gemm_kernel", (max(1, min(sms, tiles)),), ws_ints, consts,
-                              ptr_types + ("split-k",))
-            self._variants = {True: [vcfg, call, None], False: [vcfg, call, None]}
-            total = spec.m * spec.n
-            self.reduce = KernelCall(gemm_kernel, "_splitk_reduce_kernel", (math.ceil(total / REDUCE_BLOCK),),
-                                     (total, spec.n, self.ldc),
-                                     dict(SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK, SWAPPED=False, num_warps=4),
-                                     (torch.float32, spec.out_dtype))
-            return
         for tma_store in (True, False):
             vcfg = cfg if tma_store else masked_store_config(cfg, spec.out_dtype)
-            tiles = math.ceil(spec.m / vcfg.block_m) * math.ceil(spec.n / vcfg.block_n)
+            programs, n_full, n_split = split_schedule(spec.m, spec.n, vcfg, sms)
+            if not n_split:  # (the tiles fill whole waves: nothing to split)
+                vcfg = replace(vcfg, split_k=1)
             consts = dict(constexprs(spec, vcfg, tma_store), **options(vcfg))
-            call = KernelCall(_KERNEL, "_ws_gemm_kernel", (max(1, min(sms, tiles)),), self.ints, consts,
-                              ptr_types + (tma_store,))
-            self._variants[tma_store] = [vcfg, call, None]
+            call = KernelCall(_KERNEL, "_ws_gemm_kernel", (programs,), self.ints, consts,
+                              ptr_types + (tma_store, vcfg.split_k))
+            reduce, ws_numel = None, 0
+            if vcfg.split_k > 1:
+                # The split tiles' fp32 partials: [n_split * split_k, BM, BN] blocks, summed in order.
+                ws_numel = n_split * vcfg.split_k * vcfg.block_m * vcfg.block_n
+                reduce = KernelCall(split_reduce, "_split_tiles_reduce_kernel",
+                                    (n_split, vcfg.block_m // split_reduce.BLOCK_R),
+                                    (spec.m, spec.n, self.ldc, n_full),
+                                    dict(SPLIT_K=vcfg.split_k, BM=vcfg.block_m, BN=vcfg.block_n,
+                                         GROUP_M=vcfg.group_m, BLOCK_R=split_reduce.BLOCK_R, num_warps=4),
+                                    (torch.float32, spec.out_dtype))
+            self._variants[tma_store] = [vcfg, call, None, reduce, ws_numel]
 
     def variant(self, tma_store: bool):
-        """(config, KernelCall, shared layouts) of the TMA-store or masked-store launch."""
+        """(config, KernelCall, shared layouts, the split tiles' reduction or None, its workspace's
+        fp32 elements) of the TMA-store or masked-store launch."""
         v = self._variants[tma_store]
         if v[2] is None:
             v[2] = shared_layouts(self.spec, v[0])
@@ -163,25 +160,23 @@ class GluonLaunch:
             out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
         g = _gl()
         direct = self.direct and direct_launch_enabled()
-        split = self.reduce is not None  # split-K: fp32 partials into the workspace, then the sum
-        tma_store = not split and self.c_rows_ok and out.data_ptr() % 16 == 0
-        cfg, call, (a_l, b_l, c_l) = self.variant(tma_store)
+        tma_store = self.c_rows_ok and out.data_ptr() % 16 == 0
+        cfg, call, (a_l, b_l, c_l), reduce, ws_numel = self.variant(tma_store)
         td = g["TensorDescriptor"]
         a_desc = td(a, [self.m, self.k], [self.lda, 1], [cfg.block_m, cfg.block_k], a_l)
         # B's storage is the logical [K, N] view of an [N, K] weight: same pointer, its rows.
         b_desc = td(b, [self.n, self.k], [self.ldb, 1], [cfg.block_n, cfg.block_k], b_l)
         c_desc = (td(out, [self.m, self.n], [self.ldc, 1], [cfg.block_m // 2, cfg.sub_n], c_l)
                   if tma_store else None)
-        target = out
-        if split:
-            numel = self.cfg.split_k * self.m * self.n
+        ws = None
+        if reduce is not None:
             # (the whole stream buffer on the direct path: same pointer, no view made per call)
-            target = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
+            ws = _stream_workspace(self.device, ws_numel) if direct else _workspace(self.device, ws_numel)
         # The first launch of a signature goes through Triton's JIT launch, later ones straight to
         # the compiled kernel (whose launcher encodes the three TMA descriptors).
-        call((a_desc, b_desc, c_desc, target, sa, sb, bias), direct)
-        if split:
-            self.reduce((target, out), direct)
+        call((a_desc, b_desc, c_desc, out, ws, sa, sb, bias), direct)
+        if reduce is not None:
+            reduce((ws, out), direct)
         return out
 
 
@@ -210,6 +205,7 @@ def signature(spec, cfg: GluonConfig, tma_store: bool = True) -> tuple[dict, dic
         "b_desc": f"tensordesc<{op_ty[spec.b_type]}[{cfg.block_n}, {cfg.block_k}],{b_l!r}>",
         "c_desc": f"tensordesc<{out_ty}[{cfg.block_m // 2}, {cfg.sub_n}],{c_l!r}>" if tma_store else "constexpr",
         "c_ptr": f"*{out_ty}",
+        "ws_ptr": "*fp32" if cfg.split_k > 1 else "constexpr",
         "sa_ptr": "*fp32" if spec.a_scale_kind is not ScaleKind.NONE else "constexpr",
         "sb_ptr": "*fp32" if spec.b_scale_kind is not ScaleKind.NONE else "constexpr",
         "bias_ptr": "*fp32" if spec.has_bias else "constexpr",
@@ -219,7 +215,7 @@ def signature(spec, cfg: GluonConfig, tma_store: bool = True) -> tuple[dict, dic
     consts = constexprs(spec, cfg, tma_store)
     for name in consts:
         sig[name] = "constexpr"
-    for name in ("c_desc", "sa_ptr", "sb_ptr", "bias_ptr"):
+    for name in ("c_desc", "ws_ptr", "sa_ptr", "sb_ptr", "bias_ptr"):
         if sig[name] == "constexpr":
             consts[name] = None
     return sig, consts

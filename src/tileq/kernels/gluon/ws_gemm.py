@@ -59,16 +59,44 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _work_item(item, num_pid_m, num_pid_n, k_tiles, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr):
+def _full_tiles(num_tiles, SPLIT_K: gl.constexpr):
+    """Tiles computed whole. With SPLIT_K > 1 the tiles past the last full wave of the persistent
+    grid (``num_tiles % num_programs``; every tile when there are fewer tiles than programs) are
+    split over K into SPLIT_K items each, so that the last wave keeps the SMs busy."""
+    if SPLIT_K == 1:
+        return num_tiles
+    else:
+        return num_tiles - num_tiles % gl.num_programs(0)
+
+
+@gluon.jit
+def _work_item(item, n_full, num_pid_m, num_pid_n, k_tiles, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr):
     """Item ``item`` of a program's walk: its tile, its K split and that split's K tiles
-    [k_begin, k_end). With SPLIT_K = 1 an item is a tile with all of K."""
-    tile_id = item // SPLIT_K
-    split = item % SPLIT_K
+    [k_begin, k_end), and ``slot``: the index of its fp32 partial in the workspace, -1 for a
+    tile computed whole (the first ``n_full`` items)."""
+    if SPLIT_K == 1:
+        tile_id = item
+        split = 0
+        k_begin = 0
+        k_end = k_tiles
+        slot = -1
+    else:
+        j = item - n_full
+        if j < 0:
+            tile_id = item
+            split = 0
+            k_begin = 0
+            k_end = k_tiles
+            slot = -1
+        else:
+            tile_id = n_full + j // SPLIT_K
+            split = j % SPLIT_K
+            per = gl.cdiv(k_tiles, SPLIT_K)
+            k_begin = split * per
+            k_end = gl.minimum(k_begin + per, k_tiles)
+            slot = j
     pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-    per = gl.cdiv(k_tiles, SPLIT_K)
-    k_begin = split * per
-    k_end = gl.minimum(k_begin + per, k_tiles)
-    return pid_m, pid_n, split, k_begin, k_end
+    return pid_m, pid_n, split, k_begin, k_end, slot
 
 
 @gluon.jit
@@ -78,12 +106,14 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
     """One warp: TMA loads of every K tile of every item this program owns, STAGES ahead."""
     num_pid_m = gl.cdiv(M, BM)
     num_pid_n = gl.cdiv(N, BN)
-    num_items = num_pid_m * num_pid_n * SPLIT_K
+    n_full = _full_tiles(num_pid_m * num_pid_n, SPLIT_K)
+    num_items = n_full + (num_pid_m * num_pid_n - n_full) * SPLIT_K
     k_tiles = gl.cdiv(K, BK)
     tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_m, pid_n, split, k_begin, k_end = _work_item(item, num_pid_m, num_pid_n, k_tiles, GROUP_M, SPLIT_K)
+        pid_m, pid_n, split, k_begin, k_end, slot = _work_item(item, n_full, num_pid_m, num_pid_n, k_tiles,
+                                                               GROUP_M, SPLIT_K)
         off_m = pid_m * BM
         off_n = pid_n * BN
         for ki in range(k_begin, k_end):
@@ -135,11 +165,14 @@ def _promote(acc, part, sa_g, sb_g, A_GROUP: gl.constexpr, B_GROUP: gl.constexpr
 
 
 @gluon.jit
-def _epilogue(acc, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, sa_ptr, sb_ptr, bias_ptr, bias_on,
-              M, N, ldc, stride_sa_m, stride_sb_n, cols_l: gl.constexpr, SUB_N: gl.constexpr,
-              A_SCALE: gl.constexpr, B_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-              TMA_STORE: gl.constexpr, PENDING: gl.constexpr):
-    """acc [64, SUB_N] -> * a_scale rows -> * b_scale columns -> + bias -> cast -> store."""
+def _epilogue(acc, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, ws_ptr, slot, lrows, col0, sa_ptr,
+              sb_ptr, bias_ptr, bias_on, M, N, ldc, stride_sa_m, stride_sb_n, cols_l: gl.constexpr,
+              SUB_N: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, A_SCALE: gl.constexpr,
+              B_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr,
+              PENDING: gl.constexpr, SPLIT_K: gl.constexpr):
+    """acc [64, SUB_N] -> * a_scale rows -> * b_scale columns -> + bias -> cast -> store; a split
+    item (``slot`` >= 0) stores the scaled fp32 partial into its [BM, BN] workspace block
+    instead (rows ``lrows``, columns ``col0`` + [0, SUB_N) of the block)."""
     cols = off_n + gl.arange(0, SUB_N, layout=cols_l)
     col_ok = cols < N
     y = acc
@@ -157,6 +190,23 @@ def _epilogue(acc, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, sa_ptr, sb
         # (with split-K only the first split adds it: ``bias_on``)
         bias = gl.load(bias_ptr + cols, mask=col_ok & bias_on, other=0.0)
         y = y + bias[None, :]
+    if SPLIT_K > 1:
+        if slot >= 0:
+            # The whole [64, SUB_N] piece, unmasked: the block is full-sized (the reduction masks).
+            lcols = col0 + gl.arange(0, SUB_N, layout=cols_l)
+            gl.store(ws_ptr + slot * (BM * BN) + lrows[:, None] * BN + lcols[None, :], y)
+        else:
+            _store_out(y, rows, row_ok, cols, col_ok, off_m, off_n, c_smem, c_desc, c_ptr, M, ldc,
+                       TMA_STORE, PENDING)
+    else:
+        _store_out(y, rows, row_ok, cols, col_ok, off_m, off_n, c_smem, c_desc, c_ptr, M, ldc,
+                   TMA_STORE, PENDING)
+
+
+@gluon.jit
+def _store_out(y, rows, row_ok, cols, col_ok, off_m, off_n, c_smem, c_desc, c_ptr, M, ldc,
+               TMA_STORE: gl.constexpr, PENDING: gl.constexpr):
+    """Cast and store a [64, SUB_N] piece of C: by TMA from shared memory, or with masks."""
     out = y.to(c_ptr.dtype.element_ty)
     if TMA_STORE:
         # The last store that read this staging buffer must be done (a deferred wait: it
@@ -173,7 +223,7 @@ def _epilogue(acc, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, sa_ptr, sb
 
 @gluon.jit
 def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
-              c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g,
+              c_ptr, ws_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g,
               stride_sb_g, stride_sb_n,
               HALF: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
               SUB_N: gl.constexpr, EPI_BUFS: gl.constexpr,
@@ -183,9 +233,10 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
               SPLIT_K: gl.constexpr):
     """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue.
 
-    With SPLIT_K > 1 an item is a tile and one of SPLIT_K ranges of its K tiles, and the epilogue
-    writes its fp32 partial (scaled; the bias from the first split) to the workspace ``c_ptr``
-    [SPLIT_K, M, N] with masked stores; ``_splitk_reduce_kernel`` sums the splits in order.
+    With SPLIT_K > 1 the tiles of the last, partial wave (all tiles when they are fewer than the
+    programs) are split: an item is such a tile and one of SPLIT_K ranges of its K tiles, and the
+    epilogue writes its fp32 partial (scaled; the bias from the first split) into its [BM, BN]
+    block of the workspace ``ws_ptr``; ``split_reduce.py`` sums each tile's blocks in order.
 
     The tile's BN columns are NSUB = BN / SUB_N sub-tiles of SUB_N <= 128 columns, each with its
     own accumulator: a 64 x 256 fp8 tile would need 2 x 128 registers per thread for the
@@ -200,7 +251,8 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
     cols_l: gl.constexpr = gl.SliceLayout(0, mma)
     num_pid_m = gl.cdiv(M, BM)
     num_pid_n = gl.cdiv(N, BN)
-    num_items = num_pid_m * num_pid_n * SPLIT_K
+    n_full = _full_tiles(num_pid_m * num_pid_n, SPLIT_K)
+    num_items = n_full + (num_pid_m * num_pid_n - n_full) * SPLIT_K
     k_tiles = gl.cdiv(K, BK)
     A_GROUP: gl.constexpr = A_SCALE == "group"
     B_GROUP: gl.constexpr = B_SCALE == "group"
@@ -212,13 +264,14 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
     # OVERLAP (fp8): the wgmma of each K tile is started at the end of the previous K tile's
     # step, so the first K tile of the next tile runs on the tensor cores during the epilogue.
     gl.static_assert(not (OVERLAP and INT_DOT), "OVERLAP: fp8 only")
-    gl.static_assert(SPLIT_K == 1 or (not OVERLAP and not TMA_STORE), "split-K: masked stores, no overlap")
+    gl.static_assert(SPLIT_K == 1 or (not OVERLAP and NSUB == 1), "split-K: 128-column tiles at most, no overlap")
     part = gl.zeros((HALF_M, SUB_N), gl.float32, mma)
     it = 0
     if OVERLAP:
         part = _issue(a_bufs, b_bufs, ready_bars, it, part, HALF, SUB_N, STAGES)
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_m, pid_n, split, k_begin, k_end = _work_item(item, num_pid_m, num_pid_n, k_tiles, GROUP_M, SPLIT_K)
+        pid_m, pid_n, split, k_begin, k_end, slot = _work_item(item, n_full, num_pid_m, num_pid_n, k_tiles,
+                                                               GROUP_M, SPLIT_K)
         off_m = pid_m * BM + HALF * HALF_M
         off_n = pid_n * BN
         rows = off_m + gl.arange(0, HALF_M, layout=rows_l)
@@ -298,19 +351,17 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                 # the last tile) the producer's extra item.
                 part = _issue(a_bufs, b_bufs, ready_bars, it, part, HALF, SUB_N, STAGES)
         # ---- epilogue, per sub-tile: acc -> scales -> bias -> cast -> store ----
-        if SPLIT_K > 1:
-            c_out = c_ptr + split.to(gl.int64) * M * N  # this split's [M, N] slab of the workspace
-        else:
-            c_out = c_ptr
+        lrows = HALF * HALF_M + gl.arange(0, HALF_M, layout=rows_l)  # rows within the tile
         _epilogue(acc0.to(gl.float32), rows, row_ok, off_m, off_n,
-                  c_bufs.index(HALF * EPI_BUFS) if TMA_STORE else c_bufs, c_desc, c_out, sa_ptr,
-                  sb_ptr, bias_ptr, split == 0, M, N, ldc, stride_sa_m, stride_sb_n, cols_l, SUB_N,
-                  A_SCALE, B_SCALE, HAS_BIAS, TMA_STORE, EPI_BUFS - 1)
+                  c_bufs.index(HALF * EPI_BUFS) if TMA_STORE else c_bufs, c_desc, c_ptr, ws_ptr, slot,
+                  lrows, 0, sa_ptr, sb_ptr, bias_ptr, split == 0, M, N, ldc, stride_sa_m, stride_sb_n,
+                  cols_l, SUB_N, BM, BN, A_SCALE, B_SCALE, HAS_BIAS, TMA_STORE, EPI_BUFS - 1, SPLIT_K)
         if NSUB == 2:
             _epilogue(acc1.to(gl.float32), rows, row_ok, off_m, off_n + SUB_N,
                       c_bufs.index(HALF * EPI_BUFS + EPI_BUFS - 1) if TMA_STORE else c_bufs, c_desc,
-                      c_out, sa_ptr, sb_ptr, bias_ptr, split == 0, M, N, ldc, stride_sa_m, stride_sb_n,
-                      cols_l, SUB_N, A_SCALE, B_SCALE, HAS_BIAS, TMA_STORE, EPI_BUFS - 1)
+                      c_ptr, ws_ptr, slot, lrows, SUB_N, sa_ptr, sb_ptr, bias_ptr, split == 0, M, N, ldc,
+                      stride_sa_m, stride_sb_n, cols_l, SUB_N, BM, BN, A_SCALE, B_SCALE, HAS_BIAS,
+                      TMA_STORE, EPI_BUFS - 1, SPLIT_K)
     if OVERLAP:
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
         mbarrier.arrive(empty_bars.index(it % STAGES), count=1)
@@ -320,7 +371,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
 
 @gluon.jit
 def _ws_gemm_kernel(
-    a_desc, b_desc, c_desc, c_ptr, sa_ptr, sb_ptr, bias_ptr,
+    a_desc, b_desc, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr, bias_ptr,
     M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SUB_N: gl.constexpr,
     EPI_BUFS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
@@ -347,11 +398,11 @@ def _ws_gemm_kernel(
     fence_async_shared()  # the barrier inits, visible to the async proxy (TMA) before use
 
     gl.warp_specialize([
-        (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, sa_ptr, sb_ptr,
+        (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      0, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
                      HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K)),
-        (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, sa_ptr, sb_ptr,
+        (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      1, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
                      HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K)),
