@@ -168,6 +168,9 @@ def test_wave_model_choices(m, n, want):
     for short, (block_n, split) in want.items():
         cfg = gluon_config(_spec(f"{short}_fp8xfp8_rcr_prefill", m=m, n=n), 132)
         assert (cfg.block_n, cfg.split_k, cfg.overlap) == (block_n, split, block_n == 256)
+        # Group scales two K steps ahead on short K steps (64 columns) and split tiles.
+        want_ahead = 2 if short == "abquant" and (block_n == 64 or split > 1) else 1
+        assert cfg.scale_ahead == want_ahead
     int8 = gluon_config(_spec("rowcol_i8xi8_rcr_prefill", m=m, n=n), 132)
     assert (int8.block_n, int8.split_k) == want["rowcol"]  # int8: no wide tiles, as rowcol
 
@@ -349,6 +352,7 @@ def test_split_k_config_and_tag():
 
     cfg = GluonConfig(block_n=128, stages=6, split_k=3)
     assert cfg.tag == "m128n128k128_s6_sk3_ws2x64"
+    assert replace(cfg, scale_ahead=2).tag == "m128n128k128_s6_sk3_sa2_ws2x64"
     with pytest.raises(ValueError, match="block_n <= 128 and no overlap"):
         GluonConfig(block_n=256, stages=4, overlap=True, split_k=2)
     # 272 tiles on 132 SMs: two full waves, the last 8 tiles split.
@@ -569,7 +573,9 @@ FORCED_CONFIGS = [GluonConfig(block_n=256, stages=4), GluonConfig(block_n=256, s
                   GluonConfig(block_n=256, stages=4, overlap=True), GluonConfig(overlap=True),
                   GluonConfig(block_n=64, stages=8, overlap=True),
                   GluonConfig(split_k=2), GluonConfig(block_n=64, stages=8, split_k=3),
-                  GluonConfig(split_k=16)]  # (K = 1040: 9 K tiles, splits 9-15 empty)
+                  GluonConfig(split_k=16),  # (K = 1040: 9 K tiles, splits 9-15 empty)
+                  GluonConfig(scale_ahead=2), GluonConfig(block_n=256, stages=4, overlap=True, scale_ahead=2),
+                  GluonConfig(split_k=3, scale_ahead=2)]  # (group scales two K steps ahead)
 
 
 @gpu

@@ -151,6 +151,19 @@ def _issue(a_bufs, b_bufs, ready_bars, it, part, HALF: gl.constexpr, SUB_N: gl.c
 
 
 @gluon.jit
+def _a_scales(sa_ptr, rows, row_ok, kg, k_end, stride_sa_m, stride_sa_g):
+    """a_scale[rows, kg] (zeros past the item's K range)."""
+    return gl.load(sa_ptr + rows * stride_sa_m + kg * stride_sa_g, mask=row_ok & (kg < k_end), other=0.0)
+
+
+@gluon.jit
+def _b_scale(sb_ptr, kg, k_end, col0, N, GROUP_N: gl.constexpr, stride_sb_g, stride_sb_n):
+    """b_scale[kg, the column group of col0]: one per sub-tile (zero past K or N)."""
+    return gl.load(sb_ptr + kg * stride_sb_g + (col0 // GROUP_N) * stride_sb_n, mask=(kg < k_end) & (col0 < N),
+                   other=0.0)
+
+
+@gluon.jit
 def _promote(acc, part, sa_g, sb_g, A_GROUP: gl.constexpr, B_GROUP: gl.constexpr):
     """acc += one K tile's partial sum, times its group scales (on the CUDA cores)."""
     if A_GROUP and B_GROUP:
@@ -230,7 +243,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
               B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr,
               TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr, OVERLAP: gl.constexpr,
-              SPLIT_K: gl.constexpr):
+              SPLIT_K: gl.constexpr, SCALE_AHEAD: gl.constexpr):
     """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue.
 
     With SPLIT_K > 1 the tiles of the last, partial wave (all tiles when they are fewer than the
@@ -279,18 +292,19 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
         acc0 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
         if NSUB == 2:
             acc1 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
-        # Group scales of the first K group; inside the loop those of group ki + 1 are loaded
-        # while group ki's wgmma runs (BK = GROUP_K: K tile ki is K group ki).
-        has_k = k_begin < k_end  # (a split past the last K tile: no loads, a zero partial)
+        # Group scales of the first SCALE_AHEAD K groups; inside the loop those of group
+        # ki + SCALE_AHEAD are loaded while group ki's wgmma runs (BK = GROUP_K: K tile ki is K
+        # group ki). A K step of a 128 x 128 tile is about as long as a load from L2 under load.
         if A_GROUP:
-            sa_next = gl.load(sa_ptr + rows * stride_sa_m + k_begin * stride_sa_g, mask=row_ok & has_k,
-                              other=0.0)
+            sa_next = _a_scales(sa_ptr, rows, row_ok, k_begin, k_end, stride_sa_m, stride_sa_g)
+            if SCALE_AHEAD == 2:
+                sa_next2 = _a_scales(sa_ptr, rows, row_ok, k_begin + 1, k_end, stride_sa_m, stride_sa_g)
         if B_GROUP:
-            sb0_next = gl.load(sb_ptr + k_begin * stride_sb_g + (off_n // GROUP_N) * stride_sb_n,
-                               mask=has_k, other=0.0)
+            sb0_next = _b_scale(sb_ptr, k_begin, k_end, off_n, N, GROUP_N, stride_sb_g, stride_sb_n)
+            if SCALE_AHEAD == 2:
+                sb0_next2 = _b_scale(sb_ptr, k_begin + 1, k_end, off_n, N, GROUP_N, stride_sb_g, stride_sb_n)
             if NSUB == 2:
-                sb1_next = gl.load(sb_ptr + k_begin * stride_sb_g + ((off_n + SUB_N) // GROUP_N) * stride_sb_n,
-                                   mask=has_k & (off_n + SUB_N < N), other=0.0)
+                sb1_next = _b_scale(sb_ptr, k_begin, k_end, off_n + SUB_N, N, GROUP_N, stride_sb_g, stride_sb_n)
         for ki in range(k_begin, k_end):
             s = it % STAGES
             if not OVERLAP:
@@ -314,20 +328,24 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                 # alone, accumulated by wgmma in its reduced fp8 precision over 128 of K at most.
                 if not OVERLAP:
                     part = warpgroup_mma(a, b0, part, use_acc=False, is_async=True)
-                more = ki + 1 < k_end
                 if A_GROUP:
                     sa_g = sa_next
-                    sa_next = gl.load(sa_ptr + rows * stride_sa_m + (ki + 1) * stride_sa_g,
-                                      mask=row_ok & more, other=0.0)
+                    if SCALE_AHEAD == 2:
+                        sa_next = sa_next2
+                        sa_next2 = _a_scales(sa_ptr, rows, row_ok, ki + 2, k_end, stride_sa_m, stride_sa_g)
+                    else:
+                        sa_next = _a_scales(sa_ptr, rows, row_ok, ki + 1, k_end, stride_sa_m, stride_sa_g)
                 if B_GROUP:
                     sb0_g = sb0_next
-                    sb0_next = gl.load(sb_ptr + (ki + 1) * stride_sb_g + (off_n // GROUP_N) * stride_sb_n,
-                                       mask=more, other=0.0)
+                    if SCALE_AHEAD == 2:
+                        sb0_next = sb0_next2
+                        sb0_next2 = _b_scale(sb_ptr, ki + 2, k_end, off_n, N, GROUP_N, stride_sb_g, stride_sb_n)
+                    else:
+                        sb0_next = _b_scale(sb_ptr, ki + 1, k_end, off_n, N, GROUP_N, stride_sb_g, stride_sb_n)
                     if NSUB == 2:
                         sb1_g = sb1_next
-                        sb1_next = gl.load(sb_ptr + (ki + 1) * stride_sb_g
-                                           + ((off_n + SUB_N) // GROUP_N) * stride_sb_n,
-                                           mask=more & (off_n + SUB_N < N), other=0.0)
+                        sb1_next = _b_scale(sb_ptr, ki + 1, k_end, off_n + SUB_N, N, GROUP_N, stride_sb_g,
+                                            stride_sb_n)
                 else:
                     sb0_g = 1.0
                     sb1_g = 1.0
@@ -376,7 +394,8 @@ def _ws_gemm_kernel(
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SUB_N: gl.constexpr,
     EPI_BUFS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
     B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr,
-    INT_DOT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    INT_DOT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr, SCALE_AHEAD: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     gl.static_assert(BM == 2 * HALF_M, "two consumer warpgroups of 64 rows each")
@@ -401,11 +420,11 @@ def _ws_gemm_kernel(
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      0, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K)),
+                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K, SCALE_AHEAD)),
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      1, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K)),
+                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K, SCALE_AHEAD)),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K, BM, BN, BK,
                      GROUP_M, STAGES, OVERLAP, SPLIT_K)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
