@@ -69,7 +69,7 @@ def _nks(text: str) -> list[tuple[int, int]]:
 
 
 def _variants(text: str) -> list:
-    """--variants: [(BN, STAGES, EPI_BUFS, OVERLAP, SPLIT_K, SCALE_AHEAD) or None for the planner's config];
+    """--variants: [(BN, STAGES, EPI_BUFS, OVERLAP, SPLIT_K) or None for the planner's config];
     [None] when empty. SPLIT_K 'a': as many K ranges as the wave model gives the last wave
     (``split_k_for``; -1 here)."""
     out = []
@@ -77,12 +77,9 @@ def _variants(text: str) -> list:
         if item == "plan":
             out.append(None)
             continue
-        if item.startswith("plan:"):  # the planner's config, group scales loaded N steps ahead
-            out.append(("plan", int(item[5:])))
-            continue
         parts = [-1 if v == "a" else int(v) for v in item.split(":")]
-        parts += [1, 0, 1, 1][len(parts) - 2:]
-        out.append((parts[0], parts[1], parts[2], bool(parts[3]), parts[4], parts[5]))
+        parts += [1, 0, 1][len(parts) - 2:]
+        out.append((parts[0], parts[1], parts[2], bool(parts[3]), parts[4]))
     return out or [None]
 
 
@@ -94,9 +91,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--variants", default="",
                    help="Gluon configs to time instead of the planner's, comma-separated "
-                        "BN:STAGES[:EPI_BUFS[:OVERLAP[:SPLIT_K[:SCALE_AHEAD]]]] (e.g. 128:6,256:4,256:3:2,128:6:1:1,"
-                        "128:6:1:0:2, 128:6:1:0:a); 'plan' = the planner's, 'plan:2' = the planner's with "
-                        "group scales loaded 2 K steps ahead")
+                        "BN:STAGES[:EPI_BUFS[:OVERLAP[:SPLIT_K]]] (e.g. 128:6,256:4,256:3:2,128:6:1:1,"
+                        "128:6:1:0:2, 128:6:1:0:a); 'plan' = the planner's")
     p.add_argument("--no-triton", action="store_true", help="skip the portable Triton kernel")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tileq-out"), help="folder for gluon.csv")
     p.add_argument("--scheme", choices=tuple(SCHEMES), default="rowcol")
@@ -175,16 +171,13 @@ def main() -> int:
                     gluon_calls[name], gluon_configs[name] = None, f"not chosen: {plan_g.impl_reason}"
                     continue
                 plan_v = plan_g
-                if variant is not None and variant[0] == "plan":
-                    plan_v = replace(plan_g, gluon=replace(plan_g.gluon, scale_ahead=variant[1]))
-                elif variant is not None:
-                    bn, stages, epi, overlap, split, ahead = variant
+                if variant is not None:
+                    bn, stages, epi, overlap, split = variant
                     if split == -1:
                         tiles = -(-m // 128) * -(-n // bn)
                         split = split_k_for(tiles, -(-k // 128), torch.cuda.get_device_properties(device).multi_processor_count)
                     plan_v = replace(plan_g, gluon=replace(plan_g.gluon, block_n=bn, stages=stages,
-                                                           epi_bufs=epi, overlap=overlap, split_k=split,
-                                                           scale_ahead=ahead))
+                                                           epi_bufs=epi, overlap=overlap, split_k=split))
                 launch_v = make_launch(problem, plan_v)
                 out_v = torch.empty(m, n, dtype=torch.bfloat16, device=device)
                 gluon_calls[name] = (lambda lv=launch_v, o=out_v: lv(a, b, sa, sb, None, None, o))

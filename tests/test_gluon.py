@@ -168,9 +168,6 @@ def test_wave_model_choices(m, n, want):
     for short, (block_n, split) in want.items():
         cfg = gluon_config(_spec(f"{short}_fp8xfp8_rcr_prefill", m=m, n=n), 132)
         assert (cfg.block_n, cfg.split_k, cfg.overlap) == (block_n, split, block_n == 256)
-        # Group scales two K steps ahead on short K steps (64 columns) and split tiles.
-        want_ahead = 2 if short == "abquant" and (block_n == 64 or split > 1) else 1
-        assert cfg.scale_ahead == want_ahead
     int8 = gluon_config(_spec("rowcol_i8xi8_rcr_prefill", m=m, n=n), 132)
     assert (int8.block_n, int8.split_k) == want["rowcol"]  # int8: no wide tiles, as rowcol
 
@@ -318,12 +315,14 @@ def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
     ptx = Path(built["base"] + ".ptx").read_text()
     cubin = built["base"] + ".cubin"
     # Each consumer's K tile: four m64nSUB_Nk32 wgmmas per sub-tile (e4m3 -> f32, or s8 -> s32);
-    # the overlapped main loop has a second copy of the first sub-tile's chain (its prologue).
+    # the overlapped main loop has a second copy of the first sub-tile's chain (its prologue);
+    # with group scales the loop is unrolled by two (two register sets of scales).
     f8 = {"fp8": "e4m3", "bf8": "e5m2"}
     kind = (r"s32\.s8\.s8" if spec.integer_mainloop
             else rf"f32\.{f8[spec.a_type.value]}\.{f8[spec.b_type.value]}")
     n = built["sub_n"]
-    chains = built["sub_tiles"] + (1 if built["overlap"] else 0)
+    unroll = 2 if spec.scheme.grouped else 1
+    chains = unroll * built["sub_tiles"] + (1 if built["overlap"] else 0)
     wgmmas = 2 * 4 * chains
     assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k32\.{kind}", ptx)) == wgmmas
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx  # TMA loads
@@ -352,7 +351,6 @@ def test_split_k_config_and_tag():
 
     cfg = GluonConfig(block_n=128, stages=6, split_k=3)
     assert cfg.tag == "m128n128k128_s6_sk3_ws2x64"
-    assert replace(cfg, scale_ahead=2).tag == "m128n128k128_s6_sk3_sa2_ws2x64"
     with pytest.raises(ValueError, match="block_n <= 128 and no overlap"):
         GluonConfig(block_n=256, stages=4, overlap=True, split_k=2)
     # 272 tiles on 132 SMs: two full waves, the last 8 tiles split.
@@ -573,9 +571,7 @@ FORCED_CONFIGS = [GluonConfig(block_n=256, stages=4), GluonConfig(block_n=256, s
                   GluonConfig(block_n=256, stages=4, overlap=True), GluonConfig(overlap=True),
                   GluonConfig(block_n=64, stages=8, overlap=True),
                   GluonConfig(split_k=2), GluonConfig(block_n=64, stages=8, split_k=3),
-                  GluonConfig(split_k=16),  # (K = 1040: 9 K tiles, splits 9-15 empty)
-                  GluonConfig(scale_ahead=2), GluonConfig(block_n=256, stages=4, overlap=True, scale_ahead=2),
-                  GluonConfig(split_k=3, scale_ahead=2)]  # (group scales two K steps ahead)
+                  GluonConfig(split_k=16)]  # (K = 1040: 9 K tiles, splits 9-15 empty)
 
 
 @gpu

@@ -44,8 +44,6 @@ class GluonConfig:
     # partials summed in order by split_reduce.py: the last wave then keeps every SM busy.
     # 128-column tiles at most, no overlap (``split_schedule``).
     split_k: int = 1
-    # Group scales loaded this many K steps ahead of their promotion (1 or 2; ``choose_tiles``).
-    scale_ahead: int = 1
     # setmaxnreg budgets per thread. The kernel runs 12 warps (4 + 4 + the producer's warpgroup,
     # which Triton pads to 4 warps) under maxnreg = 168, i.e. 168 x 384 = 64512 of the 65536
     # registers: 232 x 128 for each consumer warpgroup and 40 x 128 for the producer's (the
@@ -76,8 +74,7 @@ class GluonConfig:
         epi = f"_e{self.epi_bufs}" if self.epi_bufs != 1 else ""
         ovl = "_ov" if self.overlap else ""
         split = f"_sk{self.split_k}" if self.split_k > 1 else ""
-        ahead = f"_sa{self.scale_ahead}" if self.scale_ahead != 1 else ""
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}{split}{ahead}_ws2x64"
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}{split}_ws2x64"
 
     def describe(self, integer: bool = False) -> str:
         acc = ("int32 in the wgmma accumulator over all of K" if integer
@@ -215,18 +212,10 @@ def choose_tiles(spec: ProblemSpec, num_sms: int) -> tuple[GluonConfig, str]:
     partial wave as a whole one); 128 x 64 tiles cost NARROW64_STEP per step, 128 x 256 tiles
     (group-scaled fp8, 16-bit output, overlapped) 2 / WIDE_TILE_GAIN; splitting the last wave
     over K makes it ceil(K steps / split) long plus SPLIT_FIXED_STEPS. Ring slots: as many as
-    shared memory holds (6 for a bf16 output at BN = 128, 4 at 256). Group scales two K steps
-    ahead for 128 x 64 tiles and split ones."""
+    shared memory holds (6 for a bf16 output at BN = 128, 4 at 256)."""
     costs = tile_costs(spec, num_sms)
     best = min(costs, key=lambda key: costs[key][0])  # (ties: the first, the plainest)
     cost, cfg, what = costs[best]
-    if spec.scheme.grouped and (cfg.block_n == 64 or cfg.split_k > 1):
-        # Short K steps (64 columns) and short items (a split's few K steps, whose first scales
-        # are loaded at its start) wait for their group scales: loading them two steps ahead
-        # made fp8 abquant 1.08x faster (median; 1.03-1.22x) on those configs, and 1.0x / 0.99x
-        # on 128 x 128 and 128 x 256 tiles (77 problems, H200, 2026-12-01,
-        # bench/results/h200/gluon/scale-ahead/).
-        cfg = replace(cfg, scale_ahead=2)
     others = ", ".join(f"{key} {c:.0f}" for key, (c, _, _) in costs.items() if key != best)
     why = f"{what} on {num_sms} SMs: {cost:.0f} K steps of a 128 x 128 tile, against {others}"
     return replace(cfg, stages=max_stages(cfg, spec.out_dtype)), why

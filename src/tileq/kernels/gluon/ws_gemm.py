@@ -151,30 +151,80 @@ def _issue(a_bufs, b_bufs, ready_bars, it, part, HALF: gl.constexpr, SUB_N: gl.c
 
 
 @gluon.jit
-def _a_scales(sa_ptr, rows, row_ok, kg, k_end, stride_sa_m, stride_sa_g):
-    """a_scale[rows, kg] (zeros past the item's K range)."""
-    return gl.load(sa_ptr + rows * stride_sa_m + kg * stride_sa_g, mask=row_ok & (kg < k_end), other=0.0)
+def _group_scales(sa_ptr, sb_ptr, rows, row_ok, kg, k_end, off_n, N, stride_sa_m, stride_sa_g, stride_sb_g,
+                  stride_sb_n, SUB_N: gl.constexpr, NSUB: gl.constexpr, GROUP_N: gl.constexpr,
+                  A_GROUP: gl.constexpr, B_GROUP: gl.constexpr):
+    """K group kg's scales for the consumer's rows (zeros past the item's K range): a_scale[rows,
+    kg] and b_scale[kg, n-block] of each sub-tile, the latter as a vector over the rows, masked
+    per row (loaded as one scalar, ptxas kept it in a uniform register, moved there right after
+    its load, which then waited for it)."""
+    k_ok = row_ok & (kg < k_end)
+    sa = 1.0
+    sb0 = 1.0
+    sb1 = 1.0
+    if A_GROUP:
+        sa = gl.load(sa_ptr + rows * stride_sa_m + kg * stride_sa_g, mask=k_ok, other=0.0)
+    if B_GROUP:
+        zero = rows * 0
+        sb0 = gl.load(sb_ptr + kg * stride_sb_g + (off_n // GROUP_N) * stride_sb_n + zero, mask=k_ok, other=0.0)
+        if NSUB == 2:
+            sb1 = gl.load(sb_ptr + kg * stride_sb_g + ((off_n + SUB_N) // GROUP_N) * stride_sb_n + zero,
+                          mask=k_ok & (off_n + SUB_N < N), other=0.0)
+    return sa, sb0, sb1
 
 
 @gluon.jit
-def _b_scale(sb_ptr, kg, k_end, col0, N, GROUP_N: gl.constexpr, stride_sb_g, stride_sb_n):
-    """b_scale[kg, the column group of col0]: one per sub-tile (zero past K or N)."""
-    return gl.load(sb_ptr + kg * stride_sb_g + (col0 // GROUP_N) * stride_sb_n, mask=(kg < k_end) & (col0 < N),
-                   other=0.0)
-
-
-@gluon.jit
-def _promote(acc, part, sa_g, sb_g, A_GROUP: gl.constexpr, B_GROUP: gl.constexpr):
-    """acc += one K tile's partial sum, times its group scales (on the CUDA cores)."""
+def _step_scale(sa, sb, A_GROUP: gl.constexpr, B_GROUP: gl.constexpr):
+    """One K step's group scale per row of the consumer's half: a_scale[row, g] * b_scale[g, n-block]."""
     if A_GROUP and B_GROUP:
-        acc += part * (sa_g * sb_g)[:, None]
+        return sa * sb
     elif A_GROUP:
-        acc += part * sa_g[:, None]
-    elif B_GROUP:
-        acc += part * sb_g
+        return sa
+    else:
+        return sb
+
+
+@gluon.jit
+def _promote(acc, part, scale, GROUPED: gl.constexpr):
+    """acc += one K tile's partial sum, times its group scales per row (on the CUDA cores)."""
+    if GROUPED:
+        acc += part * scale[:, None]
     else:
         acc += part
     return acc
+
+
+@gluon.jit
+def _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it, scale0, scale1, HALF: gl.constexpr,
+              SUB_N: gl.constexpr, NSUB: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+              GROUPED: gl.constexpr):
+    """One K step of fp8 with precise accumulation: the wgmma chain of ring item ``it`` (started
+    by the previous step when OVERLAP) into ``part``, which starts from zero (use_acc=False), so
+    that it holds this K tile's sum alone, accumulated by wgmma in its reduced fp8 precision over
+    128 of K at most; then its promotion into the fp32 accumulator of each sub-tile."""
+    s = it % STAGES
+    a = a_bufs.index(s).slice(HALF * HALF_M, HALF_M, dim=0)  # [64, BK], K-major
+    if not OVERLAP:
+        mbarrier.wait(ready_bars.index(s), (it // STAGES) & 1)
+        b0 = b_bufs.index(s).slice(0, SUB_N, dim=0).permute((1, 0))  # [BK, SUB_N] view of [BN, BK]
+        part = warpgroup_mma(a, b0, part, use_acc=False, is_async=True)
+    part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+    if NSUB == 1:
+        # Shared memory read: hand the slot back to the producer (one arrival per consumer).
+        mbarrier.arrive(empty_bars.index(s), count=1)
+    # Promotion into fp32, on the CUDA cores, while the other warpgroup's wgmma runs.
+    acc0 = _promote(acc0, part, scale0, GROUPED)
+    if NSUB == 2:
+        b1 = b_bufs.index(s).slice(SUB_N, SUB_N, dim=0).permute((1, 0))
+        part = warpgroup_mma(a, b1, part, use_acc=False, is_async=True)
+        part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+        mbarrier.arrive(empty_bars.index(s), count=1)
+        acc1 = _promote(acc1, part, scale1, GROUPED)
+    if OVERLAP:
+        # The next ring item: this tile's next K tile, the next tile's first, or (after the last
+        # tile) the producer's extra item.
+        part = _issue(a_bufs, b_bufs, ready_bars, it + 1, part, HALF, SUB_N, STAGES)
+    return acc0, acc1, part
 
 
 @gluon.jit
@@ -243,7 +293,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
               B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr,
               TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr, OVERLAP: gl.constexpr,
-              SPLIT_K: gl.constexpr, SCALE_AHEAD: gl.constexpr):
+              SPLIT_K: gl.constexpr):
     """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue.
 
     With SPLIT_K > 1 the tiles of the last, partial wave (all tiles when they are fewer than the
@@ -290,84 +340,60 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
         rows = off_m + gl.arange(0, HALF_M, layout=rows_l)
         row_ok = rows < M
         acc0 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
+        acc1 = acc0  # (the second sub-tile's accumulator; unused when NSUB == 1)
         if NSUB == 2:
             acc1 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
-        # Group scales of the first SCALE_AHEAD K groups; inside the loop those of group
-        # ki + SCALE_AHEAD are loaded while group ki's wgmma runs (BK = GROUP_K: K tile ki is K
-        # group ki). A K step of a 128 x 128 tile is about as long as a load from L2 under load.
-        if A_GROUP:
-            sa_next = _a_scales(sa_ptr, rows, row_ok, k_begin, k_end, stride_sa_m, stride_sa_g)
-            if SCALE_AHEAD == 2:
-                sa_next2 = _a_scales(sa_ptr, rows, row_ok, k_begin + 1, k_end, stride_sa_m, stride_sa_g)
-        if B_GROUP:
-            sb0_next = _b_scale(sb_ptr, k_begin, k_end, off_n, N, GROUP_N, stride_sb_g, stride_sb_n)
-            if SCALE_AHEAD == 2:
-                sb0_next2 = _b_scale(sb_ptr, k_begin + 1, k_end, off_n, N, GROUP_N, stride_sb_g, stride_sb_n)
-            if NSUB == 2:
-                sb1_next = _b_scale(sb_ptr, k_begin, k_end, off_n + SUB_N, N, GROUP_N, stride_sb_g, stride_sb_n)
-        for ki in range(k_begin, k_end):
-            s = it % STAGES
-            if not OVERLAP:
+        if INT_DOT:
+            for ki in range(k_begin, k_end):
+                s = it % STAGES
                 mbarrier.wait(ready_bars.index(s), (it // STAGES) & 1)
-            a = a_bufs.index(s).slice(HALF * HALF_M, HALF_M, dim=0)  # [64, BK], K-major
-            # [BK, SUB_N] views of the K-major [BN, BK] tile
-            b0 = b_bufs.index(s).slice(0, SUB_N, dim=0).permute((1, 0))
-            if NSUB == 2:
-                b1 = b_bufs.index(s).slice(SUB_N, SUB_N, dim=0).permute((1, 0))
-            if INT_DOT:
+                a = a_bufs.index(s).slice(HALF * HALF_M, HALF_M, dim=0)  # [64, BK], K-major
+                b0 = b_bufs.index(s).slice(0, SUB_N, dim=0).permute((1, 0))  # [BK, SUB_N]
                 # int8: exact int32 products, accumulated by wgmma over the whole K loop.
                 acc0 = warpgroup_mma(a, b0, acc0, use_acc=ki > k_begin, is_async=True)
                 if NSUB == 2:
+                    b1 = b_bufs.index(s).slice(SUB_N, SUB_N, dim=0).permute((1, 0))
                     acc1 = warpgroup_mma(a, b1, acc1, use_acc=ki > k_begin, is_async=True)
                     acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
                 else:
                     acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
                 mbarrier.arrive(empty_bars.index(s), count=1)
-            else:
-                # use_acc=False: the chain starts from zero, so `part` holds this K tile's sum
-                # alone, accumulated by wgmma in its reduced fp8 precision over 128 of K at most.
-                if not OVERLAP:
-                    part = warpgroup_mma(a, b0, part, use_acc=False, is_async=True)
-                if A_GROUP:
-                    sa_g = sa_next
-                    if SCALE_AHEAD == 2:
-                        sa_next = sa_next2
-                        sa_next2 = _a_scales(sa_ptr, rows, row_ok, ki + 2, k_end, stride_sa_m, stride_sa_g)
-                    else:
-                        sa_next = _a_scales(sa_ptr, rows, row_ok, ki + 1, k_end, stride_sa_m, stride_sa_g)
-                if B_GROUP:
-                    sb0_g = sb0_next
-                    if SCALE_AHEAD == 2:
-                        sb0_next = sb0_next2
-                        sb0_next2 = _b_scale(sb_ptr, ki + 2, k_end, off_n, N, GROUP_N, stride_sb_g, stride_sb_n)
-                    else:
-                        sb0_next = _b_scale(sb_ptr, ki + 1, k_end, off_n, N, GROUP_N, stride_sb_g, stride_sb_n)
-                    if NSUB == 2:
-                        sb1_g = sb1_next
-                        sb1_next = _b_scale(sb_ptr, ki + 1, k_end, off_n + SUB_N, N, GROUP_N, stride_sb_g,
-                                            stride_sb_n)
-                else:
-                    sb0_g = 1.0
-                    sb1_g = 1.0
-                if not A_GROUP:
-                    sa_g = 1.0
-                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-                if NSUB == 1:
-                    # Shared memory read: hand the slot back to the producer (one arrival per
-                    # consumer).
-                    mbarrier.arrive(empty_bars.index(s), count=1)
-                # Promotion into fp32, on the CUDA cores, while the other warpgroup's wgmma runs.
-                acc0 = _promote(acc0, part, sa_g, sb0_g, A_GROUP, B_GROUP)
-                if NSUB == 2:
-                    part = warpgroup_mma(a, b1, part, use_acc=False, is_async=True)
-                    part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-                    mbarrier.arrive(empty_bars.index(s), count=1)
-                    acc1 = _promote(acc1, part, sa_g, sb1_g, A_GROUP, B_GROUP)
-            it += 1
-            if OVERLAP:
-                # The next ring item: this tile's next K tile, the next tile's first, or (after
-                # the last tile) the producer's extra item.
-                part = _issue(a_bufs, b_bufs, ready_bars, it, part, HALF, SUB_N, STAGES)
+                it += 1
+        elif A_GROUP or B_GROUP:
+            # Group scales, loaded two K steps ahead into one of two register sets (even and odd
+            # steps: the loop is unrolled by two), each reloaded right after its step used it.
+            # With one set loaded one step ahead (or two sets rotated), ptxas copied each load's
+            # register at the loop's end and moved the scale multiply up between the wgmmas,
+            # so every K step waited for a load issued during the previous one (sm_90 SASS).
+            xa, xb0, xb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, k_begin, k_end, off_n, N, stride_sa_m,
+                                         stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB, GROUP_N, A_GROUP,
+                                         B_GROUP)
+            ya, yb0, yb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, k_begin + 1, k_end, off_n, N,
+                                         stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB,
+                                         GROUP_N, A_GROUP, B_GROUP)
+            for kk in range(k_begin, k_end, 2):
+                acc0, acc1, part = _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it,
+                                             _step_scale(xa, xb0, A_GROUP, B_GROUP),
+                                             _step_scale(xa, xb1, A_GROUP, B_GROUP),
+                                             HALF, SUB_N, NSUB, STAGES, OVERLAP, True)
+                it += 1
+                xa, xb0, xb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, kk + 2, k_end, off_n, N, stride_sa_m,
+                                             stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB, GROUP_N, A_GROUP,
+                                             B_GROUP)
+                if kk + 1 < k_end:
+                    acc0, acc1, part = _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it,
+                                                 _step_scale(ya, yb0, A_GROUP, B_GROUP),
+                                                 _step_scale(ya, yb1, A_GROUP, B_GROUP),
+                                                 HALF, SUB_N, NSUB, STAGES, OVERLAP, True)
+                    it += 1
+                    ya, yb0, yb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, kk + 3, k_end, off_n, N,
+                                                 stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB,
+                                                 GROUP_N, A_GROUP, B_GROUP)
+        else:
+            for ki in range(k_begin, k_end):
+                acc0, acc1, part = _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it, 1.0,
+                                             1.0, HALF, SUB_N, NSUB, STAGES, OVERLAP, False)
+                it += 1
         # ---- epilogue, per sub-tile: acc -> scales -> bias -> cast -> store ----
         lrows = HALF * HALF_M + gl.arange(0, HALF_M, layout=rows_l)  # rows within the tile
         _epilogue(acc0.to(gl.float32), rows, row_ok, off_m, off_n,
@@ -394,8 +420,7 @@ def _ws_gemm_kernel(
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SUB_N: gl.constexpr,
     EPI_BUFS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
     B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr,
-    INT_DOT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr, SCALE_AHEAD: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
+    INT_DOT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     gl.static_assert(BM == 2 * HALF_M, "two consumer warpgroups of 64 rows each")
@@ -420,11 +445,11 @@ def _ws_gemm_kernel(
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      0, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K, SCALE_AHEAD)),
+                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K)),
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      1, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K, SCALE_AHEAD)),
+                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K)),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K, BM, BN, BK,
                      GROUP_M, STAGES, OVERLAP, SPLIT_K)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
