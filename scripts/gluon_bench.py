@@ -77,6 +77,9 @@ def _variants(text: str) -> list:
         if item == "plan":
             out.append(None)
             continue
+        if item == "plan:nu":  # the planner's config, group scales not unrolled (one step ahead)
+            out.append(("plan", False))
+            continue
         parts = [-1 if v == "a" else int(v) for v in item.split(":")]
         parts += [1, 0, 1][len(parts) - 2:]
         out.append((parts[0], parts[1], parts[2], bool(parts[3]), parts[4]))
@@ -92,7 +95,8 @@ def main() -> int:
     p.add_argument("--variants", default="",
                    help="Gluon configs to time instead of the planner's, comma-separated "
                         "BN:STAGES[:EPI_BUFS[:OVERLAP[:SPLIT_K]]] (e.g. 128:6,256:4,256:3:2,128:6:1:1,"
-                        "128:6:1:0:2, 128:6:1:0:a); 'plan' = the planner's")
+                        "128:6:1:0:2, 128:6:1:0:a); 'plan' = the planner's, 'plan:nu' = the planner's with "
+                        "group scales one K step ahead, the loop not unrolled")
     p.add_argument("--no-triton", action="store_true", help="skip the portable Triton kernel")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tileq-out"), help="folder for gluon.csv")
     p.add_argument("--scheme", choices=tuple(SCHEMES), default="rowcol")
@@ -171,7 +175,9 @@ def main() -> int:
                     gluon_calls[name], gluon_configs[name] = None, f"not chosen: {plan_g.impl_reason}"
                     continue
                 plan_v = plan_g
-                if variant is not None:
+                if variant is not None and variant[0] == "plan":
+                    plan_v = replace(plan_g, gluon=replace(plan_g.gluon, scale_unroll=variant[1]))
+                elif variant is not None:
                     bn, stages, epi, overlap, split = variant
                     if split == -1:
                         tiles = -(-m // 128) * -(-n // bn)

@@ -571,7 +571,9 @@ FORCED_CONFIGS = [GluonConfig(block_n=256, stages=4), GluonConfig(block_n=256, s
                   GluonConfig(block_n=256, stages=4, overlap=True), GluonConfig(overlap=True),
                   GluonConfig(block_n=64, stages=8, overlap=True),
                   GluonConfig(split_k=2), GluonConfig(block_n=64, stages=8, split_k=3),
-                  GluonConfig(split_k=16)]  # (K = 1040: 9 K tiles, splits 9-15 empty)
+                  GluonConfig(split_k=16),  # (K = 1040: 9 K tiles, splits 9-15 empty)
+                  GluonConfig(scale_unroll=False),  # group scales one step ahead, not unrolled
+                  GluonConfig(block_n=256, stages=4, overlap=True, scale_unroll=False)]
 
 
 @gpu

@@ -44,6 +44,9 @@ class GluonConfig:
     # partials summed in order by split_reduce.py: the last wave then keeps every SM busy.
     # 128-column tiles at most, no overlap (``split_schedule``).
     split_k: int = 1
+    # Group-scaled fp8: the main loop unrolled by two, a register set of scales per parity
+    # loaded two K steps ahead (False: one step ahead, not unrolled).
+    scale_unroll: bool = True
     # setmaxnreg budgets per thread. The kernel runs 12 warps (4 + 4 + the producer's warpgroup,
     # which Triton pads to 4 warps) under maxnreg = 168, i.e. 168 x 384 = 64512 of the 65536
     # registers: 232 x 128 for each consumer warpgroup and 40 x 128 for the producer's (the
@@ -74,7 +77,8 @@ class GluonConfig:
         epi = f"_e{self.epi_bufs}" if self.epi_bufs != 1 else ""
         ovl = "_ov" if self.overlap else ""
         split = f"_sk{self.split_k}" if self.split_k > 1 else ""
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}{split}_ws2x64"
+        unroll = "" if self.scale_unroll else "_nu"
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}{split}{unroll}_ws2x64"
 
     def describe(self, integer: bool = False) -> str:
         acc = ("int32 in the wgmma accumulator over all of K" if integer

@@ -65,6 +65,7 @@ def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
         GROUP_N=spec.group_n if b_group else 1,  # constant when unused: no needless recompiles
         HAS_BIAS=spec.has_bias, TMA_STORE=tma_store, INT_DOT=spec.integer_mainloop,
         OVERLAP=cfg.overlap and not spec.integer_mainloop, SPLIT_K=cfg.split_k,
+        SCALE_UNROLL=cfg.scale_unroll and spec.scheme.grouped,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 

@@ -293,7 +293,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
               B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr,
               TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr, OVERLAP: gl.constexpr,
-              SPLIT_K: gl.constexpr):
+              SPLIT_K: gl.constexpr, SCALE_UNROLL: gl.constexpr):
     """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue.
 
     With SPLIT_K > 1 the tiles of the last, partial wave (all tiles when they are fewer than the
@@ -359,7 +359,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                     acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
                 mbarrier.arrive(empty_bars.index(s), count=1)
                 it += 1
-        elif A_GROUP or B_GROUP:
+        elif (A_GROUP or B_GROUP) and SCALE_UNROLL:
             # Group scales, loaded two K steps ahead into one of two register sets (even and odd
             # steps: the loop is unrolled by two), each reloaded right after its step used it.
             # With one set loaded one step ahead (or two sets rotated), ptxas copied each load's
@@ -390,9 +390,19 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                                                  stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB,
                                                  GROUP_N, A_GROUP, B_GROUP)
         else:
+            # (Group scales, if any: loaded one K step ahead, the loop not unrolled.)
+            xa, xb0, xb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, k_begin, k_end, off_n, N, stride_sa_m,
+                                         stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB, GROUP_N, A_GROUP,
+                                         B_GROUP)
             for ki in range(k_begin, k_end):
-                acc0, acc1, part = _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it, 1.0,
-                                             1.0, HALF, SUB_N, NSUB, STAGES, OVERLAP, False)
+                ya, yb0, yb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, ki + 1, k_end, off_n, N, stride_sa_m,
+                                             stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB, GROUP_N, A_GROUP,
+                                             B_GROUP)
+                acc0, acc1, part = _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it,
+                                             _step_scale(xa, xb0, A_GROUP, B_GROUP),
+                                             _step_scale(xa, xb1, A_GROUP, B_GROUP),
+                                             HALF, SUB_N, NSUB, STAGES, OVERLAP, A_GROUP or B_GROUP)
+                xa, xb0, xb1 = ya, yb0, yb1
                 it += 1
         # ---- epilogue, per sub-tile: acc -> scales -> bias -> cast -> store ----
         lrows = HALF * HALF_M + gl.arange(0, HALF_M, layout=rows_l)  # rows within the tile
@@ -420,7 +430,8 @@ def _ws_gemm_kernel(
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SUB_N: gl.constexpr,
     EPI_BUFS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
     B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr,
-    INT_DOT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    INT_DOT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr, SCALE_UNROLL: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     gl.static_assert(BM == 2 * HALF_M, "two consumer warpgroups of 64 rows each")
@@ -445,11 +456,11 @@ def _ws_gemm_kernel(
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      0, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K)),
+                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K, SCALE_UNROLL)),
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
                      bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
                      1, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K)),
+                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K, SCALE_UNROLL)),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K, BM, BN, BK,
                      GROUP_M, STAGES, OVERLAP, SPLIT_K)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
