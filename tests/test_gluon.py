@@ -523,6 +523,8 @@ def forced_gluon_config(monkeypatch):
     from tileq.plan import _plan_cached
 
     def force(cfg):
+        # (the planner calls choose_tiles; patching gluon_config alone forced nothing)
+        monkeypatch.setattr(gconfig, "choose_tiles", lambda spec, num_sms: (cfg, "forced by the test"))
         monkeypatch.setattr(gconfig, "gluon_config", lambda spec, num_sms: cfg)
         _plan_cached.cache_clear()
         api.clear_call_cache()
@@ -553,6 +555,13 @@ def test_gpu_forced_configs(cfg, family, m, n, k, gluon_on, forced_gluon_config)
     kw = dict(group_n=128) if family.startswith("bquant") else {}
     _run(_spec(family, m, n, k, has_bias=True, **kw), pad=(-k) % 16, seed=m + n + k)
     assert len(gluon_on) == 1
+
+
+def test_forced_gluon_config_reaches_the_plan(forced_gluon_config, monkeypatch):
+    """The GPU tests' forced configs are what the plan runs (CPU check of the fixture)."""
+    forced_gluon_config(GluonConfig(block_n=64, stages=8, split_k=3))
+    p = _plan(monkeypatch, "1", _spec(m=4096))
+    assert p.gluon == GluonConfig(block_n=64, stages=8, split_k=3) and "forced by the test" in p.describe()
 
 
 @gpu
