@@ -60,6 +60,27 @@ def test_gluon_chosen_when_switched_on():
     assert _impl(_spec(m=65)).name == "gluon"
     assert _impl(_spec(has_bias=True, out_dtype=torch.float32)).name == "gluon"
     assert _impl(_spec("bquant_fp8xfp8_rcr_prefill", group_n=128)).name == "gluon"  # 128-wide blocks
+    # fast accumulation and acc_in, alone and together, on every scheme and pair served
+    for fam in SERVED:
+        for kw in (dict(fast_accum=True), dict(has_acc=True), dict(fast_accum=True, has_acc=True)):
+            assert select.gluon_serves(_spec(fam, **kw), parse_family(fam).pipeline) is None
+            assert _impl(_spec(fam, **kw), parse_family(fam).pipeline).name == "gluon"
+
+
+@pytest.mark.parametrize("family,fast,want", [
+    ("rowcol_fp8xfp8_rcr_prefill", True, "fast"), ("tensor_fp8xfp8_rcr_prefill", True, "fast"),
+    ("rowcol_fp8xbf8_rcr_prefill", True, "fast"), ("rowcol_fp8xfp8_rcr_prefill", False, "promoted"),
+    # group scales are applied per K group whatever fast_accum says (the Triton kernel and the
+    # reference do the same): the precise kernel
+    ("abquant_fp8xfp8_rcr_prefill", True, "promoted"), ("aquant_fp8xfp8_rcr_prefill", True, "promoted"),
+    ("rowcol_i8xi8_rcr_prefill", False, "int32"),
+])
+def test_accumulation_mode(family, fast, want):
+    from tileq.kernels.gluon.config import accumulation, mma_accumulates
+
+    spec = _spec(family, fast_accum=fast)
+    assert accumulation(spec) == want
+    assert mma_accumulates(spec) == (want != "promoted")
 
 
 @pytest.mark.parametrize("spec_kw,pipeline,arch,interpreted,env,reason", [
@@ -87,9 +108,14 @@ def test_gluon_chosen_when_switched_on():
      "b_scale groups of 128 columns only (128 x 128 weight blocks), this is group_n=1"),
     (dict(family="abquant_fp8xfp8_rcr_prefill", group_n=1), "prefill", "sm_90", False, "1",
      "this is group_n=1"),
-    (dict(family="rowcol_i8xi8_rcr_prefill", has_acc=True), "prefill", "sm_90", False, "1", "no acc_in"),
-    (dict(has_acc=True), "prefill", "sm_90", False, "1", "no acc_in"),
-    (dict(fast_accum=True), "prefill", "sm_90", False, "1", "precise accumulation only"),
+    # served, but off by default until they have run on a GPU
+    (dict(family="rowcol_i8xi8_rcr_prefill", has_acc=True), "prefill", "sm_90", False, None,
+     "the Gluon sm_90 kernel serves this problem but is off by default for acc_in (not yet tested on a "
+     "GPU): TILEQ_GLUON=1 opts in"),
+    (dict(has_acc=True, fast_accum=True), "prefill", "sm_90", False, None, "off by default for acc_in"),
+    (dict(fast_accum=True), "prefill", "sm_90", False, None,
+     "the Gluon sm_90 kernel serves this problem but is off by default for fast_accum (not yet tested on "
+     "a GPU): TILEQ_GLUON=1 opts in"),
     (dict(k=0), "prefill", "sm_90", False, "1", "K = 0"),
     (dict(family="rowcol_i8xi8_rcr_prefill", m=1023), "prefill", "sm_90", False, None,
      "the Gluon sm_90 kernel serves this problem but runs int8 by default from M = 1024 only"),
@@ -120,6 +146,12 @@ def test_switch_values():
     assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=512), env=None).name == "triton"
     assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=512), env="1").name == "gluon"
     assert _impl(_spec(), env="0").name == "triton"
+    # fast_accum and acc_in: opt-in until the GPU tests and benches have run (select.py); group
+    # scales run the precise kernel whatever fast_accum says, so those stay on by default.
+    assert _impl(_spec(fast_accum=True), env=None).name == "triton"
+    assert _impl(_spec(has_acc=True), env=None).name == "triton"
+    assert _impl(_spec("abquant_fp8xfp8_rcr_prefill", fast_accum=True), env=None).name == "gluon"
+    assert _impl(_spec(fast_accum=True, has_acc=True), env="0").name == "triton"
 
 
 def test_gluon_config():
@@ -143,6 +175,29 @@ def test_choose_tiles_says_why():
     assert choose_tiles(_spec(m=128, n=4096), 132)[1].startswith("128 x 64 tiles: 32 tiles")
     assert "measured no faster" in choose_tiles(_spec(m=4096), 132)[1]
     assert "wgmma during the epilogue" in cfg.describe() and "2 sub-tiles of 128 columns" in cfg.describe()
+    # fast_accum keeps 128 x 128 (int8's main loop, where wide tiles measured slower); acc_in
+    # never takes 128 x 256 tiles (they spill), the group-scaled case included.
+    cfg, why = choose_tiles(_spec(m=4096, fast_accum=True), 132)
+    assert cfg == GluonConfig(stages=6) and "fast_accum runs int8's main loop" in why
+    assert "fp8's reduced precision" in cfg.describe("fast") and "promotion" not in cfg.describe("fast")
+    assert "int32 in the wgmma accumulator" in cfg.describe("int32")
+    cfg, why = choose_tiles(_spec("abquant_fp8xfp8_rcr_prefill", m=4096, n=5120, has_acc=True), 132)
+    assert cfg == GluonConfig(stages=6) and why == "128 x 128 tiles: with acc_in, 128 x 256 tiles spill registers (acc_in_config)"
+    assert choose_tiles(_spec(m=128, n=4096, has_acc=True), 132)[0].block_n == 64
+
+
+def test_launch_config_narrows_masked_stores_split_k_and_acc_in():
+    from tileq.kernels.gluon.config import launch_config
+
+    wide = GluonConfig(block_n=256, stages=4, overlap=True)
+    spec = _spec("abquant_fp8xfp8_rcr_prefill")
+    assert launch_config(wide, spec, True) == wide
+    assert launch_config(wide, spec, False) == GluonConfig(stages=6)  # masked stores: 128 x 128
+    acc = replace(spec, has_acc=True)
+    assert launch_config(wide, acc, True) == GluonConfig(stages=6)
+    assert launch_config(GluonConfig(overlap=True, stages=3), acc, True) == GluonConfig(stages=3)  # forced stages kept
+    assert launch_config(GluonConfig(block_n=64, stages=8), acc, False) == GluonConfig(block_n=64, stages=8)
+    assert launch_config(GluonConfig(split_k=2, overlap=True), spec, True) == GluonConfig(split_k=2)
 
 
 @pytest.mark.parametrize("m,n,wide", [
@@ -201,6 +256,29 @@ def test_plan_records_the_implementation(monkeypatch):
     assert "impl      : triton (Gluon kernels are sm_90 only, this is sm_89)" in p.describe()
 
 
+@pytest.mark.filterwarnings("ignore:tileq. ignoring tuned table")
+def test_plan_for_fast_accum_and_acc_in(monkeypatch):
+    """fast_accum and acc_in plans name the Gluon kernel (switched on): the fast-accumulation
+    instance has its own name ('_fa'), acc_in calls take 128 x 128 tiles; off by default."""
+    p = _plan(monkeypatch, "1", _spec(fast_accum=True, has_bias=True))
+    text = p.describe()
+    assert re.search(r"^impl      : gluon \(sm_90 warp-specialized kernel", text, re.M)
+    assert "gluon     : rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_fa_sm90" in text
+    assert "fast_accum: fp32 in the wgmma accumulator over all of K" in text
+    assert "mma(fp8xfp8->f32) fast-accum" in text
+    p = _plan(monkeypatch, "1", _spec("abquant_fp8xfp8_rcr_prefill", has_acc=True, fast_accum=True))
+    text = p.describe()
+    assert p.impl == "gluon" and p.gluon == GluonConfig(stages=6)
+    assert "gluon     : abquant_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_sm90" in text  # promoted
+    assert "+ acc_in(f32)" in text and "with acc_in, 128 x 256 tiles spill" in text
+    p = _plan(monkeypatch, "1", _spec("rowcol_i8xi8_rcr_prefill", has_acc=True))
+    assert p.impl == "gluon" and "+ acc_in(i32) -> cast f32" in p.describe()
+    p = _plan(monkeypatch, None, _spec(fast_accum=True))
+    assert p.impl == "triton" and "off by default for fast_accum" in p.describe()
+    p = _plan(monkeypatch, None, _spec(has_acc=True))
+    assert p.impl == "triton" and "off by default for acc_in" in p.describe()
+
+
 def test_forced_config_runs_the_triton_kernel(monkeypatch):
     from tileq.catalog.config import TileConfig
     from tileq.plan import with_config
@@ -225,10 +303,14 @@ def test_explain_cli_prints_the_impl_line():
     env["PYTHONPATH"] = str(ROOT / "src")
     cmd = [sys.executable, "-m", "tileq", "explain", "--scheme", "rowcol", "--a", "fp8", "--b", "fp8",
            "--m", "4096", "--n", "5120", "--k", "5120", "--arch", "sm_90"]
-    for value, want in (("1", "impl      : gluon (sm_90 warp-specialized kernel"),
-                        ("0", "impl      : triton (TILEQ_GLUON=0 switches the Gluon kernel off)")):
-        out = subprocess.run(cmd, env=dict(env, TILEQ_GLUON=value), capture_output=True, text=True,
-                             timeout=300)
+    for value, extra, want in (
+            ("1", [], "impl      : gluon (sm_90 warp-specialized kernel"),
+            ("0", [], "impl      : triton (TILEQ_GLUON=0 switches the Gluon kernel off)"),
+            ("1", ["--fast-accum", "--acc"], "__gluon_m128n128k128_s6_ws2x64_fa_sm90"),
+            (None, ["--fast-accum"], "impl      : triton (the Gluon sm_90 kernel serves this problem but is off "
+                                     "by default for fast_accum")):
+        run_env = dict(env, TILEQ_GLUON=value) if value else {k: v for k, v in env.items() if k != "TILEQ_GLUON"}
+        out = subprocess.run(cmd + extra, env=run_env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert want in out.stdout, out.stdout
 
@@ -244,41 +326,81 @@ from dataclasses import replace
 import torch
 from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
-from tileq.kernels.gluon.config import gluon_config, masked_store_config
+from tileq.kernels.gluon.config import gluon_config, instance_tag, launch_config, max_stages
 from tileq.kernels.gluon.launch import compile_sm90, constexprs
 out_dir, variants = sys.argv[1], json.loads(sys.argv[2])
 res = []
-for i, (family, out, bias, tma, m, split) in enumerate(variants):
+for i, (family, out, bias, tma, m, split, kw) in enumerate(variants):
+    spec_kw = {k: v for k, v in kw.items() if k in ("fast_accum", "has_acc")}
+    cfg_kw = {k: v for k, v in kw.items() if k not in spec_kw}  # a forced tile (bench --variants)
     spec = replace(family_spec(parse_family(family), m, 5120, 5120, out_dtype=getattr(torch, out)),
-                   has_bias=bias)
-    cfg = replace(gluon_config(spec, 132), split_k=split)
-    if not tma or split > 1:
-        cfg = masked_store_config(cfg, spec.out_dtype)
+                   has_bias=bias, **spec_kw)
+    cfg = replace(gluon_config(spec, 132), split_k=split, **cfg_kw)
+    if "block_n" in cfg_kw:
+        cfg = replace(cfg, stages=max_stages(cfg, spec.out_dtype))
+    cfg = launch_config(cfg, spec, tma)  # what GluonLaunch runs
     k = compile_sm90(spec, cfg, tma)
     base = f"{out_dir}/k{i}"
     open(base + ".ptx", "w").write(k.asm["ptx"])
     open(base + ".cubin", "wb").write(k.asm["cubin"])
+    consts = constexprs(spec, cfg, tma)
     res.append(dict(base=base, num_warps=k.metadata.num_warps, shared=k.metadata.shared,
                     block_n=cfg.block_n, sub_n=cfg.sub_n, sub_tiles=cfg.sub_tiles,
-                    overlap=constexprs(spec, cfg, tma)["OVERLAP"]))
+                    overlap=consts["OVERLAP"], mma_acc=consts["MMA_ACC"], has_acc=consts["HAS_ACC"],
+                    tag=instance_tag(spec, cfg)))
 print(json.dumps(res))
 """
 
-BUILDS = [  # family, output dtype, bias, TMA store, M, split-K
-    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1),
-    ("tensor_fp8xfp8_rcr_prefill", "float32", False, False, 4096, 1),
-    ("tensor_fp8xfp8_rcr_prefill", "float16", False, True, 128, 1),  # BN = 64, 8 stages
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096, 1),  # 128 x 256, overlapped
-    ("abquant_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1),  # fp32 out: 128 x 128
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1),  # masked stores: 128 x 128
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 512, 1),  # 128 x 128 (waves)
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3),  # split-K: fp32 partials
-    ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096, 1),
-    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1),
-    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 256, 2),
-    ("rowcol_fp8xbf8_rcr_prefill", "bfloat16", True, True, 4096, 1),  # e4m3 x e5m2 (opt-in)
-    ("abquant_bf8xbf8_rcr_prefill", "bfloat16", False, True, 4096, 1),
+FAST = dict(fast_accum=True)
+ACC = dict(has_acc=True)
+BUILDS = [  # family, output dtype, bias, TMA store, M, split-K, spec / forced config fields
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, {}),
+    ("tensor_fp8xfp8_rcr_prefill", "float32", False, False, 4096, 1, {}),
+    ("tensor_fp8xfp8_rcr_prefill", "float16", False, True, 128, 1, {}),  # BN = 64, 8 stages
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096, 1, {}),  # 128 x 256, overlapped
+    ("abquant_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1, {}),  # fp32 out: 128 x 128
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1, {}),  # masked stores: 128 x 128
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 512, 1, {}),  # 128 x 128 (waves)
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3, {}),  # split-K: fp32 partials
+    ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096, 1, {}),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1, {}),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 256, 2, {}),
+    ("rowcol_fp8xbf8_rcr_prefill", "bfloat16", True, True, 4096, 1, {}),  # e4m3 x e5m2 (opt-in)
+    ("abquant_bf8xbf8_rcr_prefill", "bfloat16", False, True, 4096, 1, {}),
+    # fast_accum: the wgmma accumulates over all of K (int8's pipelined main loop), every tile
+    # the plan can give it, the masked and split-K epilogues, and 128 x 256 (bench --variants)
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, FAST),
+    ("rowcol_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1, FAST),
+    ("tensor_fp8xfp8_rcr_prefill", "float16", False, True, 128, 1, FAST),  # 128 x 64
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1, FAST),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3, FAST),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(FAST, block_n=256)),
+    ("rowcol_fp8xbf8_rcr_prefill", "bfloat16", True, True, 4096, 1, FAST),
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096, 1, FAST),  # group scales: promoted
+    # acc_in: loaded into the accumulator before the first K tile, or (fast_accum) added in the
+    # epilogue; 128 x 128 or 128 x 64 tiles without overlap (acc_in_config)
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, ACC),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1, ACC),
+    ("tensor_fp8xfp8_rcr_prefill", "float16", True, True, 128, 1, ACC),  # 128 x 64
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, ACC),  # 128 x 128, not 256
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1, ACC),
+    ("abquant_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1, ACC),
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3, ACC),
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(ACC, block_n=256, overlap=True)),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1, ACC),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 4096, 1, ACC),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 256, 2, ACC),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(ACC, block_n=256)),
+    ("rowcol_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1, dict(FAST, **ACC)),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1, dict(FAST, **ACC)),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3, dict(FAST, **ACC)),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(FAST, block_n=256, **ACC)),
 ]
+
+
+def _build_id(b):
+    extra = "".join(f"-{k}" if v is True else f"-{k}{v}" for k, v in b[6].items())
+    return f"{b[0]}-{b[1]}-{b[4]}-sk{b[5]}{'' if b[3] else '-masked'}{extra}"
 
 
 @pytest.fixture(scope="module")
@@ -294,10 +416,11 @@ def sm90_builds(tmp_path_factory):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("index", range(len(BUILDS)), ids=[f"{b[0]}-{b[1]}-{b[4]}-sk{b[5]}" for b in BUILDS])
+@pytest.mark.parametrize("index", range(len(BUILDS)), ids=[_build_id(b) for b in BUILDS])
 def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
-    family, out, bias, tma_store, m, split = BUILDS[index]
-    spec = _spec(family, m=m, out_dtype=getattr(torch, out), has_bias=bias)
+    family, out, bias, tma_store, m, split, kw = BUILDS[index]
+    spec_kw = {k: v for k, v in kw.items() if k in ("fast_accum", "has_acc")}
+    spec = _spec(family, m=m, out_dtype=getattr(torch, out), has_bias=bias, **spec_kw)
     assert select.gluon_serves(spec, parse_family(family).pipeline) is None
     built = sm90_builds[index]
     ptx = Path(built["base"] + ".ptx").read_text()
@@ -311,6 +434,16 @@ def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
     chains = built["sub_tiles"] + (1 if built["overlap"] else 0)
     wgmmas = 2 * 4 * chains
     assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k32\.{kind}", ptx)) == wgmmas
+    # Accumulating in the wgmma accumulator (int8, fp8 fast_accum), a K tile's chains are issued
+    # before the previous K tile's are retired: a wait with one chain per sub-tile outstanding.
+    # Promoted, every chain is waited for (its partial sum is added on the CUDA cores).
+    mma_acc = spec.integer_mainloop or (spec.fast_accum and not spec.scheme.grouped)
+    assert built["mma_acc"] == mma_acc and built["has_acc"] == spec.has_acc
+    waits = set(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);", ptx))
+    assert waits == ({"0", str(built["sub_tiles"])} if mma_acc else {"0"})
+    assert built["tag"].endswith("_fa") == (mma_acc and not spec.integer_mainloop)
+    if spec.has_acc:  # 128 x 256 and the overlapped loop spill with acc_in: narrowed
+        assert built["block_n"] <= 128 and not built["overlap"]
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx  # TMA loads
     assert ("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx) is tma_store  # TMA stores
     assert "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait.parity" in ptx
@@ -383,8 +516,10 @@ def test_launcher_descriptors_and_constexprs(gluon_plan_for):
     assert a_desc.base.data_ptr() == problem.a.data_ptr() and b_desc.base.data_ptr() == problem.b.data_ptr()
     # N = 577 bf16 rows are 1154 bytes: no TMA store, masked stores.
     assert c_desc is None and kwargs["TMA_STORE"] is False and out.shape == (300, 577)
-    assert args[7:] == (300, 577, 859, 577, 1, 0, 0, 1)  # M N K ldc, scale strides
+    assert args[7] is None and not kwargs["HAS_ACC"]  # no acc_in
+    assert args[8:] == (300, 577, 859, 577, 0, 1, 0, 0, 1)  # M N K ldc ld_acc, scale strides
     assert kwargs["A_SCALE"] == "vector" and kwargs["B_SCALE"] == "vector" and kwargs["HAS_BIAS"]
+    assert kwargs["MMA_ACC"] is False and kwargs["INT_DOT"] is False
     assert (kwargs["num_warps"], kwargs["maxnreg"], kwargs["STAGES"], kwargs["BN"]) == (4, 168, 8, 64)
     assert (kwargs["CONSUMER_REGS"], kwargs["PRODUCER_REGS"]) == (232, 40)
     # An out= with 16-byte aligned rows is written by TMA stores through a [64, BN] descriptor.
@@ -418,8 +553,46 @@ def test_launcher_split_k_writes_partials_and_reduces(gluon_plan_for):
     (grid, args, kwargs), = rec.calls
     assert kwargs["SPLIT_K"] == 3 and kwargs["TMA_STORE"] is False and kwargs["OVERLAP"] is False
     assert grid == (min(132, 3 * 5 * 3),) and args[2] is None and args[3].dtype == torch.float32
-    assert args[7:11] == (300, 577, 1024, 577)  # M N K, ldc = N for the workspace
+    assert args[8:13] == (300, 577, 1024, 577, 0)  # M N K, ldc = N for the workspace, no acc_in
     assert torch.equal(out.float(), torch.full((300, 577), 6.0))
+
+
+def test_launcher_passes_acc_in_and_fast_accum(gluon_plan_for):
+    """acc_in: its pointer and leading dimension reach the kernel (HAS_ACC), a forced 128 x 256
+    overlapped config runs 128 x 128 without overlap, and calls with and without acc_in are
+    different launches; fast_accum: MMA_ACC (never the overlapped loop)."""
+    from tileq.kernels.direct import KernelCall
+    from tileq.kernels.launch import make_launch
+
+    rec, make = gluon_plan_for
+    spec = _spec("abquant_fp8xfp8_rcr_prefill", m=300, n=576, k=1024, has_acc=True, has_bias=True)
+    acc = torch.randn(300, 600)[:, :576]  # padded leading dimension 600
+    args, problem, plan = make(spec)
+    args.kwargs["acc"] = acc
+    from tileq.problem import build_problem
+
+    problem = args.call(build_problem)
+    plan = replace(plan, gluon=GluonConfig(block_n=256, stages=4, overlap=True))
+    launch = make_launch(problem, plan)
+    launch(problem.a, problem.b, problem.a_scale, problem.b_scale, problem.bias, acc, None)
+    (grid, kargs, kwargs), = rec.calls
+    assert kargs[7] is acc and kwargs["HAS_ACC"] and kwargs["HAS_BIAS"]
+    assert kargs[8:13] == (300, 576, 1024, 576, 600)  # M N K ldc ld_acc
+    assert (kwargs["BN"], kwargs["OVERLAP"], kwargs["STAGES"]) == (128, False, 6)
+    assert grid == (3 * 5,)
+    # The direct launch specializes on which optional pointers are present: acc_in included.
+    _, no_acc, plan_no_acc = make(replace(spec, has_acc=False))
+    plain = make_launch(no_acc, replace(plan_no_acc, gluon=plan.gluon))
+    assert isinstance(launch.variant(True)[1], KernelCall)
+    assert launch.variant(True)[1].sid != plain.variant(True)[1].sid
+
+    rec.calls.clear()
+    _, problem, plan = make(_spec(m=300, n=576, k=1024, fast_accum=True))
+    assert plan.gluon.tag == "m128n64k128_s8_ws2x64"
+    plan = replace(plan, gluon=GluonConfig(overlap=True))  # a forced overlap: not for MMA_ACC
+    make_launch(problem, plan)(problem.a, problem.b, problem.a_scale, problem.b_scale, None, None, None)
+    (_, kargs, kwargs), = rec.calls
+    assert kwargs["MMA_ACC"] and not kwargs["INT_DOT"] and not kwargs["OVERLAP"] and not kwargs["HAS_ACC"]
 
 
 @needs_interpreter
@@ -487,8 +660,11 @@ def gluon_on(monkeypatch):
     api.clear_call_cache()
 
 
-def _run(spec, *, pad=0, out=None, seed=0):
+def _run(spec, *, pad=0, out=None, seed=0, prepare=(), tol=None):
+    """The Gluon call against the reference; ``prepare``: functions that adjust the arguments."""
     args = make_args(spec, seed=seed, device="cuda", pad=pad)
+    for fn in prepare:
+        fn(args)
     if spec.out_dtype == torch.float16 and args.a_scale is not None:
         # Random fp8 operands summed over K overflow fp16's 65504: scale the rows down (exactly).
         args.a_scale = args.a_scale * 2.0**-10
@@ -497,8 +673,33 @@ def _run(spec, *, pad=0, out=None, seed=0):
     got = args.call(tileq.gemm, out=out)
     want = args.call(tileq.gemm, backend="reference")
     torch.cuda.synchronize()
-    check_close(got, want, spec.out_dtype)
+    check_close(got, want, spec.out_dtype, tol)
     return args, got
+
+
+def _small_integers(args):
+    """8-bit operands in -2..2: with K <= 2048 every partial sum is an integer below 2**13, exact
+    in the fp8 wgmma's reduced-precision accumulator (13 mantissa bits), so fast accumulation
+    must give the reference's sums exactly: a K tile lost or added twice shows at any size."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for t in (args.a, args.b):
+        t.copy_(torch.randint(-2, 3, t.shape, generator=gen, device="cuda").to(t.dtype))
+
+
+def _acc_like_product(args):
+    """acc_in as large as A @ B (the helper's default, randn * 100, would hide under the
+    tolerance next to 8-bit products summed over K: a kernel ignoring acc_in would pass), with
+    integer values (exact in int32 and in fp32), in a wider buffer: leading dimension N + 24,
+    the padding poisoned (NaN, or 2**30 for int32) so that a read past N shows."""
+    acc = args.kwargs["acc"]
+    m, n = acc.shape
+    size = (args.a.float() @ args.b.float()).abs().max().item()  # (fp8 x fp8 products: exact in fp32)
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    values = torch.randint(-int(size), int(size) + 1, (m, n), generator=gen, device="cuda")
+    poison = float("nan") if acc.dtype.is_floating_point else 2**30
+    buf = torch.full((m, n + 24), poison, dtype=acc.dtype, device="cuda")
+    buf[:, :n] = values.to(acc.dtype)
+    args.kwargs["acc"] = buf[:, :n]
 
 
 ODD_SHAPES = [(fam, m, n, k) for fam in SERVED
@@ -562,6 +763,76 @@ def test_forced_gluon_config_reaches_the_plan(forced_gluon_config, monkeypatch):
     forced_gluon_config(GluonConfig(block_n=64, stages=8, split_k=3))
     p = _plan(monkeypatch, "1", _spec(m=4096))
     assert p.gluon == GluonConfig(block_n=64, stages=8, split_k=3) and "forced by the test" in p.describe()
+
+
+FAST_FAMILIES = ["rowcol_fp8xfp8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill", "rowcol_fp8xbf8_rcr_prefill",
+                 "rowcol_bf8xbf8_rcr_prefill",
+                 "abquant_fp8xfp8_rcr_prefill"]  # group scales: fast_accum runs the precise kernel
+
+
+@gpu
+@pytest.mark.parametrize("cfg", [None] + FORCED_CONFIGS, ids=lambda c: c.tag if c else "plan")
+@pytest.mark.parametrize("family", FAST_FAMILIES)
+@pytest.mark.parametrize("acc", [False, True], ids=["", "acc_in"])
+@pytest.mark.parametrize("m,n,k", [(65, 577, 859), (300, 5120, 1040), (727, 4000, 2048)])
+def test_gpu_fast_accum_exact_on_small_integers(cfg, family, acc, m, n, k, gluon_on, forced_gluon_config):
+    """fast_accum: each K tile accumulated exactly once in the wgmma accumulator (the pipelined
+    loop hands a ring slot back only after the next K tile's wgmma retired its reader), across
+    tiles, split-K items (an empty last split at K = 859 in three) and 128 x 256 tiles; odd M
+    and N (masked stores at N = 577: fp32 rows of 2308 bytes), the K tail, a bias, padded rows;
+    with acc_in added in the epilogue. fp32 output: exact sums, so fp32 rounding only (a lost or
+    repeated K tile is off by a sizable fraction of max|C|)."""
+    if cfg is not None:
+        forced_gluon_config(cfg)
+    spec = _spec(family, m, n, k, fast_accum=True, has_bias=True, has_acc=acc, out_dtype=torch.float32)
+    _run(spec, pad=(-k) % 16, seed=m + n + k, prepare=(_small_integers,) + ((_acc_like_product,) if acc else ()),
+         tol=1e-5)  # (scales, split sums and group promotions round in fp32: a few ulps of max|C|)
+    assert len(gluon_on) == 1
+
+
+@gpu
+@pytest.mark.parametrize("family", FAST_FAMILIES[:4])
+@pytest.mark.parametrize("m,n,k", [(65, 577, 859), (727, 5120, 2048), (4096, 5120, 4096)])
+def test_gpu_fast_accum_random(family, m, n, k, gluon_on):
+    """Random fp8 operands: within the bf16 tolerance up to K = 4096 (fast accumulation's error
+    grows with K: 0.56-0.70% of max|C| at K = 4096-5120 with the Triton kernel, H200, 2026-11-29,
+    bench/results/h200/fast-accum-errors/)."""
+    _run(_spec(family, m, n, k, fast_accum=True, has_bias=True), pad=(-k) % 16, seed=m + k)
+    assert len(gluon_on) == 1
+
+
+ACC_FAMILIES = [("rowcol_fp8xfp8_rcr_prefill", {}), ("tensor_fp8xfp8_rcr_prefill", {}),
+                ("abquant_fp8xfp8_rcr_prefill", {}), ("aquant_fp8xfp8_rcr_preshufflequant", {}),
+                ("bquant_fp8xfp8_rcr_prefill", dict(group_n=128)), ("abquant_bf8xbf8_rcr_prefill", {}),
+                ("rowcol_i8xi8_rcr_prefill", {}), ("tensor_i8xi8_rcr_prefill", {}),
+                ("rowcol_fp8xfp8_rcr_prefill", dict(fast_accum=True))]
+
+
+@gpu
+@pytest.mark.parametrize("cfg", [None] + FORCED_CONFIGS, ids=lambda c: c.tag if c else "plan")
+@pytest.mark.parametrize("family,kw", ACC_FAMILIES, ids=lambda x: x if isinstance(x, str) else "-".join(x) or "")
+@pytest.mark.parametrize("m,n,k", [(65, 577, 859), (727, 4000, 1024), (1500, 5120, 1040)])
+def test_gpu_acc_in(cfg, family, kw, m, n, k, gluon_on, forced_gluon_config):
+    """acc_in [M, N] (int32 for int8, fp32 otherwise) as large as the product, in a padded
+    buffer: added once before the scales (split-K: by the first split only), zero past M and N;
+    with promotion it starts the accumulator, with int8 the wgmma accumulator, with fast_accum
+    the epilogue adds it. Forced 128 x 256 and overlapped configs run 128 x 128 (acc_in_config);
+    odd M/N, the K tail, a bias, masked and TMA stores."""
+    if cfg is not None:
+        forced_gluon_config(cfg)
+    spec = _spec(family, m, n, k, has_acc=True, has_bias=True, **kw)
+    _run(spec, pad=(-k) % 16, seed=m + n + k, prepare=(_acc_like_product,))
+    assert len(gluon_on) == 1
+
+
+@gpu
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_gpu_int8_acc_in_exact(out_dtype, gluon_on):
+    """int8 with acc_in: acc_in + A @ B in int32 exactly, then the same fp32 epilogue as the
+    reference (a K = 4096 fp32 output within fp32 rounding)."""
+    spec = _spec("rowcol_i8xi8_rcr_prefill", 1000, 2048, 4096, has_acc=True, has_bias=True, out_dtype=out_dtype)
+    _run(spec, seed=5, prepare=(_acc_like_product,), tol=1e-6 if out_dtype == torch.float32 else None)
+    assert len(gluon_on) == 1
 
 
 @gpu

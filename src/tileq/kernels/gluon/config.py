@@ -1,4 +1,5 @@
-"""Configuration of the sm_90 Gluon prefill kernel (``ws_gemm.py``): tile, ring depth, partitions.
+"""Configuration of the sm_90 Gluon prefill kernel (``ws_gemm.py``): tile, ring depth, partitions,
+how a problem accumulates (``accumulation``) and its instance names.
 
 Imports no Triton: the planner and ``tileq explain`` read it on any machine.
 """
@@ -19,6 +20,33 @@ SMEM_MARGIN = 2048
 MAX_STAGES = 8
 
 _OUT_BYTES = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+
+
+def mma_accumulates(spec: ProblemSpec) -> bool:
+    """Whether the wgmma accumulator holds the sum over all of K (the kernel's MMA_ACC): int8
+    (exact int32) and fp8 tensor/rowcol with fast_accum (the wgmma's reduced precision). Else
+    fp8 is promoted into fp32 every K tile; group scales force that whatever fast_accum says
+    (each K group's sum is scaled on its own, as the Triton kernel and the reference do)."""
+    return spec.integer_mainloop or (spec.fast_accum and not spec.scheme.grouped)
+
+
+def accumulation(spec: ProblemSpec) -> str:
+    """'int32', 'fast' (fp8 fast_accum) or 'promoted': how the kernel accumulates over K."""
+    if spec.integer_mainloop:
+        return "int32"
+    return "fast" if mma_accumulates(spec) else "promoted"
+
+
+def instance_tag(spec: ProblemSpec, cfg: "GluonConfig") -> str:
+    """The config tag of the kernel a problem runs: the fast-accumulation instance of an fp8
+    family is a different kernel (MMA_ACC), so its tag says so ('_fa')."""
+    return cfg.tag + ("_fa" if accumulation(spec) == "fast" else "")
+
+
+def instance_name(family: str, spec: ProblemSpec, cfg: "GluonConfig", arch_tag: str) -> str:
+    """``{family}__gluon_{tag}_{arch}``, e.g. rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_sm90
+    (explain and the AOT build's manifest)."""
+    return f"{family}__gluon_{instance_tag(spec, cfg)}_{arch_tag}"
 
 
 @dataclass(frozen=True)
@@ -70,11 +98,14 @@ class GluonConfig:
         split = f"_sk{self.split_k}" if self.split_k > 1 else ""
         return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}{split}_ws2x64"
 
-    def describe(self, integer: bool = False) -> str:
-        acc = ("int32 in the wgmma accumulator over all of K" if integer
-               else f"fp32 promotion every {self.block_k} of K")
+    def describe(self, accumulation: str = "promoted") -> str:
+        """``accumulation``: ``accumulation(spec)``."""
+        acc = {"int32": "int32 in the wgmma accumulator over all of K",
+               "fast": "fast_accum: fp32 in the wgmma accumulator over all of K (fp8's reduced precision)",
+               "promoted": f"fp32 promotion every {self.block_k} of K"}[accumulation]
         subs = f" ({self.sub_tiles} sub-tiles of {self.sub_n} columns)" if self.sub_tiles > 1 else ""
-        ovl = "; next tile's first wgmma during the epilogue" if self.overlap and not integer else ""
+        ovl = ("; next tile's first wgmma during the epilogue" if self.overlap and accumulation == "promoted"
+               else "")
         return (f"BM={self.block_m} BN={self.block_n}{subs} BK={self.block_k} stages={self.stages} "
                 f"GROUP_M={self.group_m}; persistent; 1 TMA producer warp (setmaxnreg "
                 f"{self.producer_regs}) + 2 consumer warpgroups x 64 rows (setmaxnreg {self.consumer_regs}; "
@@ -115,6 +146,26 @@ def masked_store_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig
     return out
 
 
+def acc_in_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig:
+    """The config of a call with acc_in: 128 x 128 (or 64) tiles without the overlapped loop.
+    Loading the acc_in tile next to two 128-column accumulators (and the overlapped loop's
+    in-flight partial sum) spilled registers: 520 B with a bias at 128 x 256 overlapped, 104-712 B
+    for int8 and fast_accum at 128 x 256, 24 B at 128 x 128 overlapped with masked stores (sm_90
+    build, 2026-12-01); every 128 x 128 and 128 x 64 config without overlap builds clean."""
+    out = replace(cfg, overlap=False)
+    if cfg.block_n > 128:
+        out = replace(out, block_n=128)
+        out = replace(out, stages=max_stages(out, out_dtype))
+    return out
+
+
+def launch_config(cfg: GluonConfig, spec: ProblemSpec, tma_store: bool) -> GluonConfig:
+    """The config one launch variant runs: the plan's, narrowed for masked stores (and split-K's
+    workspace) and for acc_in."""
+    out = cfg if tma_store and cfg.split_k == 1 else masked_store_config(cfg, spec.out_dtype)
+    return acc_in_config(out, spec.out_dtype) if spec.has_acc else out
+
+
 # Throughput per tile of a 128 x 256 tile with the overlapped main loop over a 128 x 128 tile,
 # for group-scaled fp8 (A and/or B scales per 128 of K): median 1.3x (1.17-1.42x) at M = 4096
 # and 8192 over 11 (N, K) of Qwen3-14B, Llama-3-8B, DeepSeek-V3 and Mistral-Small-24B (H200,
@@ -136,10 +187,11 @@ def choose_tiles(spec: ProblemSpec, num_sms: int) -> tuple[GluonConfig, str]:
     """The default config and why, a model of the persistent grid's waves:
     - 128 x 64 tiles where 128-wide tiles would fill at most half the SMs (a small M: each
       program then finishes in about half the time);
-    - for group-scaled fp8 with a 16-bit output (an fp32 one spills), 128 x 256 tiles with the
-      overlapped main loop (masked-store calls: ``masked_store_config``) where their waves,
-      each WIDE_TILE_GAIN times cheaper per column than two narrow tiles' waves, take less
-      time (ceil(tiles / SMs) counts the last, partial wave as a whole one);
+    - for group-scaled fp8 with a 16-bit output (an fp32 one spills) and no acc_in (it spills,
+      ``acc_in_config``), 128 x 256 tiles with the overlapped main loop (masked-store calls:
+      ``masked_store_config``) where their waves, each WIDE_TILE_GAIN times cheaper per column
+      than two narrow tiles' waves, take less time (ceil(tiles / SMs) counts the last, partial
+      wave as a whole one);
     - 128 x 128 otherwise;
     and as many ring slots as shared memory holds (6 for a bf16 output at BN = 128, 4 at 256)."""
     rows = math.ceil(spec.m / 128)
@@ -150,6 +202,9 @@ def choose_tiles(spec: ProblemSpec, num_sms: int) -> tuple[GluonConfig, str]:
     if narrow * 2 <= num_sms:
         cfg = GluonConfig(block_n=64)
         why = f"128 x 64 tiles: {narrow} tiles of 128 x 128 would fill at most half of {num_sms} SMs"
+    elif wide_kind and spec.has_acc:
+        cfg = GluonConfig(block_n=128)
+        why = "128 x 128 tiles: with acc_in, 128 x 256 tiles spill registers (acc_in_config)"
     elif wide_kind and 2 * w_wide < WIDE_TILE_GAIN * w_narrow:
         cfg = GluonConfig(block_n=256, overlap=True)
         why = (f"128 x 256 overlapped tiles: {wide} tiles, {w_wide} waves on {num_sms} SMs, worth "
@@ -158,6 +213,12 @@ def choose_tiles(spec: ProblemSpec, num_sms: int) -> tuple[GluonConfig, str]:
         cfg = GluonConfig(block_n=128)
         why = (f"128 x 128 tiles: {narrow} tiles, {w_narrow} waves on {num_sms} SMs, against 128 x 256 "
                f"tiles worth {2 * w_wide / WIDE_TILE_GAIN:.1f}")
+    elif mma_accumulates(spec) and not spec.integer_mainloop:
+        # fp8 fast_accum runs int8's main loop (no promotion, no partial sum: 128 x 256 fits,
+        # 2 x 64 accumulator registers, and builds clean), where 128 x 256 measured 0.9x of
+        # 128 x 128 (before the loop kept a wgmma in flight); fast_accum itself is not timed yet.
+        cfg = GluonConfig(block_n=128)
+        why = "128 x 128 tiles (fast_accum runs int8's main loop, where wide tiles measured slower)"
     else:
         cfg = GluonConfig(block_n=128)
         why = "128 x 128 tiles (wide tiles measured no faster for tensor, rowcol and int8 scales)"

@@ -1,13 +1,15 @@
 """Launch the sm_90 Gluon prefill kernel (``ws_gemm.py``) for a plan; compile it ahead of time.
 
-The plan chooses this family (``kernels/select.py``: sm_90, a tested Triton version, fp8 rcr
-prefill, tensor/rowcol, opted in); TMA adds conditions that only tensors can answer:
+The plan chooses this family (``kernels/select.py``: sm_90, a tested Triton version, 8-bit rcr
+prefill, the schemes it serves, switched on); TMA adds conditions that only tensors can answer:
 - A's and B's rows must be 16-byte aligned (``lda``, ``ldb`` multiples of 16 fp8 elements): a
   call signature without them gets the portable kernel's launch instead (``usable``);
 - their base addresses must be 16-byte aligned: checked on every call; a call that fails runs
   the Triton kernel (``fallback``), which computes the same function;
 - the output is written by TMA stores when its rows and base address are 16-byte aligned, by
   masked stores otherwise (e.g. N = 577 in bf16).
+An acc_in is read with masked loads through its pointer and leading dimension (any alignment);
+``launch_config`` narrows what a launch runs for masked stores, split-K and acc_in.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ...problem import Problem, ScaleKind
 from .. import gemm_kernel
 from ..direct import KernelCall, TableKernel, direct_launch_enabled
 from ..launch import REDUCE_BLOCK, _stream_workspace, _workspace
-from .config import GluonConfig, masked_store_config
+from .config import GluonConfig, launch_config, mma_accumulates
 
 _GL = {}
 _KERNEL = TableKernel(_GL, "kernel", __name__)  # the kernel, once _gl() has imported it
@@ -58,13 +60,15 @@ def shared_layouts(spec, cfg: GluonConfig):
 def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
     """The kernel's constexpr arguments for a problem (the launcher and the AOT build share it)."""
     b_group = spec.b_scale_kind is ScaleKind.GROUP
+    mma_acc = mma_accumulates(spec)
     return dict(
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, SUB_N=cfg.sub_n, EPI_BUFS=cfg.epi_bufs,
         GROUP_M=cfg.group_m, STAGES=cfg.stages,
         A_SCALE=spec.a_scale_kind.value, B_SCALE=spec.b_scale_kind.value,
         GROUP_N=spec.group_n if b_group else 1,  # constant when unused: no needless recompiles
-        HAS_BIAS=spec.has_bias, TMA_STORE=tma_store, INT_DOT=spec.integer_mainloop,
-        OVERLAP=cfg.overlap and not spec.integer_mainloop, SPLIT_K=cfg.split_k,
+        HAS_BIAS=spec.has_bias, HAS_ACC=spec.has_acc, TMA_STORE=tma_store,
+        INT_DOT=spec.integer_mainloop, MMA_ACC=mma_acc, OVERLAP=cfg.overlap and not mma_acc,
+        SPLIT_K=cfg.split_k,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -108,7 +112,8 @@ class GluonLaunch:
             sa_g = 0
         if spec.b_scale_kind is ScaleKind.VECTOR:
             sb_g = 0
-        self.ints = (spec.m, spec.n, spec.k, self.ldc, sa_m, sa_g, sb_g, sb_n)
+        ld_acc = problem.acc.stride(0) if problem.acc is not None else 0  # acc_in [M, N], row-major
+        self.ints = (spec.m, spec.n, spec.k, self.ldc, ld_acc, sa_m, sa_g, sb_g, sb_n)
         self.fallback = fallback
         # Per output path (TMA store or masked stores): the config and its KernelCall (grid,
         # integer arguments, constexprs); the shared layouts are made on first use (they need
@@ -118,14 +123,14 @@ class GluonLaunch:
         # Everything a launch specializes on besides the constexprs: operand and output dtypes,
         # which optional pointers are present.
         ptr_types = (spec.a_type, spec.b_type, spec.out_dtype, problem.a_scale is not None,
-                     problem.b_scale is not None, spec.has_bias)
+                     problem.b_scale is not None, spec.has_bias, problem.acc is not None)
         self._variants = {}
         self.reduce = None
         if cfg.split_k > 1:
             # fp32 partials [split_k, M, N] with masked stores (ldc = N), summed in order into C.
-            vcfg = masked_store_config(cfg, spec.out_dtype)
+            vcfg = launch_config(cfg, spec, False)
             tiles = math.ceil(spec.m / vcfg.block_m) * math.ceil(spec.n / vcfg.block_n) * cfg.split_k
-            ws_ints = self.ints[:3] + (spec.n,) + self.ints[4:]
+            ws_ints = self.ints[:3] + (spec.n,) + self.ints[4:]  # ldc = N
             consts = dict(constexprs(spec, vcfg, False), **options(vcfg))
             call = KernelCall(_KERNEL, "_ws_gemm_kernel", (max(1, min(sms, tiles)),), ws_ints, consts,
                               ptr_types + ("split-k",))
@@ -137,7 +142,7 @@ class GluonLaunch:
                                      (torch.float32, spec.out_dtype))
             return
         for tma_store in (True, False):
-            vcfg = cfg if tma_store else masked_store_config(cfg, spec.out_dtype)
+            vcfg = launch_config(cfg, spec, tma_store)
             tiles = math.ceil(spec.m / vcfg.block_m) * math.ceil(spec.n / vcfg.block_n)
             consts = dict(constexprs(spec, vcfg, tma_store), **options(vcfg))
             call = KernelCall(_KERNEL, "_ws_gemm_kernel", (max(1, min(sms, tiles)),), self.ints, consts,
@@ -179,7 +184,7 @@ class GluonLaunch:
             target = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
         # The first launch of a signature goes through Triton's JIT launch, later ones straight to
         # the compiled kernel (whose launcher encodes the three TMA descriptors).
-        call((a_desc, b_desc, c_desc, target, sa, sb, bias), direct)
+        call((a_desc, b_desc, c_desc, target, sa, sb, bias, acc), direct)
         if split:
             self.reduce((target, out), direct)
         return out
@@ -213,13 +218,14 @@ def signature(spec, cfg: GluonConfig, tma_store: bool = True) -> tuple[dict, dic
         "sa_ptr": "*fp32" if spec.a_scale_kind is not ScaleKind.NONE else "constexpr",
         "sb_ptr": "*fp32" if spec.b_scale_kind is not ScaleKind.NONE else "constexpr",
         "bias_ptr": "*fp32" if spec.has_bias else "constexpr",
+        "acc_ptr": ("*i32" if spec.acc_dtype == torch.int32 else "*fp32") if spec.has_acc else "constexpr",
     }
-    for name in ("M", "N", "K", "ldc", "stride_sa_m", "stride_sa_g", "stride_sb_g", "stride_sb_n"):
+    for name in ("M", "N", "K", "ldc", "ld_acc", "stride_sa_m", "stride_sa_g", "stride_sb_g", "stride_sb_n"):
         sig[name] = "i32"
     consts = constexprs(spec, cfg, tma_store)
     for name in consts:
         sig[name] = "constexpr"
-    for name in ("c_desc", "sa_ptr", "sb_ptr", "bias_ptr"):
+    for name in ("c_desc", "sa_ptr", "sb_ptr", "bias_ptr", "acc_ptr"):
         if sig[name] == "constexpr":
             consts[name] = None
     return sig, consts
