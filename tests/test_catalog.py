@@ -125,8 +125,8 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     kernels = manifest["kernels"]
-    from tileq.catalog.build import (wants_gluon_build, wants_int4p_build, wants_int4p_prefill_build,
-                                     wants_swapped_build)
+    from tileq.catalog.build import (wants_gluon_build, wants_gluon_fast_build, wants_int4p_build,
+                                     wants_int4p_prefill_build, wants_swapped_build)
 
     sm90 = get_arch("sm_90")
     gluon = [f.name for f in catalog() if wants_gluon_build(f, sm90)]
@@ -136,15 +136,24 @@ def test_build_whole_catalog_for_sm90(tmp_path):
                      "aquant_fp8xfp8_rcr_preshufflequant", "aquant_bf8xbf8_rcr_prefill",
                      "aquant_bf8xbf8_rcr_preshufflequant", "abquant_fp8xfp8_rcr_prefill",
                      "abquant_bf8xbf8_rcr_prefill"]
+    # fast_accum runs another Gluon kernel (the wgmma accumulates over all of K) for fp8 tensor
+    # and rowcol; group scales keep the promoted one, int8 has no fast mode.
+    gluon_fast = [f.name for f in catalog() if wants_gluon_fast_build(f, sm90)]
+    assert gluon_fast == ["tensor_fp8xfp8_rcr_prefill", "tensor_bf8xbf8_rcr_prefill", "rowcol_fp8xfp8_rcr_prefill",
+                          "rowcol_bf8xbf8_rcr_prefill", "rowcol_fp8xbf8_rcr_prefill"]
     int4p = [f.name for f in catalog() if wants_int4p_build(f, sm90)]
     assert int4p == ["bquant_fp8xi4_rcr_decode", "bquant_bf8xi4_rcr_decode", "bquant_bf16xi4_rcr_decode",
                      "bquant_fp16xi4_rcr_decode"]
     int4p_prefill = [f.name for f in catalog() if wants_int4p_prefill_build(f, sm90)]
     assert int4p_prefill == ["bquant_bf16xi4_rcr_prefill", "bquant_fp16xi4_rcr_prefill"]
-    expected = (len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon) + len(int4p)
-                + len(int4p_prefill))
+    expected = (len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon) + len(gluon_fast)
+                + len(int4p) + len(int4p_prefill))
     assert len(kernels) == expected and all(k["ok"] for k in kernels)
-    assert sorted(k["family"] for k in kernels if "__gluon_" in k["name"] and "xi4p_" not in k["name"]) == sorted(gluon)
+    built_gluon = [k for k in kernels if "__gluon_" in k["name"] and "xi4p_" not in k["name"]]
+    assert sorted(k["family"] for k in built_gluon if not k["name"].endswith("_fa_sm90")) == sorted(gluon)
+    assert sorted(k["family"] for k in built_gluon if k["name"].endswith("_fa_sm90")) == sorted(gluon_fast)
+    assert "rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_fa_sm90" in {k["name"] for k in built_gluon}
+    assert all(k["mma"] == "wgmma" and not k["spills"] for k in built_gluon)
     # The prepacked-int4 kernel: its own names (xi4p), wgmma, no spills.
     built_int4p = [k for k in kernels if "xi4p_" in k["name"]]
     assert sorted(k["family"] for k in built_int4p) == sorted(int4p + int4p_prefill)

@@ -60,6 +60,27 @@ def test_gluon_chosen_when_switched_on():
     assert _impl(_spec(m=65)).name == "gluon"
     assert _impl(_spec(has_bias=True, out_dtype=torch.float32)).name == "gluon"
     assert _impl(_spec("bquant_fp8xfp8_rcr_prefill", group_n=128)).name == "gluon"  # 128-wide blocks
+    # fast accumulation and acc_in, alone and together, on every scheme and pair served
+    for fam in SERVED:
+        for kw in (dict(fast_accum=True), dict(has_acc=True), dict(fast_accum=True, has_acc=True)):
+            assert select.gluon_serves(_spec(fam, **kw), parse_family(fam).pipeline) is None
+            assert _impl(_spec(fam, **kw), parse_family(fam).pipeline).name == "gluon"
+
+
+@pytest.mark.parametrize("family,fast,want", [
+    ("rowcol_fp8xfp8_rcr_prefill", True, "fast"), ("tensor_fp8xfp8_rcr_prefill", True, "fast"),
+    ("rowcol_fp8xbf8_rcr_prefill", True, "fast"), ("rowcol_fp8xfp8_rcr_prefill", False, "promoted"),
+    # group scales are applied per K group whatever fast_accum says (the Triton kernel and the
+    # reference do the same): the precise kernel
+    ("abquant_fp8xfp8_rcr_prefill", True, "promoted"), ("aquant_fp8xfp8_rcr_prefill", True, "promoted"),
+    ("rowcol_i8xi8_rcr_prefill", False, "int32"),
+])
+def test_accumulation_mode(family, fast, want):
+    from tileq.kernels.gluon.config import accumulation, mma_accumulates
+
+    spec = _spec(family, fast_accum=fast)
+    assert accumulation(spec) == want
+    assert mma_accumulates(spec) == (want != "promoted")
 
 
 @pytest.mark.parametrize("spec_kw,pipeline,arch,interpreted,env,reason", [
@@ -87,9 +108,14 @@ def test_gluon_chosen_when_switched_on():
      "b_scale groups of 128 columns only (128 x 128 weight blocks), this is group_n=1"),
     (dict(family="abquant_fp8xfp8_rcr_prefill", group_n=1), "prefill", "sm_90", False, "1",
      "this is group_n=1"),
-    (dict(family="rowcol_i8xi8_rcr_prefill", has_acc=True), "prefill", "sm_90", False, "1", "no acc_in"),
-    (dict(has_acc=True), "prefill", "sm_90", False, "1", "no acc_in"),
-    (dict(fast_accum=True), "prefill", "sm_90", False, "1", "precise accumulation only"),
+    # served, but off by default until they have run on a GPU
+    (dict(family="rowcol_i8xi8_rcr_prefill", has_acc=True), "prefill", "sm_90", False, None,
+     "the Gluon sm_90 kernel serves this problem but is off by default for acc_in (not yet tested on a "
+     "GPU): TILEQ_GLUON=1 opts in"),
+    (dict(has_acc=True, fast_accum=True), "prefill", "sm_90", False, None, "off by default for acc_in"),
+    (dict(fast_accum=True), "prefill", "sm_90", False, None,
+     "the Gluon sm_90 kernel serves this problem but is off by default for fast_accum (not yet tested on "
+     "a GPU): TILEQ_GLUON=1 opts in"),
     (dict(k=0), "prefill", "sm_90", False, "1", "K = 0"),
     (dict(family="rowcol_i8xi8_rcr_prefill", m=1023), "prefill", "sm_90", False, None,
      "the Gluon sm_90 kernel serves this problem but runs int8 by default from M = 1024 only"),
@@ -120,6 +146,12 @@ def test_switch_values():
     assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=512), env=None).name == "triton"
     assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=512), env="1").name == "gluon"
     assert _impl(_spec(), env="0").name == "triton"
+    # fast_accum and acc_in: opt-in until the GPU tests and benches have run (select.py); group
+    # scales run the precise kernel whatever fast_accum says, so those stay on by default.
+    assert _impl(_spec(fast_accum=True), env=None).name == "triton"
+    assert _impl(_spec(has_acc=True), env=None).name == "triton"
+    assert _impl(_spec("abquant_fp8xfp8_rcr_prefill", fast_accum=True), env=None).name == "gluon"
+    assert _impl(_spec(fast_accum=True, has_acc=True), env="0").name == "triton"
 
 
 def test_gluon_config():
@@ -150,6 +182,29 @@ def test_choose_tiles_says_why():
         "128 x 128 tiles: 272 tiles, 2 full waves, the last 8 tiles split 10 ways over K on 132 SMs: 96 K steps")
     assert "split 10 ways over K" in cfg.describe()
     assert "every tile split 4 ways" in choose_tiles(_spec(m=128, n=4096), 132)[1]
+    # fast_accum keeps 128 x 128 (int8's main loop, where wide tiles measured slower); acc_in
+    # never takes 128 x 256 tiles (they spill), the group-scaled case included.
+    cfg, why = choose_tiles(_spec(m=4096, fast_accum=True), 132)
+    assert cfg == GluonConfig(stages=6) and "256" not in why
+    assert "fp8's reduced precision" in cfg.describe("fast") and "promotion" not in cfg.describe("fast")
+    assert "int32 in the wgmma accumulator" in cfg.describe("int32")
+    cfg, why = choose_tiles(_spec("abquant_fp8xfp8_rcr_prefill", m=4096, n=5120, has_acc=True), 132)
+    assert cfg == GluonConfig(stages=6) and why.endswith("with acc_in, 128 x 256 tiles spill registers (acc_in_config)")
+    assert choose_tiles(_spec(m=128, n=4096, has_acc=True), 132)[0].block_n <= 128
+
+
+def test_launch_config_narrows_masked_stores_and_acc_in():
+    from tileq.kernels.gluon.config import launch_config
+
+    wide = GluonConfig(block_n=256, stages=4, overlap=True)
+    spec = _spec("abquant_fp8xfp8_rcr_prefill")
+    assert launch_config(wide, spec, True) == wide
+    assert launch_config(wide, spec, False) == GluonConfig(stages=6)  # masked stores: 128 x 128
+    acc = replace(spec, has_acc=True)
+    assert launch_config(wide, acc, True) == GluonConfig(stages=6)
+    assert launch_config(GluonConfig(overlap=True, stages=3), acc, True) == GluonConfig(stages=3)  # forced stages kept
+    assert launch_config(GluonConfig(block_n=64, stages=8), acc, False) == GluonConfig(block_n=64, stages=8)
+    assert launch_config(GluonConfig(split_k=2), spec, True) == GluonConfig(split_k=2)  # TMA stores kept
 
 
 @pytest.mark.parametrize("m,n,want", [
@@ -210,6 +265,29 @@ def test_plan_records_the_implementation(monkeypatch):
     assert "impl      : triton (Gluon kernels are sm_90 only, this is sm_89)" in p.describe()
 
 
+@pytest.mark.filterwarnings("ignore:tileq. ignoring tuned table")
+def test_plan_for_fast_accum_and_acc_in(monkeypatch):
+    """fast_accum and acc_in plans name the Gluon kernel (switched on): the fast-accumulation
+    instance has its own name ('_fa'), acc_in calls take 128 x 128 tiles; off by default."""
+    p = _plan(monkeypatch, "1", _spec(fast_accum=True, has_bias=True))
+    text = p.describe()
+    assert re.search(r"^impl      : gluon \(sm_90 warp-specialized kernel", text, re.M)
+    assert "gluon     : rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_fa_sm90" in text
+    assert "fast_accum: fp32 in the wgmma accumulator over all of K" in text
+    assert "mma(fp8xfp8->f32) fast-accum" in text
+    p = _plan(monkeypatch, "1", _spec("abquant_fp8xfp8_rcr_prefill", has_acc=True, fast_accum=True))
+    text = p.describe()
+    assert p.impl == "gluon" and p.gluon == GluonConfig(stages=6)
+    assert "gluon     : abquant_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_sm90" in text  # promoted
+    assert "+ acc_in(f32)" in text and "with acc_in, 128 x 256 tiles spill" in text
+    p = _plan(monkeypatch, "1", _spec("rowcol_i8xi8_rcr_prefill", has_acc=True))
+    assert p.impl == "gluon" and "+ acc_in(i32) -> cast f32" in p.describe()
+    p = _plan(monkeypatch, None, _spec(fast_accum=True))
+    assert p.impl == "triton" and "off by default for fast_accum" in p.describe()
+    p = _plan(monkeypatch, None, _spec(has_acc=True))
+    assert p.impl == "triton" and "off by default for acc_in" in p.describe()
+
+
 def test_forced_config_runs_the_triton_kernel(monkeypatch):
     from tileq.catalog.config import TileConfig
     from tileq.plan import with_config
@@ -234,10 +312,14 @@ def test_explain_cli_prints_the_impl_line():
     env["PYTHONPATH"] = str(ROOT / "src")
     cmd = [sys.executable, "-m", "tileq", "explain", "--scheme", "rowcol", "--a", "fp8", "--b", "fp8",
            "--m", "4096", "--n", "5120", "--k", "5120", "--arch", "sm_90"]
-    for value, want in (("1", "impl      : gluon (sm_90 warp-specialized kernel"),
-                        ("0", "impl      : triton (TILEQ_GLUON=0 switches the Gluon kernel off)")):
-        out = subprocess.run(cmd, env=dict(env, TILEQ_GLUON=value), capture_output=True, text=True,
-                             timeout=300)
+    for value, extra, want in (
+            ("1", [], "impl      : gluon (sm_90 warp-specialized kernel"),
+            ("0", [], "impl      : triton (TILEQ_GLUON=0 switches the Gluon kernel off)"),
+            ("1", ["--fast-accum", "--acc"], "__gluon_m128n128k128_s6_ws2x64_fa_sm90"),
+            (None, ["--fast-accum"], "impl      : triton (the Gluon sm_90 kernel serves this problem but is off "
+                                     "by default for fast_accum")):
+        run_env = dict(env, TILEQ_GLUON=value) if value else {k: v for k, v in env.items() if k != "TILEQ_GLUON"}
+        out = subprocess.run(cmd + extra, env=run_env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert want in out.stdout, out.stdout
 
@@ -253,44 +335,87 @@ from dataclasses import replace
 import torch
 from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
-from tileq.kernels.gluon.config import gluon_config, masked_store_config
+from tileq.kernels.gluon.config import gluon_config, instance_tag, launch_config, max_stages
 from tileq.kernels.gluon.launch import compile_sm90, constexprs
 out_dir, variants = sys.argv[1], json.loads(sys.argv[2])
 res = []
-for i, (family, out, bias, tma, m, split) in enumerate(variants):
+for i, (family, out, bias, tma, m, split, kw) in enumerate(variants):
+    spec_kw = {k: v for k, v in kw.items() if k in ("fast_accum", "has_acc")}
+    cfg_kw = {k: v for k, v in kw.items() if k not in spec_kw}  # a forced tile (bench --variants)
     spec = replace(family_spec(parse_family(family), m, 5120, 5120, out_dtype=getattr(torch, out)),
-                   has_bias=bias)
+                   has_bias=bias, **spec_kw)
     cfg = gluon_config(spec, 132)
     if split > 1:  # (split tiles: 128 columns at most, no overlap)
         cfg = replace(cfg, block_n=min(cfg.block_n, 128), overlap=False, split_k=split)
-    if not tma:
-        cfg = masked_store_config(cfg, spec.out_dtype)
+    cfg = replace(cfg, **cfg_kw)
+    if "block_n" in cfg_kw:
+        cfg = replace(cfg, stages=max_stages(cfg, spec.out_dtype))
+    cfg = launch_config(cfg, spec, tma)  # what GluonLaunch runs
     k = compile_sm90(spec, cfg, tma)
     base = f"{out_dir}/k{i}"
     open(base + ".ptx", "w").write(k.asm["ptx"])
     open(base + ".cubin", "wb").write(k.asm["cubin"])
+    consts = constexprs(spec, cfg, tma)
     res.append(dict(base=base, num_warps=k.metadata.num_warps, shared=k.metadata.shared,
                     block_n=cfg.block_n, sub_n=cfg.sub_n, sub_tiles=cfg.sub_tiles,
-                    overlap=constexprs(spec, cfg, tma)["OVERLAP"]))
+                    overlap=consts["OVERLAP"], mma_acc=consts["MMA_ACC"], has_acc=consts["HAS_ACC"],
+                    scale_unroll=consts["SCALE_UNROLL"],
+                    tag=instance_tag(spec, cfg)))
 print(json.dumps(res))
 """
 
-BUILDS = [  # family, output dtype, bias, TMA store, M, split-K
-    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1),
-    ("tensor_fp8xfp8_rcr_prefill", "float32", False, False, 4096, 1),
-    ("tensor_fp8xfp8_rcr_prefill", "float16", False, True, 128, 1),  # BN = 64, 8 stages
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096, 1),  # 128 x 256, overlapped
-    ("abquant_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1),  # fp32 out: 128 x 128
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1),  # masked stores: 128 x 128
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 512, 1),  # 128 x 128 (waves)
-    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3),  # split-K: fp32 partials
-    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 256, 4),  # whole tiles by TMA, split ones
-    ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096, 1),
-    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1),
-    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 256, 2),
-    ("rowcol_fp8xbf8_rcr_prefill", "bfloat16", True, True, 4096, 1),  # e4m3 x e5m2 (opt-in)
-    ("abquant_bf8xbf8_rcr_prefill", "bfloat16", False, True, 4096, 1),
+FAST = dict(fast_accum=True)
+ACC = dict(has_acc=True)
+BUILDS = [  # family, output dtype, bias, TMA store, M, split-K, spec / forced config fields
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, {}),
+    ("tensor_fp8xfp8_rcr_prefill", "float32", False, False, 4096, 1, {}),
+    ("tensor_fp8xfp8_rcr_prefill", "float16", False, True, 128, 1, {}),  # BN = 64, 8 stages
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096, 1, {}),  # 128 x 256, overlapped
+    ("abquant_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1, {}),  # fp32 out: 128 x 128
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1, {}),  # masked stores: 128 x 128
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 512, 1, {}),  # 128 x 128 (waves)
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3, {}),  # split-K: fp32 partials
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 256, 4, {}),  # whole tiles by TMA, split ones
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 512, 1, dict(scale_unroll=False)),
+    ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096, 1, {}),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1, {}),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 256, 2, {}),
+    ("rowcol_fp8xbf8_rcr_prefill", "bfloat16", True, True, 4096, 1, {}),  # e4m3 x e5m2 (opt-in)
+    ("abquant_bf8xbf8_rcr_prefill", "bfloat16", False, True, 4096, 1, {}),
+    # fast_accum: the wgmma accumulates over all of K (int8's pipelined main loop), every tile
+    # the plan can give it, the masked and split-K epilogues, and 128 x 256 (bench --variants)
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, FAST),
+    ("rowcol_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1, FAST),
+    ("tensor_fp8xfp8_rcr_prefill", "float16", False, True, 128, 1, FAST),  # 128 x 64
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1, FAST),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3, FAST),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(FAST, block_n=256)),
+    ("rowcol_fp8xbf8_rcr_prefill", "bfloat16", True, True, 4096, 1, FAST),
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096, 1, FAST),  # group scales: promoted
+    # acc_in: loaded into the accumulator before the first K tile, or (fast_accum) added in the
+    # epilogue; 128 x 128 or 128 x 64 tiles without overlap (acc_in_config)
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, ACC),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1, ACC),
+    ("tensor_fp8xfp8_rcr_prefill", "float16", True, True, 128, 1, ACC),  # 128 x 64
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, ACC),  # 128 x 128, not 256
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1, ACC),
+    ("abquant_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1, ACC),
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3, ACC),
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(ACC, block_n=256, overlap=True)),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1, ACC),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 4096, 1, ACC),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 256, 2, ACC),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(ACC, block_n=256)),
+    ("rowcol_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1, dict(FAST, **ACC)),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1, dict(FAST, **ACC)),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3, dict(FAST, **ACC)),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(FAST, block_n=256, **ACC)),
 ]
+
+
+def _build_id(b):
+    extra = "".join(f"-{k}" if v is True else f"-{k}{v}" for k, v in b[6].items())
+    return f"{b[0]}-{b[1]}-{b[4]}-sk{b[5]}{'' if b[3] else '-masked'}{extra}"
 
 
 @pytest.fixture(scope="module")
@@ -306,10 +431,11 @@ def sm90_builds(tmp_path_factory):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("index", range(len(BUILDS)), ids=[f"{b[0]}-{b[1]}-{b[4]}-sk{b[5]}" for b in BUILDS])
+@pytest.mark.parametrize("index", range(len(BUILDS)), ids=[_build_id(b) for b in BUILDS])
 def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
-    family, out, bias, tma_store, m, split = BUILDS[index]
-    spec = _spec(family, m=m, out_dtype=getattr(torch, out), has_bias=bias)
+    family, out, bias, tma_store, m, split, kw = BUILDS[index]
+    spec_kw = {k: v for k, v in kw.items() if k in ("fast_accum", "has_acc")}
+    spec = _spec(family, m=m, out_dtype=getattr(torch, out), has_bias=bias, **spec_kw)
     assert select.gluon_serves(spec, parse_family(family).pipeline) is None
     built = sm90_builds[index]
     ptx = Path(built["base"] + ".ptx").read_text()
@@ -321,10 +447,20 @@ def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
     kind = (r"s32\.s8\.s8" if spec.integer_mainloop
             else rf"f32\.{f8[spec.a_type.value]}\.{f8[spec.b_type.value]}")
     n = built["sub_n"]
-    unroll = 2 if spec.scheme.grouped else 1
+    unroll = 2 if built["scale_unroll"] else 1
     chains = unroll * built["sub_tiles"] + (1 if built["overlap"] else 0)
     wgmmas = 2 * 4 * chains
     assert len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k32\.{kind}", ptx)) == wgmmas
+    # Accumulating in the wgmma accumulator (int8, fp8 fast_accum), a K tile's chains are issued
+    # before the previous K tile's are retired: a wait with one chain per sub-tile outstanding.
+    # Promoted, every chain is waited for (its partial sum is added on the CUDA cores).
+    mma_acc = spec.integer_mainloop or (spec.fast_accum and not spec.scheme.grouped)
+    assert built["mma_acc"] == mma_acc and built["has_acc"] == spec.has_acc
+    waits = set(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);", ptx))
+    assert waits == ({"0", str(built["sub_tiles"])} if mma_acc else {"0"})
+    assert built["tag"].endswith("_fa") == (mma_acc and not spec.integer_mainloop)
+    if spec.has_acc:  # 128 x 256 and the overlapped loop spill with acc_in: narrowed
+        assert built["block_n"] <= 128 and not built["overlap"]
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx  # TMA loads
     assert ("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx) is tma_store  # TMA stores
     assert "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait.parity" in ptx
@@ -405,8 +541,10 @@ def test_launcher_descriptors_and_constexprs(gluon_plan_for):
     assert a_desc.base.data_ptr() == problem.a.data_ptr() and b_desc.base.data_ptr() == problem.b.data_ptr()
     # N = 577 bf16 rows are 1154 bytes: no TMA store, masked stores.
     assert c_desc is None and kwargs["TMA_STORE"] is False and out.shape == (300, 577)
-    assert args[8:] == (300, 577, 859, 577, 1, 0, 0, 1)  # M N K ldc, scale strides
+    assert args[8] is None and not kwargs["HAS_ACC"]  # no acc_in
+    assert args[9:] == (300, 577, 859, 577, 0, 1, 0, 0, 1)  # M N K ldc ld_acc, scale strides
     assert kwargs["A_SCALE"] == "vector" and kwargs["B_SCALE"] == "vector" and kwargs["HAS_BIAS"]
+    assert kwargs["MMA_ACC"] is False and kwargs["INT_DOT"] is False
     assert (kwargs["num_warps"], kwargs["maxnreg"], kwargs["STAGES"], kwargs["BN"]) == (4, 168, 8, 64)
     assert (kwargs["CONSUMER_REGS"], kwargs["PRODUCER_REGS"]) == (232, 40)
     # An out= with 16-byte aligned rows is written by TMA stores through a [64, BN] descriptor.
@@ -447,13 +585,51 @@ def test_launcher_split_k_writes_partials_and_reduces(gluon_plan_for, n, program
     assert kwargs["SPLIT_K"] == 3 and kwargs["OVERLAP"] is False and kwargs["BN"] == 128
     assert grid == (programs,) and args[4].dtype == torch.float32
     assert args[4].numel() >= n_split * 3 * 128 * 128
-    assert args[8:12] == (300, n, 1024, n)  # M N K ldc
+    assert args[9:14] == (300, n, 1024, n, 0)  # M N K ldc, no acc_in
     want = torch.zeros(300, n)
     if n_split == 15:
         want[:] = 6.0
     else:  # tiles 132-134 in grouped order: the last column tile of each row tile
         want[:, 44 * 128:] = 6.0
     assert torch.equal(out.float(), want)
+
+
+def test_launcher_passes_acc_in_and_fast_accum(gluon_plan_for):
+    """acc_in: its pointer and leading dimension reach the kernel (HAS_ACC), a forced 128 x 256
+    overlapped config runs 128 x 128 without overlap, and calls with and without acc_in are
+    different launches; fast_accum: MMA_ACC (never the overlapped loop)."""
+    from tileq.kernels.direct import KernelCall
+    from tileq.kernels.launch import make_launch
+
+    rec, make = gluon_plan_for
+    spec = _spec("abquant_fp8xfp8_rcr_prefill", m=300, n=576, k=1024, has_acc=True, has_bias=True)
+    acc = torch.randn(300, 600)[:, :576]  # padded leading dimension 600
+    args, problem, plan = make(spec)
+    args.kwargs["acc"] = acc
+    from tileq.problem import build_problem
+
+    problem = args.call(build_problem)
+    plan = replace(plan, gluon=GluonConfig(block_n=256, stages=4, overlap=True))
+    launch = make_launch(problem, plan)
+    launch(problem.a, problem.b, problem.a_scale, problem.b_scale, problem.bias, acc, None)
+    (grid, kargs, kwargs), = rec.calls
+    assert kargs[8] is acc and kwargs["HAS_ACC"] and kwargs["HAS_BIAS"]
+    assert kargs[9:14] == (300, 576, 1024, 576, 600)  # M N K ldc ld_acc
+    assert (kwargs["BN"], kwargs["OVERLAP"], kwargs["STAGES"]) == (128, False, 6)
+    assert grid == (3 * 5,)
+    # The direct launch specializes on which optional pointers are present: acc_in included.
+    _, no_acc, plan_no_acc = make(replace(spec, has_acc=False))
+    plain = make_launch(no_acc, replace(plan_no_acc, gluon=plan.gluon))
+    assert isinstance(launch.variant(True)[1], KernelCall)
+    assert launch.variant(True)[1].sid != plain.variant(True)[1].sid
+
+    rec.calls.clear()
+    _, problem, plan = make(_spec(m=300, n=576, k=1024, fast_accum=True))
+    assert plan.gluon.tag == "m128n64k128_s8_ws2x64"
+    plan = replace(plan, gluon=GluonConfig(overlap=True))  # a forced overlap: not for MMA_ACC
+    make_launch(problem, plan)(problem.a, problem.b, problem.a_scale, problem.b_scale, None, None, None)
+    (_, kargs, kwargs), = rec.calls
+    assert kwargs["MMA_ACC"] and not kwargs["INT_DOT"] and not kwargs["OVERLAP"] and not kwargs["HAS_ACC"]
 
 
 @needs_interpreter
@@ -521,8 +697,11 @@ def gluon_on(monkeypatch):
     api.clear_call_cache()
 
 
-def _run(spec, *, pad=0, out=None, seed=0):
+def _run(spec, *, pad=0, out=None, seed=0, prepare=(), tol=None):
+    """The Gluon call against the reference; ``prepare``: functions that adjust the arguments."""
     args = make_args(spec, seed=seed, device="cuda", pad=pad)
+    for fn in prepare:
+        fn(args)
     if spec.out_dtype == torch.float16 and args.a_scale is not None:
         # Random fp8 operands summed over K overflow fp16's 65504: scale the rows down (exactly).
         args.a_scale = args.a_scale * 2.0**-10
@@ -531,8 +710,33 @@ def _run(spec, *, pad=0, out=None, seed=0):
     got = args.call(tileq.gemm, out=out)
     want = args.call(tileq.gemm, backend="reference")
     torch.cuda.synchronize()
-    check_close(got, want, spec.out_dtype)
+    check_close(got, want, spec.out_dtype, tol)
     return args, got
+
+
+def _small_integers(args):
+    """8-bit operands in -2..2: with K <= 2048 every partial sum is an integer below 2**13, exact
+    in the fp8 wgmma's reduced-precision accumulator (13 mantissa bits), so fast accumulation
+    must give the reference's sums exactly: a K tile lost or added twice shows at any size."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for t in (args.a, args.b):
+        t.copy_(torch.randint(-2, 3, t.shape, generator=gen, device="cuda").to(t.dtype))
+
+
+def _acc_like_product(args):
+    """acc_in as large as A @ B (the helper's default, randn * 100, would hide under the
+    tolerance next to 8-bit products summed over K: a kernel ignoring acc_in would pass), with
+    integer values (exact in int32 and in fp32), in a wider buffer: leading dimension N + 24,
+    the padding poisoned (NaN, or 2**30 for int32) so that a read past N shows."""
+    acc = args.kwargs["acc"]
+    m, n = acc.shape
+    size = (args.a.float() @ args.b.float()).abs().max().item()  # (fp8 x fp8 products: exact in fp32)
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    values = torch.randint(-int(size), int(size) + 1, (m, n), generator=gen, device="cuda")
+    poison = float("nan") if acc.dtype.is_floating_point else 2**30
+    buf = torch.full((m, n + 24), poison, dtype=acc.dtype, device="cuda")
+    buf[:, :n] = values.to(acc.dtype)
+    args.kwargs["acc"] = buf[:, :n]
 
 
 ODD_SHAPES = [(fam, m, n, k) for fam in SERVED
@@ -557,6 +761,8 @@ def forced_gluon_config(monkeypatch):
     from tileq.plan import _plan_cached
 
     def force(cfg):
+        # (the planner calls choose_tiles; patching gluon_config alone forced nothing)
+        monkeypatch.setattr(gconfig, "choose_tiles", lambda spec, num_sms: (cfg, "forced by the test"))
         monkeypatch.setattr(gconfig, "gluon_config", lambda spec, num_sms: cfg)
         _plan_cached.cache_clear()
         api.clear_call_cache()
@@ -589,6 +795,83 @@ def test_gpu_forced_configs(cfg, family, m, n, k, gluon_on, forced_gluon_config)
     forced_gluon_config(cfg)
     kw = dict(group_n=128) if family.startswith("bquant") else {}
     _run(_spec(family, m, n, k, has_bias=True, **kw), pad=(-k) % 16, seed=m + n + k)
+    assert len(gluon_on) == 1
+
+
+def test_forced_gluon_config_reaches_the_plan(forced_gluon_config, monkeypatch):
+    """The GPU tests' forced configs are what the plan runs (CPU check of the fixture)."""
+    forced_gluon_config(GluonConfig(block_n=64, stages=8, split_k=3))
+    p = _plan(monkeypatch, "1", _spec(m=4096))
+    assert p.gluon == GluonConfig(block_n=64, stages=8, split_k=3) and "forced by the test" in p.describe()
+
+
+FAST_FAMILIES = ["rowcol_fp8xfp8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill", "rowcol_fp8xbf8_rcr_prefill",
+                 "rowcol_bf8xbf8_rcr_prefill",
+                 "abquant_fp8xfp8_rcr_prefill"]  # group scales: fast_accum runs the precise kernel
+
+
+@gpu
+@pytest.mark.parametrize("cfg", [None] + FORCED_CONFIGS, ids=lambda c: c.tag if c else "plan")
+@pytest.mark.parametrize("family", FAST_FAMILIES)
+@pytest.mark.parametrize("acc", [False, True], ids=["", "acc_in"])
+@pytest.mark.parametrize("m,n,k", [(65, 577, 859), (300, 5120, 1040), (727, 4000, 2048)])
+def test_gpu_fast_accum_exact_on_small_integers(cfg, family, acc, m, n, k, gluon_on, forced_gluon_config):
+    """fast_accum: each K tile accumulated exactly once in the wgmma accumulator (the pipelined
+    loop hands a ring slot back only after the next K tile's wgmma retired its reader), across
+    tiles, split-K items (an empty last split at K = 859 in three) and 128 x 256 tiles; odd M
+    and N (masked stores at N = 577: fp32 rows of 2308 bytes), the K tail, a bias, padded rows;
+    with acc_in added in the epilogue. fp32 output: exact sums, so fp32 rounding only (a lost or
+    repeated K tile is off by a sizable fraction of max|C|)."""
+    if cfg is not None:
+        forced_gluon_config(cfg)
+    spec = _spec(family, m, n, k, fast_accum=True, has_bias=True, has_acc=acc, out_dtype=torch.float32)
+    _run(spec, pad=(-k) % 16, seed=m + n + k, prepare=(_small_integers,) + ((_acc_like_product,) if acc else ()),
+         tol=1e-5)  # (scales, split sums and group promotions round in fp32: a few ulps of max|C|)
+    assert len(gluon_on) == 1
+
+
+@gpu
+@pytest.mark.parametrize("family", FAST_FAMILIES[:4])
+@pytest.mark.parametrize("m,n,k", [(65, 577, 859), (727, 5120, 2048), (4096, 5120, 4096)])
+def test_gpu_fast_accum_random(family, m, n, k, gluon_on):
+    """Random fp8 operands: within the bf16 tolerance up to K = 4096 (fast accumulation's error
+    grows with K: 0.56-0.70% of max|C| at K = 4096-5120 with the Triton kernel, H200, 2026-11-29,
+    bench/results/h200/fast-accum-errors/)."""
+    _run(_spec(family, m, n, k, fast_accum=True, has_bias=True), pad=(-k) % 16, seed=m + k)
+    assert len(gluon_on) == 1
+
+
+ACC_FAMILIES = [("rowcol_fp8xfp8_rcr_prefill", {}), ("tensor_fp8xfp8_rcr_prefill", {}),
+                ("abquant_fp8xfp8_rcr_prefill", {}), ("aquant_fp8xfp8_rcr_preshufflequant", {}),
+                ("bquant_fp8xfp8_rcr_prefill", dict(group_n=128)), ("abquant_bf8xbf8_rcr_prefill", {}),
+                ("rowcol_i8xi8_rcr_prefill", {}), ("tensor_i8xi8_rcr_prefill", {}),
+                ("rowcol_fp8xfp8_rcr_prefill", dict(fast_accum=True))]
+
+
+@gpu
+@pytest.mark.parametrize("cfg", [None] + FORCED_CONFIGS, ids=lambda c: c.tag if c else "plan")
+@pytest.mark.parametrize("family,kw", ACC_FAMILIES, ids=lambda x: x if isinstance(x, str) else "-".join(x) or "")
+@pytest.mark.parametrize("m,n,k", [(65, 577, 859), (727, 4000, 1024), (1500, 5120, 1040)])
+def test_gpu_acc_in(cfg, family, kw, m, n, k, gluon_on, forced_gluon_config):
+    """acc_in [M, N] (int32 for int8, fp32 otherwise) as large as the product, in a padded
+    buffer: added once before the scales (split-K: by the first split only), zero past M and N;
+    with promotion it starts the accumulator, with int8 the wgmma accumulator, with fast_accum
+    the epilogue adds it. Forced 128 x 256 and overlapped configs run 128 x 128 (acc_in_config);
+    odd M/N, the K tail, a bias, masked and TMA stores."""
+    if cfg is not None:
+        forced_gluon_config(cfg)
+    spec = _spec(family, m, n, k, has_acc=True, has_bias=True, **kw)
+    _run(spec, pad=(-k) % 16, seed=m + n + k, prepare=(_acc_like_product,))
+    assert len(gluon_on) == 1
+
+
+@gpu
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_gpu_int8_acc_in_exact(out_dtype, gluon_on):
+    """int8 with acc_in: acc_in + A @ B in int32 exactly, then the same fp32 epilogue as the
+    reference (a K = 4096 fp32 output within fp32 rounding)."""
+    spec = _spec("rowcol_i8xi8_rcr_prefill", 1000, 2048, 4096, has_acc=True, has_bias=True, out_dtype=out_dtype)
+    _run(spec, seed=5, prepare=(_acc_like_product,), tol=1e-6 if out_dtype == torch.float32 else None)
     assert len(gluon_on) == 1
 
 
@@ -699,19 +982,62 @@ def test_gpu_cuda_graph_capture(gluon_on):
     assert len(gluon_on) == 3
 
 
-def test_bench_script_builds_its_baselines():
-    """scripts/gluon_bench.py (GPU only) builds each scheme's torch baseline from a problem."""
+def _script(name):
     import importlib.util
 
+    path = ROOT / "scripts" / f"{name}.py"
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_script_builds_its_baselines():
+    """scripts/gluon_bench.py (GPU only) builds each scheme's torch baseline from a problem."""
     from tileq.problem import build_problem
 
-    path = ROOT / "scripts" / "gluon_bench.py"
-    mod_spec = importlib.util.spec_from_file_location("gluon_bench", path)
-    bench = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(bench)
+    bench = _script("gluon_bench")
     assert bench.SCHEMES["rowcol"][2] == "gluon.csv"
+    assert bench.SCHEMES["fast"][2] == "gluon_fast.csv" and bench.SCHEME_SPEC["fast"] == dict(fast_accum=True)
     for scheme, (family, _, _) in bench.SCHEMES.items():
         fam = parse_family(family)
-        problem = make_args(family_spec(fam, 128, 256, 384), seed=1).call(build_problem)
+        spec = replace(family_spec(fam, 128, 256, 384), **bench.SCHEME_SPEC.get(scheme, {}))
+        problem = make_args(spec, seed=1).call(build_problem)
+        assert problem.spec.fast_accum == (scheme == "fast")
         assert callable(bench._baseline(scheme, problem))
         assert select.gluon_serves(problem.spec, fam.pipeline) is None
+        for acc in (False, True):  # --acc
+            assert select.gluon_serves(replace(problem.spec, has_acc=acc), fam.pipeline) is None
+    int8 = make_args(family_spec(parse_family(bench.SCHEMES["int8"][0]), 128, 256, 384), seed=1).call(build_problem)
+    assert callable(bench._int_mm_alone(int8))
+    assert "vs_int_mm" in bench.FIELDS
+
+
+def test_report_summarizes_the_int_mm_ratio(tmp_path):
+    """scripts/gluon_report.py: the int8 CSV's Gluon / torch._int_mm-alone column gets its own
+    table; CSVs without that column (older runs, other schemes) only the baseline one."""
+    import csv
+
+    bench, report = _script("gluon_bench"), _script("gluon_report")
+    rows = []
+    for m, vs_base, vs_raw in ((1024, 2.5, 1.2), (4096, 3.0, 1.4), (8192, 2.8, 1.5)):
+        for impl, base, raw in (("gluon", vs_base, vs_raw), ("cublaslt", 1.0, 0.5), ("int_mm", 2.0, 1.0)):
+            rows.append(dict(m=m, n=5120, k=5120, impl=impl, config="c", ms="1", tflops="1",
+                             vs_cublaslt=base, vs_int_mm=raw, max_rel_err="", note=""))
+    path = tmp_path / "gluon_int8.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=bench.FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    text = "\n".join(report.summarize(str(path)))
+    assert "Gluon / the scheme's torch baseline" in text and "| qwen3 | 1024-8192 | 2.800 (2.500-3.000, n=3) |" in text
+    assert "Gluon / torch._int_mm alone (target >= 1.3x)" in text
+    assert "| qwen3 | 1024-8192 | 1.400 (1.200-1.500, n=3) |" in text
+    old = tmp_path / "old.csv"
+    fields = [f for f in bench.FIELDS if f != "vs_int_mm"]
+    with open(old, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    text = "\n".join(report.summarize(str(old)))
+    assert "torch baseline" in text and "_int_mm" not in text

@@ -46,6 +46,7 @@ def register(sub) -> None:
     p.add_argument("--preshuffled", action="store_true", help="a_scale stored K-group-major")
     p.add_argument("--bias", action="store_true")
     p.add_argument("--acc", action="store_true")
+    p.add_argument("--fast-accum", action="store_true", help="fp8/bf8: fast accumulation (gemm's fast_accum)")
     p.add_argument("--out-dtype", default="bf16", choices=list(_OUT))
     p.add_argument("--arch", default=None, help="plan for this arch (default: the local GPU, else sm_90)")
     p.add_argument("--backend", default="triton", choices=["triton", "reference"])
@@ -128,7 +129,7 @@ def spec_from_args(args) -> ProblemSpec:
     return describe(
         scheme=args.scheme, a=args.a, b=args.b, m=args.m, n=args.n, k=args.k, layout=args.layout,
         out_dtype=_OUT[args.out_dtype], group_k=args.group_k, group_n=args.group_n,
-        preshuffled=args.preshuffled, bias=args.bias, acc=args.acc,
+        preshuffled=args.preshuffled, bias=args.bias, acc=args.acc, fast_accum=args.fast_accum,
     )
 
 

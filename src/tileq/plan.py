@@ -100,8 +100,10 @@ class Plan:
         if self.executor == "triton":
             lines.append(f"impl      : {self.impl} ({self.impl_reason})")
         if self.gluon is not None:
-            lines.append(f"gluon     : {self.family.name}__gluon_{self.gluon.tag}_{self.arch.tag}")
-            lines.append(f"            {self.gluon.describe(s.integer_mainloop)}")
+            from .kernels.gluon.config import accumulation, instance_name
+
+            lines.append(f"gluon     : {instance_name(self.family.name, s, self.gluon, self.arch.tag)}")
+            lines.append(f"            {self.gluon.describe(accumulation(s))}")
             if self.gluon_reason:
                 lines.append(f"            {self.gluon_reason}")
         if self.instance is not None:

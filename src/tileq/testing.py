@@ -97,6 +97,8 @@ def make_args(spec: ProblemSpec, *, seed: int = 0, device="cpu", pad: int = 0,
     elif spec.b_scale_kind is ScaleKind.GROUP:
         sb = _scale((spec.gk, spec.gn), gen)
     kwargs = dict(scheme=spec.scheme.value, out_dtype=spec.out_dtype, group_k=spec.group_k)
+    if spec.fast_accum:
+        kwargs["fast_accum"] = True
     if spec.b_scale_kind is ScaleKind.GROUP:
         kwargs["group_n"] = spec.group_n
     if bias if bias is not None else spec.has_bias:

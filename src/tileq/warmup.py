@@ -18,9 +18,10 @@ from .problem import ProblemSpec, ScaleKind, ScaleLayout, parse_scheme
 def describe(*, scheme, a, b, m: int, n: int, k: int, layout: str = "rcr",
              out_dtype: torch.dtype = torch.bfloat16, group_k: int = 128, group_n: int | None = None,
              a_scale: str | None = None, b_scale: str | None = None, preshuffled: bool = False,
-             bias: bool = False, acc: bool = False) -> ProblemSpec:
+             bias: bool = False, acc: bool = False, fast_accum: bool = False) -> ProblemSpec:
     """A problem without tensors. Scale kinds default to the scheme's canonical ones
-    (rowcol: per-row x per-column; abquant: [M, Gk] x [Gk, ceil(N/128)]; ...)."""
+    (rowcol: per-row x per-column; abquant: [M, Gk] x [Gk, ceil(N/128)]; ...). ``fast_accum``
+    applies to fp8/bf8 pairs only, as in ``gemm``."""
     scheme = parse_scheme(scheme)
     at, bt = parse_operand_type(a), parse_operand_type(b)
     check_pair(at, bt)
@@ -31,7 +32,7 @@ def describe(*, scheme, a, b, m: int, n: int, k: int, layout: str = "rcr",
         b_scale_kind=ScaleKind(b_scale) if b_scale else sb,
         out_dtype=out_dtype, group_k=group_k, group_n=group_n or gn,
         a_scale_layout=ScaleLayout.PRESHUFFLED if preshuffled else ScaleLayout.ROWMAJOR,
-        has_bias=bias, has_acc=acc,
+        has_bias=bias, has_acc=acc, fast_accum=bool(fast_accum) and at.is_float8 and bt.is_float8,
     )
 
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import triton
@@ -81,6 +81,22 @@ def wants_gluon_build(fam: KernelFamily, arch: ArchInfo) -> bool:
     return gluon_serves(family_spec(fam, *PREFILL_SHAPE), fam.pipeline) is None
 
 
+def _gluon_spec(fam: KernelFamily, fast: bool):
+    return replace(family_spec(fam, *PREFILL_SHAPE), fast_accum=fast)
+
+
+def wants_gluon_fast_build(fam: KernelFamily, arch: ArchInfo) -> bool:
+    """Families whose fast_accum calls run a different Gluon kernel (fp8 tensor/rowcol: the
+    wgmma accumulates over all of K, ``_fa`` instances) get that one built too."""
+    from ..kernels.gluon.config import accumulation
+    from ..kernels.select import gluon_serves
+
+    if not wants_gluon_build(fam, arch):
+        return False
+    spec = _gluon_spec(fam, True)
+    return accumulation(spec) == "fast" and gluon_serves(spec, fam.pipeline) is None
+
+
 INT4P_ACTIVATIONS = ("bf16", "fp16", "fp8", "bf8")
 
 
@@ -133,24 +149,30 @@ def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildR
     return BuildResult(name, fam.name, f"int4p_{cfg.tag}", True, time.time() - t0), compiled
 
 
-def _compile_gluon(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
-    from ..kernels.gluon.config import gluon_config
+def _compile_gluon(fam: KernelFamily, arch: ArchInfo, t0: float, fast: bool = False) -> tuple[BuildResult, object]:
+    from ..kernels.gluon.config import gluon_config, instance_name, instance_tag
     from ..kernels.gluon.launch import compile_sm90
 
-    spec = family_spec(fam, *PREFILL_SHAPE)
+    spec = _gluon_spec(fam, fast)
     cfg = gluon_config(spec, arch.typical_sms)
-    name = f"{fam.name}__gluon_{cfg.tag}_{arch.tag}"
+    name = instance_name(fam.name, spec, cfg, arch.tag)
+    config = f"gluon_{instance_tag(spec, cfg)}"
     try:
         compiled = compile_sm90(spec, cfg)
     except Exception as e:
         msg = str(e).strip().splitlines()
-        return BuildResult(name, fam.name, f"gluon_{cfg.tag}", False, time.time() - t0,
+        return BuildResult(name, fam.name, config, False, time.time() - t0,
                            error=f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500]), None
-    return BuildResult(name, fam.name, f"gluon_{cfg.tag}", True, time.time() - t0), compiled
+    return BuildResult(name, fam.name, config, True, time.time() - t0), compiled
+
+
+def _compile_gluon_fast(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
+    return _compile_gluon(fam, arch, t0, fast=True)
 
 
 # The kernels built beside a family's portable Triton kernel, by ``compile_one``'s impl.
-_SPECIAL = {"gluon": _compile_gluon, "int4p": _compile_int4p, "int4p_prefill": _compile_int4p_prefill}
+_SPECIAL = {"gluon": _compile_gluon, "gluon_fast": _compile_gluon_fast, "int4p": _compile_int4p,
+            "int4p_prefill": _compile_int4p_prefill}
 
 
 def _tool(name: str) -> str:
@@ -174,7 +196,8 @@ def _resource_usage(cubin_path: Path) -> tuple[int | None, int | None]:
 def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: bool = False,
                 impl: str = "triton") -> BuildResult:
     """Compile one family (runs in a worker process): the portable Triton kernel, its swapped
-    variant, the sm_90 Gluon kernel (``impl='gluon'``), the prepacked-int4 decode kernel
+    variant, the sm_90 Gluon kernel (``impl='gluon'``; 'gluon_fast': its fast_accum instance),
+    the prepacked-int4 decode kernel
     ('int4p') or the prepacked-int4 Gluon prefill kernel ('int4p_prefill')."""
     from triton.backends.compiler import GPUTarget
 
@@ -234,6 +257,7 @@ def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = Non
     work = [(n, False, "triton") for n in names]
     work += [(n, True, "triton") for n in names if wants_swapped_build(parse_family(n))]
     work += [(n, False, "gluon") for n in names if wants_gluon_build(parse_family(n), arch)]
+    work += [(n, False, "gluon_fast") for n in names if wants_gluon_fast_build(parse_family(n), arch)]
     work += [(n, False, "int4p") for n in names if wants_int4p_build(parse_family(n), arch)]
     work += [(n, False, "int4p_prefill") for n in names if wants_int4p_prefill_build(parse_family(n), arch)]
     if out_dir:

@@ -9,8 +9,9 @@ The planner (``plan.kernel_notes``, ``tileq explain``), the shared-memory estima
 legality predicate (``catalog.config``), the AOT build and the launcher (``kernels.launch``:
 constexprs, signature, operand order) all read these answers instead of working them out anew.
 
-This module imports no Triton and queries no device; it depends on ``problem`` and ``dtypes``
-only, so the catalog can use it without an import cycle.
+This module imports no Triton and queries no device; it depends on ``problem``, ``dtypes`` and
+the Gluon kernel's config (``kernels/gluon/config.py``, Triton-free too) only, so the catalog can
+use it without an import cycle.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 from ..dtypes import OperandType, mma_types
 from ..errors import UnsupportedError, expect
 from ..problem import ProblemSpec, ScaleKind, Scheme
+from .gluon.config import accumulation
 
 if TYPE_CHECKING:  # no runtime import: catalog.config imports this module
     from ..catalog.config import TileConfig
@@ -131,6 +133,11 @@ GLUON_GROUP_N = 128  # a b_scale column group spans a 128-column sub-tile of the
 GLUON_DEFAULT_ON = True
 GLUON_DEFAULT_PAIRS = ((OperandType.FP8, OperandType.FP8), (OperandType.I8, OperandType.I8))
 GLUON_INT8_MIN_M = 1024
+# fast_accum (fp8 tensor/rowcol: the wgmma accumulates over all of K) and acc_in compile in the
+# sm_90 build checks but have not run on a GPU yet: opt-in until the H200 tests and benches
+# (tests/test_gluon.py -m gpu, scripts/gluon_bench.py --scheme fast / --acc) say otherwise.
+GLUON_DEFAULT_FAST_ACCUM = False
+GLUON_DEFAULT_ACC_IN = False
 GLUON_ENV = "TILEQ_GLUON"
 
 _GLUON_ON = "sm_90 warp-specialized kernel (TMA producer warp + 2 consumer warpgroups)"
@@ -178,10 +185,6 @@ def gluon_serves(spec: ProblemSpec, pipeline: str) -> str | None:
     if spec.b_scale_kind is ScaleKind.GROUP and spec.group_n % GLUON_GROUP_N:
         return (f"b_scale groups of {GLUON_GROUP_N} columns only (128 x 128 weight blocks), "
                 f"this is group_n={spec.group_n}")
-    if spec.has_acc:
-        return "no acc_in: the Gluon epilogue does not read an accumulator"
-    if spec.fast_accum:
-        return "precise accumulation only: fast_accum runs the portable kernel"
     if spec.k == 0:
         return "K = 0"
     return None
@@ -211,6 +214,12 @@ def implementation(spec: ProblemSpec, pipeline: str, arch_name: str | None, inte
     if switch is None and not (GLUON_DEFAULT_ON and (spec.a_type, spec.b_type) in GLUON_DEFAULT_PAIRS):
         return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but is off by "
                                         f"default for {spec.a_type}x{spec.b_type}: {GLUON_ENV}=1 opts in")
+    if switch is None and spec.has_acc and not GLUON_DEFAULT_ACC_IN:
+        return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but is off by default for "
+                                        f"acc_in (not yet tested on a GPU): {GLUON_ENV}=1 opts in")
+    if switch is None and accumulation(spec) == "fast" and not GLUON_DEFAULT_FAST_ACCUM:
+        return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but is off by default for "
+                                        f"fast_accum (not yet tested on a GPU): {GLUON_ENV}=1 opts in")
     if switch is None and spec.integer_mainloop and spec.m < GLUON_INT8_MIN_M:
         return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but runs int8 by default "
                                         f"from M = {GLUON_INT8_MIN_M} only (below, no faster than the portable "

@@ -1,4 +1,5 @@
-"""Configuration of the sm_90 Gluon prefill kernel (``ws_gemm.py``): tile, ring depth, partitions.
+"""Configuration of the sm_90 Gluon prefill kernel (``ws_gemm.py``): tile, ring depth, partitions,
+how a problem accumulates (``accumulation``) and its instance names.
 
 Imports no Triton: the planner and ``tileq explain`` read it on any machine.
 """
@@ -19,6 +20,33 @@ SMEM_MARGIN = 2048
 MAX_STAGES = 8
 
 _OUT_BYTES = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+
+
+def mma_accumulates(spec: ProblemSpec) -> bool:
+    """Whether the wgmma accumulator holds the sum over all of K (the kernel's MMA_ACC): int8
+    (exact int32) and fp8 tensor/rowcol with fast_accum (the wgmma's reduced precision). Else
+    fp8 is promoted into fp32 every K tile; group scales force that whatever fast_accum says
+    (each K group's sum is scaled on its own, as the Triton kernel and the reference do)."""
+    return spec.integer_mainloop or (spec.fast_accum and not spec.scheme.grouped)
+
+
+def accumulation(spec: ProblemSpec) -> str:
+    """'int32', 'fast' (fp8 fast_accum) or 'promoted': how the kernel accumulates over K."""
+    if spec.integer_mainloop:
+        return "int32"
+    return "fast" if mma_accumulates(spec) else "promoted"
+
+
+def instance_tag(spec: ProblemSpec, cfg: "GluonConfig") -> str:
+    """The config tag of the kernel a problem runs: the fast-accumulation instance of an fp8
+    family is a different kernel (MMA_ACC), so its tag says so ('_fa')."""
+    return cfg.tag + ("_fa" if accumulation(spec) == "fast" else "")
+
+
+def instance_name(family: str, spec: ProblemSpec, cfg: "GluonConfig", arch_tag: str) -> str:
+    """``{family}__gluon_{tag}_{arch}``, e.g. rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_sm90
+    (explain and the AOT build's manifest)."""
+    return f"{family}__gluon_{instance_tag(spec, cfg)}_{arch_tag}"
 
 
 @dataclass(frozen=True)
@@ -80,11 +108,14 @@ class GluonConfig:
         unroll = "" if self.scale_unroll else "_nu"
         return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}{split}{unroll}_ws2x64"
 
-    def describe(self, integer: bool = False) -> str:
-        acc = ("int32 in the wgmma accumulator over all of K" if integer
-               else f"fp32 promotion every {self.block_k} of K")
+    def describe(self, accumulation: str = "promoted") -> str:
+        """``accumulation``: ``accumulation(spec)``."""
+        acc = {"int32": "int32 in the wgmma accumulator over all of K",
+               "fast": "fast_accum: fp32 in the wgmma accumulator over all of K (fp8's reduced precision)",
+               "promoted": f"fp32 promotion every {self.block_k} of K"}[accumulation]
         subs = f" ({self.sub_tiles} sub-tiles of {self.sub_n} columns)" if self.sub_tiles > 1 else ""
-        ovl = "; next tile's first wgmma during the epilogue" if self.overlap and not integer else ""
+        ovl = ("; next tile's first wgmma during the epilogue" if self.overlap and accumulation == "promoted"
+               else "")
         if self.split_k > 1:
             ovl += f"; the last wave's tiles split {self.split_k} ways over K (fp32 partials, summed in order)"
         return (f"BM={self.block_m} BN={self.block_n}{subs} BK={self.block_k} stages={self.stages} "
@@ -159,6 +190,25 @@ MIN_SPLIT_STEPS = 4
 MAX_SPLIT_K = 16
 
 
+def acc_in_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig:
+    """The config of a call with acc_in: 128 x 128 (or 64) tiles without the overlapped loop.
+    Loading the acc_in tile next to two 128-column accumulators (and the overlapped loop's
+    in-flight partial sum) spilled registers: 520 B with a bias at 128 x 256 overlapped, 104-712 B
+    for int8 and fast_accum at 128 x 256, 24 B at 128 x 128 overlapped with masked stores (sm_90
+    build, 2026-12-01); every 128 x 128 and 128 x 64 config without overlap builds clean."""
+    out = replace(cfg, overlap=False)
+    if cfg.block_n > 128:
+        out = replace(out, block_n=128)
+        out = replace(out, stages=max_stages(out, out_dtype))
+    return out
+
+
+def launch_config(cfg: GluonConfig, spec: ProblemSpec, tma_store: bool) -> GluonConfig:
+    """The config one launch variant runs: the plan's, narrowed for masked stores and for acc_in."""
+    out = cfg if tma_store else masked_store_config(cfg, spec.out_dtype)
+    return acc_in_config(out, spec.out_dtype) if spec.has_acc else out
+
+
 def _waves(tiles: int, num_sms: int) -> int:
     return -(-tiles // num_sms)
 
@@ -201,8 +251,11 @@ def tile_costs(spec: ProblemSpec, num_sms: int) -> dict[str, tuple[float, GluonC
     w64 = _waves(2 * narrow, num_sms)
     out["64"] = (w64 * k_steps * NARROW64_STEP, GluonConfig(block_n=64),
                  f"128 x 64 tiles: {2 * narrow} tiles, {_n(w64, 'wave')}")
-    # Wide tiles: group-scaled fp8 with a 16-bit output only (an fp32 one spills).
-    if spec.scheme.grouped and not spec.integer_mainloop and spec.out_dtype != torch.float32:
+    # Wide tiles: group-scaled fp8 with a 16-bit output and no acc_in only (an fp32 output or an
+    # acc_in tile spills: ``acc_in_config``). Rowcol, tensor, int8 and fast_accum (int8's main
+    # loop) measured no faster with them.
+    if (spec.scheme.grouped and not spec.integer_mainloop and spec.out_dtype != torch.float32
+            and not spec.has_acc):
         wide = rows * math.ceil(spec.n / 256)
         ww = _waves(wide, num_sms)
         out["256"] = (ww * k_steps * 2 / WIDE_TILE_GAIN, GluonConfig(block_n=256, overlap=True),
@@ -222,4 +275,6 @@ def choose_tiles(spec: ProblemSpec, num_sms: int) -> tuple[GluonConfig, str]:
     cost, cfg, what = costs[best]
     others = ", ".join(f"{key} {c:.0f}" for key, (c, _, _) in costs.items() if key != best)
     why = f"{what} on {num_sms} SMs: {cost:.0f} K steps of a 128 x 128 tile, against {others}"
+    if spec.has_acc and spec.scheme.grouped:
+        why += "; with acc_in, 128 x 256 tiles spill registers (acc_in_config)"
     return replace(cfg, stages=max_stages(cfg, spec.out_dtype)), why

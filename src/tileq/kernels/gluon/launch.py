@@ -1,13 +1,15 @@
 """Launch the sm_90 Gluon prefill kernel (``ws_gemm.py``) for a plan; compile it ahead of time.
 
-The plan chooses this family (``kernels/select.py``: sm_90, a tested Triton version, fp8 rcr
-prefill, tensor/rowcol, opted in); TMA adds conditions that only tensors can answer:
+The plan chooses this family (``kernels/select.py``: sm_90, a tested Triton version, 8-bit rcr
+prefill, the schemes it serves, switched on); TMA adds conditions that only tensors can answer:
 - A's and B's rows must be 16-byte aligned (``lda``, ``ldb`` multiples of 16 fp8 elements): a
   call signature without them gets the portable kernel's launch instead (``usable``);
 - their base addresses must be 16-byte aligned: checked on every call; a call that fails runs
   the Triton kernel (``fallback``), which computes the same function;
 - the output is written by TMA stores when its rows and base address are 16-byte aligned, by
   masked stores otherwise (e.g. N = 577 in bf16).
+An acc_in is read with masked loads through its pointer and leading dimension (any alignment);
+``launch_config`` narrows what a launch runs for masked stores, split-K and acc_in.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ...problem import Problem, ScaleKind
 from ..direct import KernelCall, TableKernel, direct_launch_enabled
 from ..launch import _stream_workspace, _workspace
 from . import split_reduce
-from .config import GluonConfig, masked_store_config, split_schedule
+from .config import GluonConfig, launch_config, mma_accumulates, split_schedule
 
 _GL = {}
 _KERNEL = TableKernel(_GL, "kernel", __name__)  # the kernel, once _gl() has imported it
@@ -58,14 +60,15 @@ def shared_layouts(spec, cfg: GluonConfig):
 def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
     """The kernel's constexpr arguments for a problem (the launcher and the AOT build share it)."""
     b_group = spec.b_scale_kind is ScaleKind.GROUP
+    mma_acc = mma_accumulates(spec)
     return dict(
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, SUB_N=cfg.sub_n, EPI_BUFS=cfg.epi_bufs,
         GROUP_M=cfg.group_m, STAGES=cfg.stages,
         A_SCALE=spec.a_scale_kind.value, B_SCALE=spec.b_scale_kind.value,
         GROUP_N=spec.group_n if b_group else 1,  # constant when unused: no needless recompiles
-        HAS_BIAS=spec.has_bias, TMA_STORE=tma_store, INT_DOT=spec.integer_mainloop,
-        OVERLAP=cfg.overlap and not spec.integer_mainloop, SPLIT_K=cfg.split_k,
-        SCALE_UNROLL=cfg.scale_unroll and spec.scheme.grouped,
+        HAS_BIAS=spec.has_bias, HAS_ACC=spec.has_acc, TMA_STORE=tma_store,
+        INT_DOT=spec.integer_mainloop, MMA_ACC=mma_acc, OVERLAP=cfg.overlap and not mma_acc,
+        SPLIT_K=cfg.split_k, SCALE_UNROLL=cfg.scale_unroll and spec.scheme.grouped,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -109,7 +112,8 @@ class GluonLaunch:
             sa_g = 0
         if spec.b_scale_kind is ScaleKind.VECTOR:
             sb_g = 0
-        self.ints = (spec.m, spec.n, spec.k, self.ldc, sa_m, sa_g, sb_g, sb_n)
+        ld_acc = problem.acc.stride(0) if problem.acc is not None else 0  # acc_in [M, N], row-major
+        self.ints = (spec.m, spec.n, spec.k, self.ldc, ld_acc, sa_m, sa_g, sb_g, sb_n)
         self.fallback = fallback
         # Per output path (TMA store or masked stores): the config and its KernelCall (grid,
         # integer arguments, constexprs); the shared layouts are made on first use (they need
@@ -119,10 +123,10 @@ class GluonLaunch:
         # Everything a launch specializes on besides the constexprs: operand and output dtypes,
         # which optional pointers are present.
         ptr_types = (spec.a_type, spec.b_type, spec.out_dtype, problem.a_scale is not None,
-                     problem.b_scale is not None, spec.has_bias)
+                     problem.b_scale is not None, spec.has_bias, problem.acc is not None)
         self._variants = {}
         for tma_store in (True, False):
-            vcfg = cfg if tma_store else masked_store_config(cfg, spec.out_dtype)
+            vcfg = launch_config(cfg, spec, tma_store)
             programs, n_full, n_split = split_schedule(spec.m, spec.n, vcfg, sms)
             if not n_split:  # (the tiles fill whole waves: nothing to split)
                 vcfg = replace(vcfg, split_k=1)
@@ -175,7 +179,7 @@ class GluonLaunch:
             ws = _stream_workspace(self.device, ws_numel) if direct else _workspace(self.device, ws_numel)
         # The first launch of a signature goes through Triton's JIT launch, later ones straight to
         # the compiled kernel (whose launcher encodes the three TMA descriptors).
-        call((a_desc, b_desc, c_desc, out, ws, sa, sb, bias), direct)
+        call((a_desc, b_desc, c_desc, out, ws, sa, sb, bias, acc), direct)
         if reduce is not None:
             reduce((ws, out), direct)
         return out
@@ -210,13 +214,14 @@ def signature(spec, cfg: GluonConfig, tma_store: bool = True) -> tuple[dict, dic
         "sa_ptr": "*fp32" if spec.a_scale_kind is not ScaleKind.NONE else "constexpr",
         "sb_ptr": "*fp32" if spec.b_scale_kind is not ScaleKind.NONE else "constexpr",
         "bias_ptr": "*fp32" if spec.has_bias else "constexpr",
+        "acc_ptr": ("*i32" if spec.acc_dtype == torch.int32 else "*fp32") if spec.has_acc else "constexpr",
     }
-    for name in ("M", "N", "K", "ldc", "stride_sa_m", "stride_sa_g", "stride_sb_g", "stride_sb_n"):
+    for name in ("M", "N", "K", "ldc", "ld_acc", "stride_sa_m", "stride_sa_g", "stride_sb_g", "stride_sb_n"):
         sig[name] = "i32"
     consts = constexprs(spec, cfg, tma_store)
     for name in consts:
         sig[name] = "constexpr"
-    for name in ("c_desc", "ws_ptr", "sa_ptr", "sb_ptr", "bias_ptr"):
+    for name in ("c_desc", "ws_ptr", "sa_ptr", "sb_ptr", "bias_ptr", "acc_ptr"):
         if sig[name] == "constexpr":
             consts[name] = None
     return sig, consts

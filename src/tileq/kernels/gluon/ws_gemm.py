@@ -1,10 +1,13 @@
 """sm_90 8-bit prefill GEMM in Gluon: warp-specialized, TMA-fed, wgmma; fp8 precisely accumulated.
 
-C[M, N] = epilogue(A[M, K] @ B[N, K]^T) for fp8 e4m3 or int8 operands, both K-major (layout rcr:
-the 8-bit wgmma reads both operands K-major from shared memory), C row-major. fp8 serves the
-tensor, rowcol, aquant, bquant and abquant schemes (group scales of 128 along K, 128 columns for
-b_scale); int8 tensor and rowcol (exact int32 accumulation in the wgmma accumulator, no
-promotion).
+C[M, N] = epilogue(acc_in + A[M, K] @ B[N, K]^T) for fp8 (e4m3/e5m2) or int8 operands, both
+K-major (layout rcr: the 8-bit wgmma reads both operands K-major from shared memory), C
+row-major. fp8 serves the tensor, rowcol, aquant, bquant and abquant schemes (group scales of 128
+along K, 128 columns for b_scale), precisely (promoted every K tile) or, for tensor and rowcol,
+with fast accumulation (``fast_accum``: the wgmma accumulates over all of K in its own reduced
+precision, as torch._scaled_mm's use_fast_accum); int8 tensor and rowcol (exact int32
+accumulation in the wgmma accumulator, no promotion). An optional acc_in [M, N] (int32 for int8,
+fp32 otherwise) is added before the scales.
 
 Why Gluon: sm_90's fp8 wgmma accumulates with reduced precision, so every 128 of K the partial
 sum is promoted into an fp32 accumulator (FADDs on the CUDA cores). In a single-warpgroup
@@ -22,9 +25,16 @@ DeepGEMM and CUTLASS, the promotion of one warpgroup overlaps the wgmma of the o
   accumulator (or with group scales: the partial times a_scale[row, g] * b_scale[g, n-block]);
 - the grid is persistent (one program per SM), tiles visited in grouped order (GROUP_M row
   tiles share B tiles while they sit in L2); all partitions walk the same tile sequence;
-- epilogue per consumer, in DESIGN.md's order: row scale, column scale, bias, cast; stored with
-  a TMA store from shared memory (its wait deferred to the next tile's epilogue) or, when the
-  output's rows are not 16-byte aligned, with masked stores.
+- MMA_ACC (int8, and fp8 with fast_accum): no promotion; the K tiles' wgmma chains accumulate
+  into the accumulator itself, back to back: a K tile's chain is issued, the previous K tile's
+  retired (wait with one chain outstanding per sub-tile) and its slot released, as in CUTLASS's
+  and the Gluon Hopper tutorial's main loops;
+- group-scaled fp8: the main loop unrolled by two, each parity's scales loaded two K steps ahead;
+- the tiles of the last, partial wave optionally split over K (SPLIT_K): fp32 partials in a
+  workspace, summed in order by ``split_reduce.py``;
+- epilogue per consumer, in DESIGN.md's order: acc_in, row scale, column scale, bias, cast;
+  stored with a TMA store from shared memory (its wait deferred to the next tile's epilogue) or,
+  when the output's rows are not 16-byte aligned, with masked stores.
 
 Out-of-bounds rows, columns and the K tail are zero-filled by TMA (the descriptor carries the
 true extents), so no masks are needed in the main loop.
@@ -228,6 +238,26 @@ def _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it, scal
 
 
 @gluon.jit
+def _acc_in_tile(acc_ptr, rows, row_ok, off_n, N, ld_acc, cols_l: gl.constexpr, SUB_N: gl.constexpr):
+    """acc_in [rows, off_n : off_n + SUB_N] in the accumulator's layout, zero outside [M, N]."""
+    cols = off_n + gl.arange(0, SUB_N, layout=cols_l)
+    ptrs = acc_ptr + rows.to(gl.int64)[:, None] * ld_acc + cols[None, :]
+    return gl.load(ptrs, mask=row_ok[:, None] & (cols < N)[None, :], other=0)
+
+
+@gluon.jit
+def _add_acc_in(acc, acc_ptr, rows, row_ok, off_n, N, ld_acc, split, cols_l: gl.constexpr,
+                SUB_N: gl.constexpr, SPLIT_K: gl.constexpr):
+    """acc + its acc_in tile; with split-K only the first split adds it (a branch per item, not
+    a predicate per element: fewer registers in the epilogue)."""
+    if SPLIT_K == 1:
+        acc = acc + _acc_in_tile(acc_ptr, rows, row_ok, off_n, N, ld_acc, cols_l, SUB_N)
+    elif split == 0:
+        acc = acc + _acc_in_tile(acc_ptr, rows, row_ok, off_n, N, ld_acc, cols_l, SUB_N)
+    return acc
+
+
+@gluon.jit
 def _epilogue(acc, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, ws_ptr, slot, lrows, col0, sa_ptr,
               sb_ptr, bias_ptr, bias_on, M, N, ldc, stride_sa_m, stride_sb_n, cols_l: gl.constexpr,
               SUB_N: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, A_SCALE: gl.constexpr,
@@ -286,20 +316,25 @@ def _store_out(y, rows, row_ok, cols, col_ok, off_m, off_n, c_smem, c_desc, c_pt
 
 @gluon.jit
 def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
-              c_ptr, ws_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g,
+              c_ptr, ws_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr, M, N, K, ldc, ld_acc, stride_sa_m, stride_sa_g,
               stride_sb_g, stride_sb_n,
               HALF: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
               SUB_N: gl.constexpr, EPI_BUFS: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
               B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr,
-              TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr, OVERLAP: gl.constexpr,
-              SPLIT_K: gl.constexpr, SCALE_UNROLL: gl.constexpr):
+              HAS_ACC: gl.constexpr, TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr,
+              MMA_ACC: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr,
+              SCALE_UNROLL: gl.constexpr):
     """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue.
 
     With SPLIT_K > 1 the tiles of the last, partial wave (all tiles when they are fewer than the
     programs) are split: an item is such a tile and one of SPLIT_K ranges of its K tiles, and the
     epilogue writes its fp32 partial (scaled; the bias from the first split) into its [BM, BN]
     block of the workspace ``ws_ptr``; ``split_reduce.py`` sums each tile's blocks in order.
+
+    acc_in (HAS_ACC) is added to the accumulator before the scales: the fp32 accumulator of
+    promoted fp8 and int8's int32 wgmma accumulator start from it, fp8 fast_accum's gets it in
+    the epilogue (ACC_IN_FIRST below); with SPLIT_K only the first split adds it.
 
     The tile's BN columns are NSUB = BN / SUB_N sub-tiles of SUB_N <= 128 columns, each with its
     own accumulator: a 64 x 256 fp8 tile would need 2 x 128 registers per thread for the
@@ -324,10 +359,18 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
     # vectors and their addresses per thread made this kernel spill (sm_90 build, 2026-12).
     gl.static_assert(not B_GROUP or GROUP_N % SUB_N == 0, "b_scale groups must span the sub-tile")
     ACC_TY: gl.constexpr = gl.int32 if INT_DOT else gl.float32
-    # OVERLAP (fp8): the wgmma of each K tile is started at the end of the previous K tile's
-    # step, so the first K tile of the next tile runs on the tensor cores during the epilogue.
-    gl.static_assert(not (OVERLAP and INT_DOT), "OVERLAP: fp8 only")
+    gl.static_assert(MMA_ACC or not INT_DOT, "int8 accumulates in the wgmma accumulator")
+    # OVERLAP (fp8, promoted): the wgmma of each K tile is started at the end of the previous K
+    # tile's step, so the first K tile of the next tile runs on the tensor cores during the
+    # epilogue.
+    gl.static_assert(not (OVERLAP and MMA_ACC), "OVERLAP: promoted fp8 only")
     gl.static_assert(SPLIT_K == 1 or (not OVERLAP and NSUB == 1), "split-K: 128-column tiles at most, no overlap")
+    # acc_in joins the accumulator before the first K tile: the reference's order, and no
+    # register beyond the accumulator (added in the epilogue instead, abquant's 128 x 128
+    # masked-store build spilled 24 B; sm_90 build, 2026-12-01). Except fp8 fast_accum's wgmma
+    # accumulator, which keeps about 13 mantissa bits: there the epilogue adds acc_in in fp32,
+    # as the Triton kernel does.
+    ACC_IN_FIRST: gl.constexpr = HAS_ACC and (INT_DOT or not MMA_ACC)
     part = gl.zeros((HALF_M, SUB_N), gl.float32, mma)
     it = 0
     if OVERLAP:
@@ -343,22 +386,43 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
         acc1 = acc0  # (the second sub-tile's accumulator; unused when NSUB == 1)
         if NSUB == 2:
             acc1 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
-        if INT_DOT:
+        if ACC_IN_FIRST:
+            acc0 = _add_acc_in(acc0, acc_ptr, rows, row_ok, off_n, N, ld_acc, split, cols_l, SUB_N, SPLIT_K)
+            if NSUB == 2:
+                acc1 = _add_acc_in(acc1, acc_ptr, rows, row_ok, off_n + SUB_N, N, ld_acc, split, cols_l, SUB_N,
+                                   SPLIT_K)
+        if MMA_ACC:
             for ki in range(k_begin, k_end):
                 s = it % STAGES
                 mbarrier.wait(ready_bars.index(s), (it // STAGES) & 1)
                 a = a_bufs.index(s).slice(HALF * HALF_M, HALF_M, dim=0)  # [64, BK], K-major
                 b0 = b_bufs.index(s).slice(0, SUB_N, dim=0).permute((1, 0))  # [BK, SUB_N]
-                # int8: exact int32 products, accumulated by wgmma over the whole K loop.
-                acc0 = warpgroup_mma(a, b0, acc0, use_acc=ki > k_begin, is_async=True)
+                # Accumulated by wgmma over the whole K range: exact int32 products for int8,
+                # fp8's reduced-precision accumulation for fast_accum.
+                acc0 = warpgroup_mma(a, b0, acc0, use_acc=ki > k_begin or ACC_IN_FIRST, is_async=True)
                 if NSUB == 2:
                     b1 = b_bufs.index(s).slice(SUB_N, SUB_N, dim=0).permute((1, 0))
-                    acc1 = warpgroup_mma(a, b1, acc1, use_acc=ki > k_begin, is_async=True)
-                    acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+                    acc1 = warpgroup_mma(a, b1, acc1, use_acc=ki > k_begin or ACC_IN_FIRST, is_async=True)
+                    # One wgmma group per sub-tile and K tile, retired in order: two outstanding
+                    # leaves this K tile's running and retires the previous one's.
+                    acc0, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc0, acc1))
                 else:
-                    acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
-                mbarrier.arrive(empty_bars.index(s), count=1)
+                    acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc0,))
+                # The previous K tile's wgmma has read its slot: hand that slot back (one arrival
+                # per consumer); this K tile's slot is released at the next one or after the loop.
+                mbarrier.arrive(empty_bars.index((it + STAGES - 1) % STAGES), count=1, pred=ki > k_begin)
                 it += 1
+            # The last K tile's wgmma, and its slot (none when this split has no K tile).
+            if NSUB == 2:
+                acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+            else:
+                acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
+            mbarrier.arrive(empty_bars.index((it + STAGES - 1) % STAGES), count=1, pred=k_begin < k_end)
+            if HAS_ACC and not ACC_IN_FIRST:
+                acc0 = _add_acc_in(acc0, acc_ptr, rows, row_ok, off_n, N, ld_acc, split, cols_l, SUB_N, SPLIT_K)
+                if NSUB == 2:
+                    acc1 = _add_acc_in(acc1, acc_ptr, rows, row_ok, off_n + SUB_N, N, ld_acc, split, cols_l,
+                                       SUB_N, SPLIT_K)
         elif (A_GROUP or B_GROUP) and SCALE_UNROLL:
             # Group scales, loaded two K steps ahead into one of two register sets (even and odd
             # steps: the loop is unrolled by two), each reloaded right after its step used it.
@@ -425,13 +489,13 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
 
 @gluon.jit
 def _ws_gemm_kernel(
-    a_desc, b_desc, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr, bias_ptr,
-    M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
+    a_desc, b_desc, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr,
+    M, N, K, ldc, ld_acc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
     BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, SUB_N: gl.constexpr,
     EPI_BUFS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
-    B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr,
-    INT_DOT: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr, SCALE_UNROLL: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
+    B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_ACC: gl.constexpr,
+    TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr, MMA_ACC: gl.constexpr, OVERLAP: gl.constexpr,
+    SPLIT_K: gl.constexpr, SCALE_UNROLL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     gl.static_assert(BM == 2 * HALF_M, "two consumer warpgroups of 64 rows each")
@@ -454,13 +518,15 @@ def _ws_gemm_kernel(
 
     gl.warp_specialize([
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
-                     bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
-                     0, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K, SCALE_UNROLL)),
+                     bias_ptr, acc_ptr, M, N, K, ldc, ld_acc, stride_sa_m, stride_sa_g, stride_sb_g,
+                     stride_sb_n, 0, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE,
+                     GROUP_N, HAS_BIAS, HAS_ACC, TMA_STORE, INT_DOT, MMA_ACC, OVERLAP, SPLIT_K,
+                     SCALE_UNROLL)),
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
-                     bias_ptr, M, N, K, ldc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
-                     1, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE, GROUP_N,
-                     HAS_BIAS, TMA_STORE, INT_DOT, OVERLAP, SPLIT_K, SCALE_UNROLL)),
+                     bias_ptr, acc_ptr, M, N, K, ldc, ld_acc, stride_sa_m, stride_sa_g, stride_sb_g,
+                     stride_sb_n, 1, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE,
+                     GROUP_N, HAS_BIAS, HAS_ACC, TMA_STORE, INT_DOT, MMA_ACC, OVERLAP, SPLIT_K,
+                     SCALE_UNROLL)),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K, BM, BN, BK,
                      GROUP_M, STAGES, OVERLAP, SPLIT_K)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
