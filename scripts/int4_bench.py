@@ -6,10 +6,11 @@
 Per (N, K) weight and M, in the same process and with the same timer (CUDA-graph replays, L2
 flushed by a 2x-L2 read before every run, tileq.bench.timing): bf16 F.linear (cuBLAS), tileq int8
 rowcol, tileq fp8 rowcol, W4A16 on pk_int4 (tileq.linear on a PackedInt4: the old kernel), W4A16
-on the prepacked layout (default config, and at M in {1, 16, 32, 64} the best of a small
-config sweep), W4A8 (fp8 activations, per-token scales) on both. Every output is checked against a
-float32 torch reference of the same dequantized operands before it is timed (a failing one is
-reported, not timed). Writes $OUT/int4.csv and prints the table and the issue's target ratios.
+on the prepacked layout (the config tileq picks, labelled with it; at every M <= 16, and with
+--sweep-m32 at 32 and 64, the best of a small config sweep), W4A8 (fp8 activations, per-token
+scales) on both. Every output is checked against a float32 torch reference of the same
+dequantized operands before it is timed (a failing one is reported, not timed). Writes
+$OUT/int4.csv and prints the table and the issue's target ratios.
 Shapes: 'llm' (Qwen3-14B merged qkv / o / gate_up / down, Llama-70B MLP) are what tileq's
 tables and heuristics were made on; 'untuned' (Llama-3-8B and Llama-2-7B projections) were not.
 """
@@ -49,6 +50,9 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--sweep-m32", action="store_true", help="also sweep token tiles at M = 32 and 64")
+    p.add_argument("--heuristic", action="store_true",
+                   help="the default row runs the heuristic's config (int4p.launch.decode_rule), not the "
+                        "tuned table's")
     p.add_argument("--m", default="", help="comma-separated M values instead of the default set")
     p.add_argument("--shapes", default="", help="comma-separated shape names (e.g. qwen3-14b.o) to keep")
     args = p.parse_args()
@@ -59,7 +63,7 @@ def main() -> int:
     from tileq.bench.timing import Timer, TimingConfig
     from tileq.int4p import prepack_int4
     from tileq.int4p.dequant import DEQUANT_MIN_M, DequantLaunch
-    from tileq.int4p.launch import Int4pConfig, default_config, describe_prepacked, linear_prepacked
+    from tileq.int4p.launch import Int4pConfig, config_for, default_config, describe_prepacked, linear_prepacked
     from tileq.quant import pack_int4
 
     dev = torch.device("cuda")
@@ -136,10 +140,12 @@ def main() -> int:
                    (xf8.float() * sx[:, None]) @ (wf8.float() * sw8[:, None]).t(), n * k)
             record(s, name, m, n, k, "w4a16_pk", "", lambda: tileq.linear(x, w_pk, None, sw4, scheme="bquant"),
                    ref16, b4)
-            cfg = default_config(m, n, k)
+            # the config that runs (tuned table or heuristic; with --heuristic the heuristic's), as labelled
+            cfg = default_config(m, n, k) if args.heuristic else config_for(m, n, k)[0]
+            given = cfg if args.heuristic and m < DEQUANT_MIN_M else None
             prefill_path = describe_prepacked(m, n, k, device=dev).split()[0]
             record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if m < DEQUANT_MIN_M else prefill_path,
-                   lambda: linear_prepacked(x, w_pp, None, sw4), ref16, b4)
+                   lambda: linear_prepacked(x, w_pp, None, sw4, config=given), ref16, b4)
             if m >= DEQUANT_MIN_M and "__gluon_" in prefill_path:  # per-channel scales
                 record(s, name, m, n, k, "w4a16_prepacked_channel", prefill_path,
                        lambda: linear_prepacked(x, w_pp, None, sw_ch), x.float() @ w_ch.t(), b4)
@@ -150,14 +156,15 @@ def main() -> int:
                        ref16, b4)
             record(s, name, m, n, k, "w4a8_pk", "", lambda: tileq.linear(xf8, w_pk, sx, sw4, scheme="bquant"),
                    ref8, b4)
-            record(s, name, m, n, k, "w4a8_prepacked", cfg.tag if m < DEQUANT_MIN_M else "dequant+cublas",
+            record(s, name, m, n, k, "w4a8_prepacked", config_for(m, n, k, "fp8")[0].tag if m < DEQUANT_MIN_M
+                   else "dequant+cublas",
                    lambda: linear_prepacked(xf8, w_pp, sx, sw4), ref8, b4)
-            if m in (1, 16, 32, 64) and not args.no_sweep:
+            if (m <= 16 or m in (32, 64)) and not args.no_sweep:
                 if m <= 16:
                     sweep = [Int4pConfig(16, sk, st, 4, reg) for sk in (1, 2, 4, 8)
                              for st, reg in ((2, None), (3, None), (2, 128), (2, 168), (3, 168))]
                 elif args.sweep_m32:
-                    sweep = [Int4pConfig(bm, sk, 2) for bm in (16, 32) for sk in (1, 2, 4)]
+                    sweep = [Int4pConfig(bm, sk, 2) for bm in (16, 32) for sk in (1, 2, 4, 8)]
                 else:
                     sweep = []
                 for c in sweep:

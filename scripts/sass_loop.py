@@ -3,6 +3,7 @@
     python scripts/sass_loop.py bquant_fp8xi4_rcr_decode 1 28672 8192 m64n16k128_w4_s4_sk4_swap
 
     python scripts/sass_loop.py --prepacked bf16 16 group     # tileq.int4p's kernel, BM = 16
+    python scripts/sass_loop.py --prepacked bf16 16 group --split-k 4 --maxnreg 128   # capped
 
 Prints registers, shared memory, and the instruction mix between the main loop's first wait on
 the async copies (DEPBAR.LE SB0) and its backward branch, the part that runs once per K tile
@@ -31,10 +32,11 @@ from tileq.kernels.launch import signature
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def _prepacked_source(ct: str, bm: int, w_scale: str, warps: int = 4, stages: int = 2):
+def _prepacked_source(ct: str, bm: int, w_scale: str, warps: int = 4, stages: int = 2, split_k: int = 1,
+                      maxnreg: int | None = None):
     from tileq.int4p.launch import Int4pConfig, compile_options, compile_source
 
-    cfg = Int4pConfig(bm, 1, stages, warps)
+    cfg = Int4pConfig(bm, split_k, stages, warps, maxnreg)
     x_type = {"fp8e4nv": "fp8", "fp8e5": "bf8"}.get(ct, ct)
     return compile_source(x_type, w_scale, cfg), compile_options(cfg)
 
@@ -49,13 +51,17 @@ def main() -> int:
     p.add_argument("--prepacked", action="store_true", help="the prepacked-int4 kernel (tileq.int4p)")
     p.add_argument("--stages", type=int, default=2, help="pipeline stages (--prepacked)")
     p.add_argument("--warps", type=int, default=4, help="warps: 4 or 8 (--prepacked; 64 weight rows each 4)")
+    p.add_argument("--split-k", type=int, default=1, help="split-K (--prepacked)")
+    p.add_argument("--maxnreg", type=int, default=None, help="a register cap (--prepacked), e.g. 128")
     p.add_argument("--out", default="/tmp/tileq-sass")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
     if args.prepacked:
-        src, options = _prepacked_source(args.family, args.m, args.n or "group", args.warps, args.stages)
-        label = f"int4p_{args.family}_bm{args.m}_{args.n or 'group'}_w{args.warps}_s{args.stages}"
+        src, options = _prepacked_source(args.family, args.m, args.n or "group", args.warps, args.stages,
+                                         args.split_k, args.maxnreg)
+        label = (f"int4p_{args.family}_bm{args.m}_{args.n or 'group'}_w{args.warps}_s{args.stages}"
+                 f"{f'_sk{args.split_k}' if args.split_k > 1 else ''}{f'_r{args.maxnreg}' if args.maxnreg else ''}")
     else:
         spec = family_spec(parse_family(args.family), args.m, int(args.n), args.k)
         cfg = TileConfig.parse_tag(args.config)

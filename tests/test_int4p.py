@@ -208,6 +208,56 @@ def test_default_config_covers_the_gpu():
     assert default_config(64, 4096, 4096).bm == 32 and default_config(16, 4096, 4096).stages == 3
 
 
+@pytest.mark.parametrize("m, n, k, tag", [
+    # programs = 64-row tiles x split-K: up to 2 per SM (264 on 132 SMs) three stages,
+    (16, 7168, 5120, "m64n16k512_w4_s3_sk2_swap"),        # 224 programs
+    (16, 8192, 28672, "m64n16k512_w4_s3_sk2_swap"),       # 256
+    (1, 3072, 4096, "m64n16k512_w4_s3_sk4_swap"),         # 192
+    # up to 3 per SM two stages (168 registers),
+    (1, 6144, 4096, "m64n16k512_w4_s2_sk4_swap"),         # 384
+    (4, 6144, 4096, "m64n16k512_w4_s2_sk4_swap"),
+    (16, 5120, 17408, "m64n16k512_w4_s2_sk4_swap"),       # 320
+    # up to 4 per SM two stages under the 128-register cap: at M > 1 without split-K only,
+    (1, 28672, 8192, "m64n16k512_w4_s2_r128_swap"),       # 448
+    (16, 28672, 8192, "m64n16k512_w4_s2_r128_swap"),
+    # at M = 1 K split further while four per SM hold the programs (a 16-token split-K tile
+    # under the cap lost at M = 16, so M > 1 keeps the 1.5-waves split and three stages),
+    (1, 8192, 28672, "m64n16k512_w4_s2_sk4_r128_swap"),   # 512
+    (16, 8192, 28672, "m64n16k512_w4_s3_sk2_swap"),
+    (1, 3584, 18944, "m64n16k512_w4_s2_sk8_r128_swap"),   # 448
+    (8, 3584, 18944, "m64n16k512_w4_s3_sk4_swap"),        # 224
+    # beyond four per SM: capped at M = 1, three stages above.
+    (1, 34816, 5120, "m64n16k512_w4_s2_r128_swap"),       # 544
+    (16, 34816, 5120, "m64n16k512_w4_s3_swap"),
+    (32, 28672, 8192, "m64n32k512_w4_s2_swap"),           # 32-token tiles: not this rule
+])
+def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, k, tag):
+    from tileq.int4p.launch import decode_rule
+
+    cfg, why = decode_rule(m, n, k)
+    assert cfg.tag == tag, why
+    assert default_config(m, n, k) == cfg and decode_rule(m, n, k, "fp16")[0] == cfg
+    programs = -(-n // 64) * -(-m // cfg.bm) * cfg.split_k
+    assert f"{programs} programs" in why
+    if cfg.bm == 16:
+        per_sm = {(3, None): 2, (2, None): 3, (2, 128): 4}[(cfg.stages, cfg.maxnreg)]
+        assert programs <= per_sm * 132 or "over 4 per SM" in why
+        assert ("registers capped at 128" in why) == (cfg.maxnreg == 128)
+    # fp8 activations keep three stages and the 1.5-waves split (the bands were measured with bf16)
+    fp8 = decode_rule(m, n, k, "fp8")[0]
+    assert fp8.maxnreg is None and fp8.stages == (3 if m <= 16 else 2)
+
+
+def test_decode_rule_scales_with_the_number_of_sms():
+    from tileq.int4p.launch import decode_rule
+
+    # 448 programs: four per SM on 132 SMs; on 114 SMs (H100 PCIe) 456 slots still hold them,
+    # on 100 SMs they do not: three stages at M = 16, still capped at M = 1.
+    assert decode_rule(16, 28672, 8192, num_sms=114)[0].maxnreg == 128
+    assert decode_rule(16, 28672, 8192, num_sms=100)[0] == Int4pConfig(16, 1, 3)
+    assert decode_rule(1, 28672, 8192, num_sms=100)[0] == Int4pConfig(16, 1, 2, 4, 128)
+
+
 # ----------------------------------------------------------------------------- sm_90 build
 
 
@@ -243,6 +293,31 @@ def test_sm90_build_converts_in_registers_without_shared_round_trips():
         assert r["kernel_ops"].get("LDL", 0) == 0 and r["kernel_ops"].get("STL", 0) == 0, r["kernel_ops"]
 
 
+def test_sm90_build_of_the_register_capped_config_spills_little():
+    """The configs the decode rule caps at 128 registers (two stages, split-K 1 and > 1), compiled
+    for sm_90 on the CPU: four programs fit an SM (128 registers, 48 KB of shared memory), the K
+    loop keeps its 32 wgmmas and conversion, and ptxas's spills cost at most two local loads and
+    no local stores per K tile (what the H200 sweep measured; more would void the rule's bands)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root / "src")
+    for split in ("1", "4"):
+        args = ["--prepacked", "bf16", "16", "group", "--stages", "2", "--split-k", split, "--maxnreg", "128",
+                "--json", "--out", "/tmp/tileq-sass-test"]
+        proc = subprocess.run([sys.executable, str(root / "scripts" / "sass_loop.py"), *args], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert r["registers"] <= 128 and 4 * r["shared"] <= 228 * 1024, (r["registers"], r["shared"])
+        ops = r["loop_ops"]
+        assert ops.get("HGMMA") == 32 and ops.get("HADD2") == 128, ops
+        assert ops.get("LDL", 0) <= 2 and ops.get("STL", 0) == 0, ops
+
+
 def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
     import sys
     from pathlib import Path
@@ -258,7 +333,11 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
     assert out.returncode == 0, out.stderr
     assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s2_sk4_swap_sm90" in out.stdout and "(tuned table)" in out.stdout
     out = explain("--a", "bf16", "--m", "1", "--n", "3072", "--k", "4096")
-    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk4_swap_sm90" in out.stdout and "(heuristic)" in out.stdout
+    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk4_swap_sm90" in out.stdout
+    assert "(heuristic: 192 programs (48 row tiles x split-K 4), up to 2 per SM: three stages)" in out.stdout
+    out = explain("--a", "bf16", "--m", "1", "--n", "3584", "--k", "18944")  # the rule's register cap
+    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s2_sk8_r128_swap_sm90" in out.stdout, out.stdout
+    assert "registers capped at 128 (heuristic: 448 programs" in out.stdout, out.stdout
     out = explain("--a", "fp8", "--m", "1024", "--n", "5120", "--k", "17408")
     assert out.returncode == 0 and "dequant+cublas" in out.stdout and "W4A16" in out.stdout
     out = explain("--a", "bf16", "--m", "1024", "--n", "5120", "--k", "17408")
@@ -287,9 +366,10 @@ def test_tuned_table_configs_parse_and_serve_only_their_sizes():
         assert cfg.tag == e["config"] and cfg.bm == 16 and e["us"] < 0.97 * e["heuristic_us"]
         m = 1 if e["m"] == 1 else 9
         assert config_for(m, e["n"], e["k"]) == (cfg, "tuned table")
-        assert config_for(m, e["n"], e["k"], "fp8") == (default_config(m, e["n"], e["k"]), "heuristic")
-        assert config_for(33, e["n"], e["k"])[1] == "heuristic"
-    assert config_for(1, 4096, 3072)[1] == "heuristic"  # not in the table
+        fp8, source = config_for(m, e["n"], e["k"], "fp8")
+        assert fp8 == default_config(m, e["n"], e["k"], x_type="fp8") and source.startswith("heuristic: ")
+        assert config_for(33, e["n"], e["k"])[1].startswith("heuristic: ")
+    assert config_for(1, 4096, 3072)[1].startswith("heuristic: ")  # not in the table
     for bad in ("m64n16k256_w4_s2_swap", "m128n16k512_w4_s2_swap"):
         with pytest.raises(ValueError):
             Int4pConfig.parse_tag(bad)

@@ -167,8 +167,9 @@ def _explain_prepacked(args) -> int:
     path = describe_prepacked(args.m, args.n, args.k, _PREPACKED_X[args.a], kinds[args.scheme])
     print(f"problem : M={args.m} N={args.n} K={args.k}, x {args.a} x prepacked int4 (layout i4p1), "
           f"scheme {args.scheme}" + (f", group_k {args.group_k}" if args.scheme == "bquant" else ""))
-    print(f"runs    : {path}")
-    if "_decode__" in path:  # the decode kernel: its config (the prefill paths have theirs in the name)
+    decode = "_decode__" in path
+    print(f"runs    : {path.split(' (', 1)[0] if decode else path}")
+    if decode:  # the decode kernel: its config and where it came from (the prefill paths have theirs in the name)
         cfg, source = config_for(args.m, args.n, args.k, args.a)
         cap = f", registers capped at {cfg.maxnreg}" if cfg.maxnreg else ""
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "

@@ -135,7 +135,7 @@ def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildR
 
     from ..int4p.launch import W_SCALE_OF_SCHEME, compile_options, compile_source, default_config, kernel_name
 
-    cfg = default_config(*DECODE_SHAPE, arch.typical_sms)
+    cfg = default_config(*DECODE_SHAPE, arch.typical_sms, fam.a.value)
     w_scale = W_SCALE_OF_SCHEME[fam.scheme.value]
     name = kernel_name(fam.a.value, w_scale, cfg)
     try:

@@ -83,28 +83,83 @@ def config_for(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM_
                ) -> tuple[Int4pConfig, str]:
     """(config, where it came from): the tuned table for the weights and decode sizes it lists
     (M = 1; M 2-16) with 16-bit activations (it was measured with bf16; fp16 runs the same
-    code), else ``default_config``. fp8 activations take the heuristic: several table configs
-    cap registers at 128, which spills more in the fp8 variant and was not measured there."""
+    code), else the heuristic (``decode_rule``; its reason follows "heuristic: "). fp8
+    activations take the heuristic: several table configs cap registers at 128, which spills
+    more in the fp8 variant and was not measured there."""
     if m <= 16 and x_type in ("bf16", "fp16"):
         hit = tuned_table().get((n, k, 1 if m == 1 else 16))
         if hit is not None:
             return hit, "tuned table"
-    return default_config(m, n, k, num_sms), "heuristic"
+    cfg, why = decode_rule(m, n, k, x_type, num_sms)
+    return cfg, f"heuristic: {why}"
 
 
-def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> Int4pConfig:
-    """The decode rule measured on an H200 (bench/results/h200/int4/, 11 weights at M 1-64):
-    16-token tiles with three stages up to M = 16; 32-token tiles with two stages above (a
-    64-token tile needs 254 registers and fits one program per SM); K split by powers of two
-    until the programs cover the SMs 1.5 times (each keeping at least two K tiles)."""
-    bm = 16 if m <= 16 else 32
-    stages = 3 if bm == 16 else 2
-    tiles = -(-n // ROWS) * -(-m // bm)
+def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT, x_type: str = "bf16"
+                   ) -> Int4pConfig:
+    """The heuristic's config (``decode_rule`` without its reason)."""
+    return decode_rule(m, n, k, x_type, num_sms)[0]
+
+
+# Programs of the 16-token decode kernel one SM holds on sm_90 (bf16/fp16 activations; registers
+# and shared memory of the sm_90 build, scripts/sass_loop.py --prepacked): three stages take 80 KB
+# of shared memory (two programs); two stages 48 KB and 168 registers (three, by registers); two
+# stages under a 128-register cap four (ptxas spills two values that the K loop reloads).
+PER_SM_S3, PER_SM_S2, PER_SM_CAPPED = 2, 3, 4
+
+
+def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM_SMS_DEFAULT
+                ) -> tuple[Int4pConfig, str]:
+    """(config, why): the decode rule measured on an H200 (bench/results/h200/int4/).
+
+    Up to M = 16: 16-token tiles; K split by powers of two until the programs cover the SMs 1.5
+    times (each keeping at least two K tiles), at M = 1 with 16-bit activations further while
+    four programs per SM still hold them all. Then the stages by how many programs each SM must
+    hold for one wave (``PER_SM_*``): up to 2 three stages, up to 3 two stages, up to 4 two
+    stages under a 128-register cap (at M > 1 only without split-K); beyond that the cap at
+    M = 1, three stages above. fp8 activations keep three stages (not swept).
+    Above M = 16: 32-token tiles with two stages (a 64-token tile needs 254 registers and fits
+    one program per SM), the same 1.5-waves split.
+
+    Evidence (int4/int4.csv: 11 weights at M = 1 and 16, split-K 1-8 x {three stages, two, two
+    capped}; int4/maxnreg_rule.md, scripts/int4_decode_rule.py). At the same split, by programs
+    per SM: up to 2, two stages took 1.09-1.56x three stages' time (34 pairs); from 2 to 3,
+    0.83-0.94x (8 pairs; the previous kernel's sweep int4_sweep_m1-64.csv repeats both bands);
+    from 3 to 4 without split-K the cap 0.73-0.77x of two stages and 0.90-0.92x of three. At M = 1
+    the cap beat three stages in all 14 split-K pairs above 3 per SM; at M = 16 capped split-K
+    configs were slower than two stages uncapped in 25 of 27 pairs (up to 1.25x), hence M = 1.
+    Against three stages everywhere (the rule before) on the 22 problems: median 1.07x faster,
+    none slower, within 1% of the fastest swept config on 18 (at most 1.20x off: 544 programs
+    at M = 1, where a 4-way split with the cap was fastest)."""
+    rows = -(-n // ROWS)
     ktiles = -(-k // BLOCK_K)
+    sixteen = x_type in ("bf16", "fp16")
+    bm = 16 if m <= 16 else 32
+    tiles = rows * -(-m // bm)
     split = 1
     while 2 * tiles * split < 3 * num_sms and ktiles >= 4 * split:
         split *= 2
-    return Int4pConfig(bm, split, stages)
+    if bm == 32:
+        return Int4pConfig(32, split, 2), (f"{m} tokens: 32-token tiles, two stages, {tiles * split} "
+                                           f"programs (split-K {split})")
+    if not sixteen:
+        return Int4pConfig(16, split, 3), (f"{x_type} activations: three stages, {tiles * split} "
+                                           f"programs (split-K {split}); the occupancy rule is "
+                                           f"measured with 16-bit activations only")
+    if m == 1:
+        while 2 * tiles * split <= PER_SM_CAPPED * num_sms and ktiles >= 4 * split:
+            split *= 2
+    programs = tiles * split
+    what = f"{programs} programs ({rows} row tiles x split-K {split})"
+    if programs <= PER_SM_S3 * num_sms:
+        return Int4pConfig(16, split, 3), f"{what}, up to {PER_SM_S3} per SM: three stages"
+    if programs <= PER_SM_S2 * num_sms:
+        return Int4pConfig(16, split, 2), f"{what}, up to {PER_SM_S2} per SM: two stages"
+    capped = Int4pConfig(16, split, 2, 4, 128)
+    if programs <= PER_SM_CAPPED * num_sms and (m == 1 or split == 1):
+        return capped, f"{what}, up to {PER_SM_CAPPED} per SM: two stages, registers capped at 128"
+    if m == 1:
+        return capped, f"{what}, over {PER_SM_CAPPED} per SM: at M = 1 two stages, registers capped at 128"
+    return Int4pConfig(16, split, 3), f"{what}, over {PER_SM_CAPPED} per SM: three stages"
 
 
 _PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp8": "*fp8e4nv", "bf8": "*fp8e5"}
@@ -316,7 +371,8 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
 def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16,
                        w_scale: str = "group", config: Int4pConfig | None = None,
                        device: torch.device | None = None) -> str:
-    """What ``linear_prepacked`` runs for these sizes: the kernel name and config, or from
+    """What ``linear_prepacked`` runs for these sizes: the decode kernel's name (its config in the
+    tag) and where the config came from (tuned table, or the heuristic and its reason), or from
     ``DEQUANT_MIN_M`` tokens on a prefill path: the sm_90 Gluon kernel where it serves the call
     on ``device`` (W4A16; without a device, on an sm_90 GPU), else dequantize + cuBLAS."""
     if config is None and m >= DEQUANT_MIN_M:
@@ -330,8 +386,8 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
                     f"prefill kernel, {prefill.TOKENS}-token x 128-row tiles, int4 converted in registers)")
         return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "
                 f"not the Gluon prefill kernel: {why})")
-    cfg = config or config_for(m, n, k, _X_TYPES[x_dtype])[0]
-    return kernel_name(_X_TYPES[x_dtype], w_scale, cfg)
+    cfg, source = (config, "given config") if config else config_for(m, n, k, _X_TYPES[x_dtype])
+    return f"{kernel_name(_X_TYPES[x_dtype], w_scale, cfg)} ({source})"
 
 
 class PrepackedCall:
