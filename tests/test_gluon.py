@@ -205,6 +205,10 @@ def test_launch_config_narrows_masked_stores_and_acc_in():
     assert launch_config(GluonConfig(overlap=True, stages=3), acc, True) == GluonConfig(stages=3)  # forced stages kept
     assert launch_config(GluonConfig(block_n=64, stages=8), acc, False) == GluonConfig(block_n=64, stages=8)
     assert launch_config(GluonConfig(split_k=2), spec, True) == GluonConfig(split_k=2)  # TMA stores kept
+    # Ring slots capped by what shared memory holds beside this output's staging buffers.
+    fp32 = replace(_spec(), out_dtype=torch.float32)
+    assert launch_config(GluonConfig(stages=6), fp32, True) == GluonConfig(stages=5)
+    assert launch_config(GluonConfig(block_n=256, stages=4), fp32, True).stages == 3
 
 
 @pytest.mark.parametrize("m,n,want", [

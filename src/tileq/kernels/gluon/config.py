@@ -204,9 +204,12 @@ def acc_in_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig:
 
 
 def launch_config(cfg: GluonConfig, spec: ProblemSpec, tma_store: bool) -> GluonConfig:
-    """The config one launch variant runs: the plan's, narrowed for masked stores and for acc_in."""
+    """The config one launch variant runs: the plan's, narrowed for masked stores and for acc_in,
+    with at most the ring slots shared memory holds next to this output's staging buffers (a
+    config forced or tuned for a 16-bit output would not fit an fp32 one's)."""
     out = cfg if tma_store else masked_store_config(cfg, spec.out_dtype)
-    return acc_in_config(out, spec.out_dtype) if spec.has_acc else out
+    out = acc_in_config(out, spec.out_dtype) if spec.has_acc else out
+    return replace(out, stages=min(out.stages, max_stages(out, spec.out_dtype)))
 
 
 def _waves(tiles: int, num_sms: int) -> int:
