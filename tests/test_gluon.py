@@ -108,14 +108,6 @@ def test_accumulation_mode(family, fast, want):
      "b_scale groups of 128 columns only (128 x 128 weight blocks), this is group_n=1"),
     (dict(family="abquant_fp8xfp8_rcr_prefill", group_n=1), "prefill", "sm_90", False, "1",
      "this is group_n=1"),
-    # served, but off by default until they have run on a GPU
-    (dict(family="rowcol_i8xi8_rcr_prefill", has_acc=True), "prefill", "sm_90", False, None,
-     "the Gluon sm_90 kernel serves this problem but is off by default for acc_in (not yet tested on a "
-     "GPU): TILEQ_GLUON=1 opts in"),
-    (dict(has_acc=True, fast_accum=True), "prefill", "sm_90", False, None, "off by default for acc_in"),
-    (dict(fast_accum=True), "prefill", "sm_90", False, None,
-     "the Gluon sm_90 kernel serves this problem but is off by default for fast_accum (not yet tested on "
-     "a GPU): TILEQ_GLUON=1 opts in"),
     (dict(k=0), "prefill", "sm_90", False, "1", "K = 0"),
     (dict(family="rowcol_i8xi8_rcr_prefill", m=1023), "prefill", "sm_90", False, None,
      "the Gluon sm_90 kernel serves this problem but runs int8 by default from M = 1024 only"),
@@ -146,10 +138,11 @@ def test_switch_values():
     assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=512), env=None).name == "triton"
     assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=512), env="1").name == "gluon"
     assert _impl(_spec(), env="0").name == "triton"
-    # fast_accum and acc_in: opt-in until the GPU tests and benches have run (select.py); group
-    # scales run the precise kernel whatever fast_accum says, so those stay on by default.
-    assert _impl(_spec(fast_accum=True), env=None).name == "triton"
-    assert _impl(_spec(has_acc=True), env=None).name == "triton"
+    # fast_accum and acc_in: on by default since their H200 tests passed (select.py); group
+    # scales run the precise kernel whatever fast_accum says.
+    assert _impl(_spec(fast_accum=True), env=None).name == "gluon"
+    assert _impl(_spec(has_acc=True), env=None).name == "gluon"
+    assert _impl(_spec("rowcol_i8xi8_rcr_prefill", has_acc=True), env=None).name == "gluon"
     assert _impl(_spec("abquant_fp8xfp8_rcr_prefill", fast_accum=True), env=None).name == "gluon"
     assert _impl(_spec(fast_accum=True, has_acc=True), env="0").name == "triton"
 
@@ -272,7 +265,7 @@ def test_plan_records_the_implementation(monkeypatch):
 @pytest.mark.filterwarnings("ignore:tileq. ignoring tuned table")
 def test_plan_for_fast_accum_and_acc_in(monkeypatch):
     """fast_accum and acc_in plans name the Gluon kernel (switched on): the fast-accumulation
-    instance has its own name ('_fa'), acc_in calls take 128 x 128 tiles; off by default."""
+    instance has its own name ('_fa'), acc_in calls take 128 x 128 tiles; both on by default."""
     p = _plan(monkeypatch, "1", _spec(fast_accum=True, has_bias=True))
     text = p.describe()
     assert re.search(r"^impl      : gluon \(sm_90 warp-specialized kernel", text, re.M)
@@ -287,9 +280,9 @@ def test_plan_for_fast_accum_and_acc_in(monkeypatch):
     p = _plan(monkeypatch, "1", _spec("rowcol_i8xi8_rcr_prefill", has_acc=True))
     assert p.impl == "gluon" and "+ acc_in(i32) -> cast f32" in p.describe()
     p = _plan(monkeypatch, None, _spec(fast_accum=True))
-    assert p.impl == "triton" and "off by default for fast_accum" in p.describe()
+    assert p.impl == "gluon" and "on by default" in p.describe()
     p = _plan(monkeypatch, None, _spec(has_acc=True))
-    assert p.impl == "triton" and "off by default for acc_in" in p.describe()
+    assert p.impl == "gluon" and "on by default" in p.describe()
 
 
 def test_forced_config_runs_the_triton_kernel(monkeypatch):
@@ -320,8 +313,8 @@ def test_explain_cli_prints_the_impl_line():
             ("1", [], "impl      : gluon (sm_90 warp-specialized kernel"),
             ("0", [], "impl      : triton (TILEQ_GLUON=0 switches the Gluon kernel off)"),
             ("1", ["--fast-accum", "--acc"], "__gluon_m128n128k128_s6_ws2x64_fa_sm90"),
-            (None, ["--fast-accum"], "impl      : triton (the Gluon sm_90 kernel serves this problem but is off "
-                                     "by default for fast_accum")):
+            (None, ["--fast-accum"], "impl      : gluon (sm_90 warp-specialized kernel (TMA producer warp + 2 "
+                                     "consumer warpgroups); on by default")):
         run_env = dict(env, TILEQ_GLUON=value) if value else {k: v for k, v in env.items() if k != "TILEQ_GLUON"}
         out = subprocess.run(cmd + extra, env=run_env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 from ..dtypes import OperandType, mma_types
 from ..errors import UnsupportedError, expect
 from ..problem import ProblemSpec, ScaleKind, Scheme
-from .gluon.config import accumulation
 
 if TYPE_CHECKING:  # no runtime import: catalog.config imports this module
     from ..catalog.config import TileConfig
@@ -133,11 +132,12 @@ GLUON_GROUP_N = 128  # a b_scale column group spans a 128-column sub-tile of the
 GLUON_DEFAULT_ON = True
 GLUON_DEFAULT_PAIRS = ((OperandType.FP8, OperandType.FP8), (OperandType.I8, OperandType.I8))
 GLUON_INT8_MIN_M = 1024
-# fast_accum (fp8 tensor/rowcol: the wgmma accumulates over all of K) and acc_in compile in the
-# sm_90 build checks but have not run on a GPU yet: opt-in until the H200 tests and benches
-# (tests/test_gluon.py -m gpu, scripts/gluon_bench.py --scheme fast / --acc) say otherwise.
-GLUON_DEFAULT_FAST_ACCUM = False
-GLUON_DEFAULT_ACC_IN = False
+# fast_accum (fp8 tensor/rowcol: the wgmma accumulates over all of K) and acc_in are served by
+# default too: both pass the H200 tests (exact on small integers across every forced config),
+# and fast_accum ran at 1.00x / 0.95x cuBLASLt's use_fast_accum at M 128-512 / >= 1024 (77
+# problems, bench/results/h200/gluon/final/) against the Triton kernel's 0.75-0.87x. acc_in was
+# not timed: its main loop is the timed one's, plus one read of the acc_in tile per tile.
+# The e5m2 (bf8) pairs pass the same GPU tests but were not timed: opt-in.
 GLUON_ENV = "TILEQ_GLUON"
 
 _GLUON_ON = "sm_90 warp-specialized kernel (TMA producer warp + 2 consumer warpgroups)"
@@ -214,12 +214,6 @@ def implementation(spec: ProblemSpec, pipeline: str, arch_name: str | None, inte
     if switch is None and not (GLUON_DEFAULT_ON and (spec.a_type, spec.b_type) in GLUON_DEFAULT_PAIRS):
         return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but is off by "
                                         f"default for {spec.a_type}x{spec.b_type}: {GLUON_ENV}=1 opts in")
-    if switch is None and spec.has_acc and not GLUON_DEFAULT_ACC_IN:
-        return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but is off by default for "
-                                        f"acc_in (not yet tested on a GPU): {GLUON_ENV}=1 opts in")
-    if switch is None and accumulation(spec) == "fast" and not GLUON_DEFAULT_FAST_ACCUM:
-        return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but is off by default for "
-                                        f"fast_accum (not yet tested on a GPU): {GLUON_ENV}=1 opts in")
     if switch is None and spec.integer_mainloop and spec.m < GLUON_INT8_MIN_M:
         return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but runs int8 by default "
                                         f"from M = {GLUON_INT8_MIN_M} only (below, no faster than the portable "
