@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -50,6 +51,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--sweep-m32", action="store_true", help="also sweep token tiles at M = 32 and 64")
+    p.add_argument("--scale-ahead", action="store_true",
+                   help="at M <= 16 also sweep each config with group scales loaded one K tile ahead")
     p.add_argument("--heuristic", action="store_true",
                    help="the default row runs the heuristic's config (int4p.launch.decode_rule), not the "
                         "tuned table's")
@@ -163,6 +166,8 @@ def main() -> int:
                 if m <= 16:
                     sweep = [Int4pConfig(16, sk, st, 4, reg) for sk in (1, 2, 4, 8)
                              for st, reg in ((2, None), (3, None), (2, 128), (2, 168), (3, 168))]
+                    if args.scale_ahead:
+                        sweep += [replace(c, scale_ahead=True) for c in sweep] + [replace(cfg, scale_ahead=True)]
                 elif args.sweep_m32:
                     sweep = [Int4pConfig(bm, sk, 2) for bm in (16, 32) for sk in (1, 2, 4, 8)]
                 else:

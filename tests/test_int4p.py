@@ -124,6 +124,24 @@ def test_kernel_matches_reference(m, n, k, xt, gk, split):
     assert float((y16.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
 
 
+@pytest.mark.parametrize("m,n,k,gk,split", [(3, 70, 1000, 128, 2), (5, 130, 1536, 256, 1), (1, 64, 4096, 128, 2),
+                                           (4, 66, 2500, 128, 1),
+                                           (2, 72, 1024, 0, 1)])
+def test_scale_ahead_config_matches_reference(m, n, k, gk, split):
+    """Group scales loaded one K tile ahead (SCALE_AHEAD): the same sums, K tails, split-K (a
+    split's next K tile lies SPLIT_K tiles on), group_k 256; per-channel scales ignore it."""
+    torch.manual_seed(m + k)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    ws = torch.rand(-(-k // gk), n) + 0.5 if gk else torch.rand(n) + 0.5
+    x = torch.randn(m, k).to(torch.bfloat16)
+    cfg = Int4pConfig(16, split, 2, scale_ahead=True)
+    assert cfg.tag.endswith("_pf_swap") and Int4pConfig.parse_tag(cfg.tag) == cfg
+    y = linear_prepacked(x.to(DEV), prepack_int4(v).to(DEV), None, ws.to(DEV), group_k=gk or 128, config=cfg,
+                         out_dtype=torch.float32)
+    want = _reference(x, v, ws, None, None, gk or 128)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 2e-6, cfg.tag
+
+
 def test_register_capped_config_matches_reference():
     # maxnreg=128 (four programs per SM) makes ptxas spill a few registers: still exact.
     torch.manual_seed(5)

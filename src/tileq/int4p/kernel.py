@@ -105,16 +105,23 @@ def _pair(a, b):
 
 
 @triton.jit
+def _group_scale(sw_ptr, k, K, GROUP_K: tl.constexpr, stride_sw_g, stride_sw_n, rn, n_ok):
+    """The rows' scales of the group holding K index k (zeros past K: that part is zero)."""
+    return tl.load(sw_ptr + (k // GROUP_K) * stride_sw_g + rn * stride_sw_n, mask=n_ok & (k < K), other=0.0)
+
+
+@triton.jit
 def _accumulate(acc, part, sw_ptr, sw_row, k, K, W_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
-                stride_sw_g, stride_sw_n, rn, n_ok):
-    """acc += part * the rows' scales: the group's (k past K: the part is zero, no scale is
-    read), or the per-channel ones (``sw_row``, loaded once). Scaling per 128 of K also keeps
-    Triton from chaining the next dot onto this one, which would hold its converted operands
-    across the wait (238-255 registers against 168). A per-tensor scale waits for the epilogue."""
-    if W_SCALE == "group":
-        sw = tl.load(sw_ptr + (k // GROUP_K) * stride_sw_g + rn * stride_sw_n, mask=n_ok & (k < K), other=0.0)
+                stride_sw_g, stride_sw_n, rn, n_ok, SCALE_AHEAD: tl.constexpr):
+    """acc += part * the rows' scales: the group's (loaded here, or with SCALE_AHEAD the
+    prefetched ``sw_row``; k past K: the part is zero), or the per-channel ones (``sw_row``,
+    loaded once). Scaling per 128 of K also keeps Triton from chaining the next dot onto this
+    one, which would hold its converted operands across the wait (238-255 registers against
+    168). A per-tensor scale waits for the epilogue."""
+    if W_SCALE == "group" and not SCALE_AHEAD:
+        sw = _group_scale(sw_ptr, k, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
         return acc + part * sw[:, None]
-    elif W_SCALE == "vector":
+    elif W_SCALE == "group" or W_SCALE == "vector":
         return acc + part * sw_row[:, None]
     return acc + part
 
@@ -131,7 +138,7 @@ def _i4p_kernel(
     M, N, K, ldx, ldc, stride_sw_g, stride_sw_n, stride_sx,
     CT: tl.constexpr, W_SCALE: tl.constexpr, X_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-    INTERPRETED: tl.constexpr, BN: tl.constexpr = 64,
+    INTERPRETED: tl.constexpr, BN: tl.constexpr = 64, SCALE_AHEAD: tl.constexpr = False,
 ):
     # BN: weight rows per program, 64 per warpgroup (wgmma M); the token tile BM is shared.
     pid = tl.program_id(0)
@@ -158,21 +165,50 @@ def _i4p_kernel(
         sw_row = tl.load(sw_ptr + rn_ld * stride_sw_n)
     else:
         sw_row = tl.zeros((BN,), dtype=tl.float32)
+    s0 = sw_row
+    s1 = sw_row
+    s2 = sw_row
+    s3 = sw_row
+    # SCALE_AHEAD: the four group scales of a K tile loaded at the top of the iteration before
+    # the one that uses them. Loaded next to their use (the default), the eight loads of a K tile
+    # are issued during its last wgmma chain and its promotions wait for them: an L2 round trip
+    # per K tile (sm_90 SASS). Not yet timed: ptxas copies the prefetched registers in the loop
+    # and the 128-register cap spills more (80 B against 16).
+    if W_SCALE == "group" and SCALE_AHEAD:
+        s0 = _group_scale(sw_ptr, pid_k * 512, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        s1 = _group_scale(sw_ptr, pid_k * 512 + 128, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        s2 = _group_scale(sw_ptr, pid_k * 512 + 256, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        s3 = _group_scale(sw_ptr, pid_k * 512 + 384, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
     for k0 in range(pid_k * 512, K, 512 * SPLIT_K):
+        if W_SCALE == "group" and SCALE_AHEAD:
+            k_next = k0 + 512 * SPLIT_K
+            n0 = _group_scale(sw_ptr, k_next, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+            n1 = _group_scale(sw_ptr, k_next + 128, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+            n2 = _group_scale(sw_ptr, k_next + 256, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+            n3 = _group_scale(sw_ptr, k_next + 384, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
         v0, v1, v2, v3, v4, v5, v6, v7 = _slices(w_ptrs, CT, INTERPRETED)
         # Four 128-wide dots, one per group of 128 (one wgmma chain and one wait each).
         x = _x_slice(x_ptrs, k0 + rk < K, t_ok, 0, CT, EVEN_K, INTERPRETED)
         p = _slice_dot(_pair(v0, v1), x, INTERPRETED)
-        acc = _accumulate(acc, p, sw_ptr, sw_row, k0, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        acc = _accumulate(acc, p, sw_ptr, s0, k0, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok,
+                          SCALE_AHEAD)
         x = _x_slice(x_ptrs, k0 + 128 + rk < K, t_ok, 1, CT, EVEN_K, INTERPRETED)
         p = _slice_dot(_pair(v2, v3), x, INTERPRETED)
-        acc = _accumulate(acc, p, sw_ptr, sw_row, k0 + 128, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        acc = _accumulate(acc, p, sw_ptr, s1, k0 + 128, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn,
+                          n_ok, SCALE_AHEAD)
         x = _x_slice(x_ptrs, k0 + 256 + rk < K, t_ok, 2, CT, EVEN_K, INTERPRETED)
         p = _slice_dot(_pair(v4, v5), x, INTERPRETED)
-        acc = _accumulate(acc, p, sw_ptr, sw_row, k0 + 256, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        acc = _accumulate(acc, p, sw_ptr, s2, k0 + 256, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn,
+                          n_ok, SCALE_AHEAD)
         x = _x_slice(x_ptrs, k0 + 384 + rk < K, t_ok, 3, CT, EVEN_K, INTERPRETED)
         p = _slice_dot(_pair(v6, v7), x, INTERPRETED)
-        acc = _accumulate(acc, p, sw_ptr, sw_row, k0 + 384, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        acc = _accumulate(acc, p, sw_ptr, s3, k0 + 384, K, W_SCALE, GROUP_K, stride_sw_g, stride_sw_n, rn,
+                          n_ok, SCALE_AHEAD)
+        if W_SCALE == "group" and SCALE_AHEAD:
+            s0 = n0
+            s1 = n1
+            s2 = n2
+            s3 = n3
         w_ptrs += 64 * SPLIT_K
         x_ptrs += 512 * SPLIT_K
 

@@ -43,15 +43,17 @@ class Int4pConfig:
     stages: int = 3
     warps: int = 4
     maxnreg: int | None = None  # a register cap (ptxas): 128 lets four programs share an SM
+    # Group scales loaded one K tile ahead (kernel.py's SCALE_AHEAD; not yet timed, off).
+    scale_ahead: bool = False
 
     @classmethod
     def parse_tag(cls, tag: str) -> "Int4pConfig":
         """The inverse of ``tag`` (e.g. ``m64n16k512_w4_s2_sk4_r128_swap``)."""
-        m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?(?:_r(\d+))?_swap", tag)
+        m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?(?:_r(\d+))?(_pf)?_swap", tag)
         if not m:
             raise ValueError(f"an int4p config tag like m64n16k512_w4_s2_sk4_swap, got {tag!r}")
         cfg = cls(int(m.group(2)), int(m.group(5) or 1), int(m.group(4)), int(m.group(3)),
-                  int(m.group(6)) if m.group(6) else None)
+                  int(m.group(6)) if m.group(6) else None, m.group(7) is not None)
         if cfg.rows != int(m.group(1)):
             raise ValueError(f"{tag!r}: {m.group(3)} warps hold {cfg.rows} weight rows, not {m.group(1)}")
         return cfg
@@ -65,7 +67,8 @@ class Int4pConfig:
     def tag(self) -> str:
         sk = f"_sk{self.split_k}" if self.split_k > 1 else ""
         reg = f"_r{self.maxnreg}" if self.maxnreg else ""
-        return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}{reg}_swap"
+        pf = "_pf" if self.scale_ahead else ""
+        return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}{reg}{pf}_swap"
 
 
 _TUNED_PATH = os.path.join(os.path.dirname(__file__), "data", "tuned_sm90.json")
@@ -182,7 +185,7 @@ def compile_source(x_type: str, w_scale: str, cfg: Int4pConfig, *, x_scale: str 
         x_scale = "vector" if x_type in ("fp8", "bf8") else "none"
     consts = dict(CT="fp16" if x_type == "fp16" else "bf16", W_SCALE=w_scale, X_SCALE=x_scale,
                   GROUP_K=group_k, HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=even_k,
-                  INTERPRETED=False, BN=cfg.rows)
+                  INTERPRETED=False, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead)
     return triton.compiler.ASTSource(fn=_kernel_module._i4p_kernel, signature=sig, constexprs=consts,
                                      attrs=attrs)
 
@@ -222,8 +225,8 @@ class Int4pLaunch:
         ints = (m, n, k, k, n, sw_strides[0], sw_strides[1], sx_stride)
         consts = dict(CT=ct, W_SCALE=w_scale_kind, X_SCALE=x_scale_kind, GROUP_K=group_k,
                       HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=k % BLOCK_K == 0,
-                      INTERPRETED=self.interpreted, BN=cfg.rows, num_warps=cfg.warps,
-                      num_stages=cfg.stages)
+                      INTERPRETED=self.interpreted, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead,
+                      num_warps=cfg.warps, num_stages=cfg.stages)
         if cfg.maxnreg and not self.interpreted:
             consts["maxnreg"] = cfg.maxnreg
         self.name = kernel_name(x_type, w_scale_kind, cfg)
