@@ -121,7 +121,7 @@ class GluonConfig:
         return (f"BM={self.block_m} BN={self.block_n}{subs} BK={self.block_k} stages={self.stages} "
                 f"GROUP_M={self.group_m}; persistent; 1 TMA producer warp (setmaxnreg "
                 f"{self.producer_regs}) + 2 consumer warpgroups x 64 rows (setmaxnreg {self.consumer_regs}; "
-                f"code within {self.maxnreg} registers); {acc}{ovl}")
+                f"{self.maxnreg} per thread at launch); {acc}{ovl}")
 
 
 def stage_bytes(cfg: GluonConfig) -> int:
