@@ -104,8 +104,9 @@ def _variants(text: str) -> list:
         if item == "plan":
             out.append(None)
             continue
-        if item == "plan:nu":  # the planner's config, group scales not unrolled (one step ahead)
-            out.append(("plan", False))
+        if item in ("plan:nu", "plan:ep"):  # the planner's config, group scales not unrolled (one
+            # step ahead) / the epilogue's vectors loaded at the start of each tile
+            out.append(("plan", item[5:]))
             continue
         parts = [-1 if v == "a" else int(v) for v in item.split(":")]
         parts += [1, 0, 1][len(parts) - 2:]
@@ -123,7 +124,8 @@ def main() -> int:
                    help="Gluon configs to time instead of the planner's, comma-separated "
                         "BN:STAGES[:EPI_BUFS[:OVERLAP[:SPLIT_K]]] (e.g. 128:6,256:4,256:3:2,128:6:1:1,"
                         "128:6:1:0:2, 128:6:1:0:a); 'plan' = the planner's, 'plan:nu' = the planner's with "
-                        "group scales one K step ahead, the loop not unrolled")
+                        "group scales one K step ahead, the loop not unrolled, 'plan:ep' = with the "
+                        "epilogue's vectors loaded at the start of each tile")
     p.add_argument("--no-triton", action="store_true", help="skip the portable Triton kernel")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tileq-out"), help="folder for gluon.csv")
     p.add_argument("--scheme", choices=tuple(SCHEMES), default="rowcol")
@@ -215,7 +217,8 @@ def main() -> int:
                     continue
                 plan_v = plan_g
                 if variant is not None and variant[0] == "plan":
-                    plan_v = replace(plan_g, gluon=replace(plan_g.gluon, scale_unroll=variant[1]))
+                    change = dict(scale_unroll=False) if variant[1] == "nu" else dict(epi_preload=True)
+                    plan_v = replace(plan_g, gluon=replace(plan_g.gluon, **change))
                 elif variant is not None:
                     bn, stages, epi, overlap, split = variant
                     if split == -1:

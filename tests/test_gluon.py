@@ -198,6 +198,10 @@ def test_launch_config_narrows_masked_stores_and_acc_in():
     assert launch_config(GluonConfig(overlap=True, stages=3), acc, True) == GluonConfig(stages=3)  # forced stages kept
     assert launch_config(GluonConfig(block_n=64, stages=8), acc, False) == GluonConfig(block_n=64, stages=8)
     assert launch_config(GluonConfig(split_k=2), spec, True) == GluonConfig(split_k=2)  # TMA stores kept
+    # Preloaded epilogue vectors with TMA stores only (beside masked stores' addresses they spill).
+    assert launch_config(GluonConfig(epi_preload=True), spec, True).epi_preload
+    assert not launch_config(GluonConfig(epi_preload=True), spec, False).epi_preload
+    assert GluonConfig(epi_preload=True).tag == "m128n128k128_s6_ep_ws2x64"
     # Ring slots capped by what shared memory holds beside this output's staging buffers.
     fp32 = replace(_spec(), out_dtype=torch.float32)
     assert launch_config(GluonConfig(stages=6), fp32, True) == GluonConfig(stages=5)
@@ -374,6 +378,9 @@ BUILDS = [  # family, output dtype, bias, TMA store, M, split-K, spec / forced c
     ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 256, 3, {}),  # split-K: fp32 partials
     ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 256, 4, {}),  # whole tiles by TMA, split ones
     ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 512, 1, dict(scale_unroll=False)),
+    ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(epi_preload=True)),
+    ("rowcol_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1, dict(epi_preload=True)),
+    ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 4096, 1, dict(epi_preload=True)),  # masked: not preloaded
     ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096, 1, {}),
     ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1, {}),
     ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 256, 2, {}),
@@ -776,7 +783,8 @@ FORCED_CONFIGS = [GluonConfig(block_n=256, stages=4), GluonConfig(block_n=256, s
                   GluonConfig(split_k=2), GluonConfig(block_n=64, stages=8, split_k=3),
                   GluonConfig(split_k=16),  # (K = 1040: 9 K tiles, splits 9-15 empty)
                   GluonConfig(scale_unroll=False),  # group scales one step ahead, not unrolled
-                  GluonConfig(block_n=256, stages=4, overlap=True, scale_unroll=False)]
+                  GluonConfig(block_n=256, stages=4, overlap=True, scale_unroll=False),
+                  GluonConfig(epi_preload=True), GluonConfig(epi_preload=True, split_k=3)]  # (vectors preloaded)
 
 
 @gpu

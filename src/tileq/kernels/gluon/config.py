@@ -75,6 +75,9 @@ class GluonConfig:
     # Group-scaled fp8: the main loop unrolled by two, a register set of scales per parity
     # loaded two K steps ahead (False: one step ahead, not unrolled).
     scale_unroll: bool = True
+    # The epilogue's scale and bias vectors loaded at the start of each tile and held through the
+    # main loop (128-column tiles at most; not yet timed, off).
+    epi_preload: bool = False
     # setmaxnreg budgets per thread. The kernel runs 12 warps (4 + 4 + the producer's warpgroup,
     # which Triton pads to 4 warps) under maxnreg = 168, i.e. 168 x 384 = 64512 of the 65536
     # registers: 232 x 128 for each consumer warpgroup and 40 x 128 for the producer's (the
@@ -106,7 +109,9 @@ class GluonConfig:
         ovl = "_ov" if self.overlap else ""
         split = f"_sk{self.split_k}" if self.split_k > 1 else ""
         unroll = "" if self.scale_unroll else "_nu"
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}{split}{unroll}_ws2x64"
+        pre = "_ep" if self.epi_preload else ""
+        return (f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}{split}{unroll}{pre}"
+                f"_ws2x64")
 
     def describe(self, accumulation: str = "promoted") -> str:
         """``accumulation``: ``accumulation(spec)``."""
@@ -208,6 +213,10 @@ def launch_config(cfg: GluonConfig, spec: ProblemSpec, tma_store: bool) -> Gluon
     with at most the ring slots shared memory holds next to this output's staging buffers (a
     config forced or tuned for a 16-bit output would not fit an fp32 one's)."""
     out = cfg if tma_store else masked_store_config(cfg, spec.out_dtype)
+    if not tma_store and out.epi_preload:
+        # Preloaded epilogue vectors beside the masked stores' addresses spilled (rowcol with a
+        # bias: 144 B; abquant with a bias: 56 B; sm_90 build, 2026-12-01).
+        out = replace(out, epi_preload=False)
     out = acc_in_config(out, spec.out_dtype) if spec.has_acc else out
     return replace(out, stages=min(out.stages, max_stages(out, spec.out_dtype)))
 

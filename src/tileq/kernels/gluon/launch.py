@@ -69,6 +69,7 @@ def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
         HAS_BIAS=spec.has_bias, HAS_ACC=spec.has_acc, TMA_STORE=tma_store,
         INT_DOT=spec.integer_mainloop, MMA_ACC=mma_acc, OVERLAP=cfg.overlap and not mma_acc,
         SPLIT_K=cfg.split_k, SCALE_UNROLL=cfg.scale_unroll and spec.scheme.grouped,
+        EPI_PRELOAD=cfg.epi_preload and cfg.sub_tiles == 1,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 

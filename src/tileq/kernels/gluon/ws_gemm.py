@@ -258,30 +258,52 @@ def _add_acc_in(acc, acc_ptr, rows, row_ok, off_n, N, ld_acc, split, cols_l: gl.
 
 
 @gluon.jit
-def _epilogue(acc, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, ws_ptr, slot, lrows, col0, sa_ptr,
-              sb_ptr, bias_ptr, bias_on, M, N, ldc, stride_sa_m, stride_sb_n, cols_l: gl.constexpr,
-              SUB_N: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, A_SCALE: gl.constexpr,
-              B_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr,
-              PENDING: gl.constexpr, SPLIT_K: gl.constexpr):
-    """acc [64, SUB_N] -> * a_scale rows -> * b_scale columns -> + bias -> cast -> store; a split
-    item (``slot`` >= 0) stores the scaled fp32 partial into its [BM, BN] workspace block
-    instead (rows ``lrows``, columns ``col0`` + [0, SUB_N) of the block)."""
+def _epi_vectors(sa_ptr, sb_ptr, bias_ptr, rows, row_ok, off_n, N, stride_sa_m, stride_sb_n, bias_on,
+                 cols_l: gl.constexpr, SUB_N: gl.constexpr, A_SCALE: gl.constexpr, B_SCALE: gl.constexpr,
+                 HAS_BIAS: gl.constexpr):
+    """What the epilogue of a [64, SUB_N] piece reads: a_scale (rows, or one value), b_scale
+    (columns, or one value), bias (with split-K only the first split's: ``bias_on``); 1.0 / 0.0
+    where absent."""
+    cols = off_n + gl.arange(0, SUB_N, layout=cols_l)
+    col_ok = cols < N
+    sa = 1.0
+    sb = 1.0
+    bias = 0.0
+    if A_SCALE == "scalar":
+        sa = gl.load(sa_ptr)
+    elif A_SCALE == "vector":
+        sa = gl.load(sa_ptr + rows * stride_sa_m, mask=row_ok, other=0.0)
+    if B_SCALE == "scalar":
+        sb = gl.load(sb_ptr)
+    elif B_SCALE == "vector":
+        sb = gl.load(sb_ptr + cols * stride_sb_n, mask=col_ok, other=0.0)
+    if HAS_BIAS:
+        bias = gl.load(bias_ptr + cols, mask=col_ok & bias_on, other=0.0)
+    return sa, sb, bias
+
+
+@gluon.jit
+def _epilogue(acc, vecs, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, ws_ptr, slot, lrows, col0, M, N,
+              ldc, cols_l: gl.constexpr, SUB_N: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+              A_SCALE: gl.constexpr, B_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
+              TMA_STORE: gl.constexpr, PENDING: gl.constexpr, SPLIT_K: gl.constexpr):
+    """acc [64, SUB_N] -> * a_scale rows -> * b_scale columns -> + bias -> cast -> store, with the
+    vectors ``vecs`` (``_epi_vectors``); a split item (``slot`` >= 0) stores the scaled fp32
+    partial into its [BM, BN] workspace block instead (rows ``lrows``, columns ``col0`` +
+    [0, SUB_N) of the block)."""
+    sa, sb, bias = vecs
     cols = off_n + gl.arange(0, SUB_N, layout=cols_l)
     col_ok = cols < N
     y = acc
     if A_SCALE == "scalar":
-        y = y * gl.load(sa_ptr)
+        y = y * sa
     elif A_SCALE == "vector":
-        sa_row = gl.load(sa_ptr + rows * stride_sa_m, mask=row_ok, other=0.0)
-        y = y * sa_row[:, None]
+        y = y * sa[:, None]
     if B_SCALE == "scalar":
-        y = y * gl.load(sb_ptr)
+        y = y * sb
     elif B_SCALE == "vector":
-        sb_col = gl.load(sb_ptr + cols * stride_sb_n, mask=col_ok, other=0.0)
-        y = y * sb_col[None, :]
+        y = y * sb[None, :]
     if HAS_BIAS:
-        # (with split-K only the first split adds it: ``bias_on``)
-        bias = gl.load(bias_ptr + cols, mask=col_ok & bias_on, other=0.0)
         y = y + bias[None, :]
     if SPLIT_K > 1:
         if slot >= 0:
@@ -324,7 +346,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
               B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr,
               HAS_ACC: gl.constexpr, TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr,
               MMA_ACC: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr,
-              SCALE_UNROLL: gl.constexpr):
+              SCALE_UNROLL: gl.constexpr, EPI_PRELOAD: gl.constexpr):
     """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue.
 
     With SPLIT_K > 1 the tiles of the last, partial wave (all tiles when they are fewer than the
@@ -360,6 +382,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
     gl.static_assert(not B_GROUP or GROUP_N % SUB_N == 0, "b_scale groups must span the sub-tile")
     ACC_TY: gl.constexpr = gl.int32 if INT_DOT else gl.float32
     gl.static_assert(MMA_ACC or not INT_DOT, "int8 accumulates in the wgmma accumulator")
+    gl.static_assert(not EPI_PRELOAD or NSUB == 1, "epilogue vectors preloaded for 128-column tiles at most")
     # OVERLAP (fp8, promoted): the wgmma of each K tile is started at the end of the previous K
     # tile's step, so the first K tile of the next tile runs on the tensor cores during the
     # epilogue.
@@ -382,6 +405,12 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
         off_n = pid_n * BN
         rows = off_m + gl.arange(0, HALF_M, layout=rows_l)
         row_ok = rows < M
+        if EPI_PRELOAD:
+            # The epilogue's scale and bias vectors, loaded before the main loop (their latency
+            # hidden under it) and held through it: 2 + 32 + 32 registers per thread at
+            # SUB_N = 128, within the consumers' 232.
+            vecs0 = _epi_vectors(sa_ptr, sb_ptr, bias_ptr, rows, row_ok, off_n, N, stride_sa_m, stride_sb_n,
+                                 split == 0, cols_l, SUB_N, A_SCALE, B_SCALE, HAS_BIAS)
         acc0 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
         acc1 = acc0  # (the second sub-tile's accumulator; unused when NSUB == 1)
         if NSUB == 2:
@@ -470,16 +499,20 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                 it += 1
         # ---- epilogue, per sub-tile: acc -> scales -> bias -> cast -> store ----
         lrows = HALF * HALF_M + gl.arange(0, HALF_M, layout=rows_l)  # rows within the tile
-        _epilogue(acc0.to(gl.float32), rows, row_ok, off_m, off_n,
+        if not EPI_PRELOAD:
+            vecs0 = _epi_vectors(sa_ptr, sb_ptr, bias_ptr, rows, row_ok, off_n, N, stride_sa_m, stride_sb_n,
+                                 split == 0, cols_l, SUB_N, A_SCALE, B_SCALE, HAS_BIAS)
+        _epilogue(acc0.to(gl.float32), vecs0, rows, row_ok, off_m, off_n,
                   c_bufs.index(HALF * EPI_BUFS) if TMA_STORE else c_bufs, c_desc, c_ptr, ws_ptr, slot,
-                  lrows, 0, sa_ptr, sb_ptr, bias_ptr, split == 0, M, N, ldc, stride_sa_m, stride_sb_n,
-                  cols_l, SUB_N, BM, BN, A_SCALE, B_SCALE, HAS_BIAS, TMA_STORE, EPI_BUFS - 1, SPLIT_K)
+                  lrows, 0, M, N, ldc, cols_l, SUB_N, BM, BN, A_SCALE, B_SCALE, HAS_BIAS, TMA_STORE,
+                  EPI_BUFS - 1, SPLIT_K)
         if NSUB == 2:
-            _epilogue(acc1.to(gl.float32), rows, row_ok, off_m, off_n + SUB_N,
+            vecs1 = _epi_vectors(sa_ptr, sb_ptr, bias_ptr, rows, row_ok, off_n + SUB_N, N, stride_sa_m,
+                                 stride_sb_n, split == 0, cols_l, SUB_N, A_SCALE, B_SCALE, HAS_BIAS)
+            _epilogue(acc1.to(gl.float32), vecs1, rows, row_ok, off_m, off_n + SUB_N,
                       c_bufs.index(HALF * EPI_BUFS + EPI_BUFS - 1) if TMA_STORE else c_bufs, c_desc,
-                      c_ptr, ws_ptr, slot, lrows, SUB_N, sa_ptr, sb_ptr, bias_ptr, split == 0, M, N, ldc,
-                      stride_sa_m, stride_sb_n, cols_l, SUB_N, BM, BN, A_SCALE, B_SCALE, HAS_BIAS,
-                      TMA_STORE, EPI_BUFS - 1, SPLIT_K)
+                      c_ptr, ws_ptr, slot, lrows, SUB_N, M, N, ldc, cols_l, SUB_N, BM, BN, A_SCALE, B_SCALE,
+                      HAS_BIAS, TMA_STORE, EPI_BUFS - 1, SPLIT_K)
     if OVERLAP:
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
         mbarrier.arrive(empty_bars.index(it % STAGES), count=1)
@@ -495,7 +528,7 @@ def _ws_gemm_kernel(
     EPI_BUFS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
     B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_ACC: gl.constexpr,
     TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr, MMA_ACC: gl.constexpr, OVERLAP: gl.constexpr,
-    SPLIT_K: gl.constexpr, SCALE_UNROLL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    SPLIT_K: gl.constexpr, SCALE_UNROLL: gl.constexpr, EPI_PRELOAD: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     gl.static_assert(BM == 2 * HALF_M, "two consumer warpgroups of 64 rows each")
@@ -521,12 +554,12 @@ def _ws_gemm_kernel(
                      bias_ptr, acc_ptr, M, N, K, ldc, ld_acc, stride_sa_m, stride_sa_g, stride_sb_g,
                      stride_sb_n, 0, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE,
                      GROUP_N, HAS_BIAS, HAS_ACC, TMA_STORE, INT_DOT, MMA_ACC, OVERLAP, SPLIT_K,
-                     SCALE_UNROLL)),
+                     SCALE_UNROLL, EPI_PRELOAD)),
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
                      bias_ptr, acc_ptr, M, N, K, ldc, ld_acc, stride_sa_m, stride_sa_g, stride_sb_g,
                      stride_sb_n, 1, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE,
                      GROUP_N, HAS_BIAS, HAS_ACC, TMA_STORE, INT_DOT, MMA_ACC, OVERLAP, SPLIT_K,
-                     SCALE_UNROLL)),
+                     SCALE_UNROLL, EPI_PRELOAD)),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K, BM, BN, BK,
                      GROUP_M, STAGES, OVERLAP, SPLIT_K)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
