@@ -104,10 +104,14 @@ def test_accumulation_mode(family, fast, want):
      "int8 x int8: tensor and rowcol schemes only, this is abquant"),
     (dict(family="abquant_fp8xfp8_rcr_prefill", group_k=64), "prefill", "sm_90", False, "1",
      "group_k = 128 only (one K tile per group), this is group_k=64"),
-    (dict(family="bquant_fp8xfp8_rcr_prefill"), "prefill", "sm_90", False, "1",
-     "b_scale groups of 128 columns only (128 x 128 weight blocks), this is group_n=1"),
-    (dict(family="abquant_fp8xfp8_rcr_prefill", group_n=1), "prefill", "sm_90", False, "1",
-     "this is group_n=1"),
+    (dict(family="bquant_fp8xfp8_rcr_prefill", group_n=64), "prefill", "sm_90", False, "1",
+     "b_scale groups of one column or of 128 (128 x 128 weight blocks) only, this is group_n=64"),
+    # served, but off by default until run on a GPU
+    (dict(family="bquant_fp8xfp8_rcr_prefill"), "prefill", "sm_90", False, None,
+     "the Gluon sm_90 kernel serves this problem but is off by default for b_scale groups of one column "
+     "(built, not yet run on a GPU): TILEQ_GLUON=1 opts in"),
+    (dict(family="abquant_fp8xfp8_rcr_prefill", group_n=1), "prefill", "sm_90", False, None,
+     "off by default for b_scale groups of one column"),
     (dict(k=0), "prefill", "sm_90", False, "1", "K = 0"),
     (dict(family="rowcol_i8xi8_rcr_prefill", m=1023), "prefill", "sm_90", False, None,
      "the Gluon sm_90 kernel serves this problem but runs int8 by default from M = 1024 only"),
@@ -187,7 +191,7 @@ def test_choose_tiles_says_why():
 
 
 def test_launch_config_narrows_masked_stores_and_acc_in():
-    from tileq.kernels.gluon.config import launch_config
+    from tileq.kernels.gluon.config import choose_tiles, launch_config
 
     wide = GluonConfig(block_n=256, stages=4, overlap=True)
     spec = _spec("abquant_fp8xfp8_rcr_prefill")
@@ -202,6 +206,13 @@ def test_launch_config_narrows_masked_stores_and_acc_in():
     assert launch_config(GluonConfig(epi_preload=True), spec, True).epi_preload
     assert not launch_config(GluonConfig(epi_preload=True), spec, False).epi_preload
     assert GluonConfig(epi_preload=True).tag == "m128n128k128_s6_ep_ws2x64"
+    # b_scale groups of one column: 128 x 64 tiles whatever was forced (128 x 128 spilled).
+    cols = _spec("bquant_fp8xfp8_rcr_prefill", group_n=1)
+    assert launch_config(wide, cols, True) == GluonConfig(block_n=64, stages=8)
+    assert launch_config(GluonConfig(split_k=3), cols, False) == GluonConfig(block_n=64, stages=8, split_k=3)
+    for m in (128, 1024, 8192):
+        cfg, why = choose_tiles(replace(cols, m=m), 132)
+        assert cfg == GluonConfig(block_n=64, stages=8) and "b_scale groups of one column" in why
     # Ring slots capped by what shared memory holds beside this output's staging buffers.
     fp32 = replace(_spec(), out_dtype=torch.float32)
     assert launch_config(GluonConfig(stages=6), fp32, True) == GluonConfig(stages=5)
@@ -341,7 +352,7 @@ from tileq.kernels.gluon.launch import compile_sm90, constexprs
 out_dir, variants = sys.argv[1], json.loads(sys.argv[2])
 res = []
 for i, (family, out, bias, tma, m, split, kw) in enumerate(variants):
-    spec_kw = {k: v for k, v in kw.items() if k in ("fast_accum", "has_acc")}
+    spec_kw = {k: v for k, v in kw.items() if k in ("fast_accum", "has_acc", "group_n")}
     cfg_kw = {k: v for k, v in kw.items() if k not in spec_kw}  # a forced tile (bench --variants)
     spec = replace(family_spec(parse_family(family), m, 5120, 5120, out_dtype=getattr(torch, out)),
                    has_bias=bias, **spec_kw)
@@ -381,6 +392,11 @@ BUILDS = [  # family, output dtype, bias, TMA store, M, split-K, spec / forced c
     ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(epi_preload=True)),
     ("rowcol_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1, dict(epi_preload=True)),
     ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 4096, 1, dict(epi_preload=True)),  # masked: not preloaded
+    # b_scale groups of one column: 128 x 64 tiles (a [64] column-scale vector per parity)
+    ("bquant_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(group_n=1)),
+    ("abquant_fp8xfp8_rcr_prefill", "float32", True, False, 4096, 1, dict(group_n=1)),
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, True, 256, 3, dict(group_n=1)),
+    ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096, 1, dict(group_n=1, scale_unroll=False)),
     ("aquant_fp8xfp8_rcr_preshufflequant", "bfloat16", True, True, 4096, 1, {}),
     ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, True, 4096, 1, {}),
     ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 256, 2, {}),
@@ -438,7 +454,7 @@ def sm90_builds(tmp_path_factory):
 @pytest.mark.parametrize("index", range(len(BUILDS)), ids=[_build_id(b) for b in BUILDS])
 def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
     family, out, bias, tma_store, m, split, kw = BUILDS[index]
-    spec_kw = {k: v for k, v in kw.items() if k in ("fast_accum", "has_acc")}
+    spec_kw = {k: v for k, v in kw.items() if k in ("fast_accum", "has_acc", "group_n")}
     spec = _spec(family, m=m, out_dtype=getattr(torch, out), has_bias=bias, **spec_kw)
     assert select.gluon_serves(spec, parse_family(family).pipeline) is None
     built = sm90_builds[index]
@@ -877,6 +893,27 @@ def test_gpu_int8_acc_in_exact(out_dtype, gluon_on):
     reference (a K = 4096 fp32 output within fp32 rounding)."""
     spec = _spec("rowcol_i8xi8_rcr_prefill", 1000, 2048, 4096, has_acc=True, has_bias=True, out_dtype=out_dtype)
     _run(spec, seed=5, prepare=(_acc_like_product,), tol=1e-6 if out_dtype == torch.float32 else None)
+    assert len(gluon_on) == 1
+
+
+@gpu
+@pytest.mark.parametrize("cfg", [None, GluonConfig(scale_unroll=False), GluonConfig(split_k=3),
+                                 GluonConfig(block_n=256, stages=4, overlap=True)],
+                         ids=lambda c: c.tag if c else "plan")
+@pytest.mark.parametrize("family,kw", [
+    ("bquant_fp8xfp8_rcr_prefill", dict(group_n=1)),
+    ("abquant_fp8xfp8_rcr_prefill", dict(group_n=1, has_bias=True)),
+    ("abquant_fp8xfp8_rcr_prefill", dict(group_n=1, out_dtype=torch.float32)),
+    ("abquant_fp8xfp8_rcr_prefill", dict(group_n=1, a_scale_layout=ScaleLayout.PRESHUFFLED)),
+])
+@pytest.mark.parametrize("m,n,k", [(65, 577, 859), (300, 5120, 1040), (1500, 4000, 2048)])
+def test_gpu_per_column_b_groups(cfg, family, kw, m, n, k, gluon_on, forced_gluon_config):
+    """b_scale groups of one column (b_scale [K / 128, N]): every column's own scale per K group,
+    odd N (the last tile's columns past N), K tails, split tiles; a forced 128 x 256 config runs
+    128 x 64 (column_groups_config)."""
+    if cfg is not None:
+        forced_gluon_config(cfg)
+    _run(_spec(family, m, n, k, **kw), pad=(-k) % 16, seed=m + n + k)
     assert len(gluon_on) == 1
 
 

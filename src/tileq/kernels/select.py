@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from ..dtypes import OperandType, mma_types
 from ..errors import UnsupportedError, expect
 from ..problem import ProblemSpec, ScaleKind, Scheme
+from .gluon.config import per_column_b_groups
 
 if TYPE_CHECKING:  # no runtime import: catalog.config imports this module
     from ..catalog.config import TileConfig
@@ -182,8 +183,8 @@ def gluon_serves(spec: ProblemSpec, pipeline: str) -> str | None:
         return f"int8 x int8: tensor and rowcol schemes only, this is {spec.scheme}"
     if spec.scheme.grouped and spec.group_k != GLUON_GROUP_K:
         return f"group_k = {GLUON_GROUP_K} only (one K tile per group), this is group_k={spec.group_k}"
-    if spec.b_scale_kind is ScaleKind.GROUP and spec.group_n % GLUON_GROUP_N:
-        return (f"b_scale groups of {GLUON_GROUP_N} columns only (128 x 128 weight blocks), "
+    if spec.b_scale_kind is ScaleKind.GROUP and spec.group_n % GLUON_GROUP_N and spec.group_n != 1:
+        return (f"b_scale groups of one column or of {GLUON_GROUP_N} (128 x 128 weight blocks) only, "
                 f"this is group_n={spec.group_n}")
     if spec.k == 0:
         return "K = 0"
@@ -214,6 +215,10 @@ def implementation(spec: ProblemSpec, pipeline: str, arch_name: str | None, inte
     if switch is None and not (GLUON_DEFAULT_ON and (spec.a_type, spec.b_type) in GLUON_DEFAULT_PAIRS):
         return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but is off by "
                                         f"default for {spec.a_type}x{spec.b_type}: {GLUON_ENV}=1 opts in")
+    if switch is None and per_column_b_groups(spec):
+        return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but is off by default for "
+                                        f"b_scale groups of one column (built, not yet run on a GPU): "
+                                        f"{GLUON_ENV}=1 opts in")
     if switch is None and spec.integer_mainloop and spec.m < GLUON_INT8_MIN_M:
         return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but runs int8 by default "
                                         f"from M = {GLUON_INT8_MIN_M} only (below, no faster than the portable "

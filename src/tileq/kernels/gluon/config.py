@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ...problem import ProblemSpec
+from ...problem import ProblemSpec, ScaleKind
 
 # sm_90: 227 KiB of shared memory per program (opt-in maximum, catalog/arch.py) less a margin for
 # the mbarriers and what the compiler adds (256 B measured in the sm_90 build of 2026-12).
@@ -195,6 +195,11 @@ MIN_SPLIT_STEPS = 4
 MAX_SPLIT_K = 16
 
 
+def per_column_b_groups(spec: ProblemSpec) -> bool:
+    """b_scale groups of one column (group_n = 1): a [SUB_N] scale vector per K group."""
+    return spec.b_scale_kind is ScaleKind.GROUP and spec.group_n == 1
+
+
 def acc_in_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig:
     """The config of a call with acc_in: 128 x 128 (or 64) tiles without the overlapped loop.
     Loading the acc_in tile next to two 128-column accumulators (and the overlapped loop's
@@ -208,6 +213,15 @@ def acc_in_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig:
     return out
 
 
+def column_groups_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig:
+    """The config of a call with b_scale groups of one column: 128 x 64 tiles. Their [64]
+    column-scale vectors (two register sets: the loop is unrolled by two) fit beside the
+    accumulator and the partial sum; at 128 x 128 every config spilled 190-620 B (sm_90 build,
+    2026-12-01)."""
+    out = replace(cfg, block_n=64, overlap=False)
+    return replace(out, stages=max_stages(out, out_dtype))
+
+
 def launch_config(cfg: GluonConfig, spec: ProblemSpec, tma_store: bool) -> GluonConfig:
     """The config one launch variant runs: the plan's, narrowed for masked stores and for acc_in,
     with at most the ring slots shared memory holds next to this output's staging buffers (a
@@ -218,6 +232,8 @@ def launch_config(cfg: GluonConfig, spec: ProblemSpec, tma_store: bool) -> Gluon
         # bias: 144 B; abquant with a bias: 56 B; sm_90 build, 2026-12-01).
         out = replace(out, epi_preload=False)
     out = acc_in_config(out, spec.out_dtype) if spec.has_acc else out
+    if per_column_b_groups(spec) and out.block_n > 64:
+        out = column_groups_config(out, spec.out_dtype)
     return replace(out, stages=min(out.stages, max_stages(out, spec.out_dtype)))
 
 
@@ -250,6 +266,10 @@ def tile_costs(spec: ProblemSpec, num_sms: int) -> dict[str, tuple[float, GluonC
     k_steps = max(1, math.ceil(spec.k / 128))
     narrow = rows * math.ceil(spec.n / 128)
     out = {}
+    w64 = _waves(2 * narrow, num_sms)
+    if per_column_b_groups(spec):  # 128 x 64 tiles only (``column_groups_config``)
+        return {"64": (w64 * k_steps * NARROW64_STEP, GluonConfig(block_n=64),
+                       f"128 x 64 tiles (b_scale groups of one column): {2 * narrow} tiles, {_n(w64, 'wave')}")}
     w = _waves(narrow, num_sms)
     out["128"] = (w * k_steps, GluonConfig(block_n=128), f"128 x 128 tiles: {narrow} tiles, {_n(w, 'wave')}")
     split = split_k_for(narrow, k_steps, num_sms)
@@ -260,14 +280,13 @@ def tile_costs(spec: ProblemSpec, num_sms: int) -> dict[str, tuple[float, GluonC
                 else "every tile")
         out["128+split"] = (cost, GluonConfig(block_n=128, split_k=split),
                             f"128 x 128 tiles: {narrow} tiles, {last} split {split} ways over K")
-    w64 = _waves(2 * narrow, num_sms)
     out["64"] = (w64 * k_steps * NARROW64_STEP, GluonConfig(block_n=64),
                  f"128 x 64 tiles: {2 * narrow} tiles, {_n(w64, 'wave')}")
     # Wide tiles: group-scaled fp8 with a 16-bit output and no acc_in only (an fp32 output or an
     # acc_in tile spills: ``acc_in_config``). Rowcol, tensor, int8 and fast_accum (int8's main
     # loop) measured no faster with them.
     if (spec.scheme.grouped and not spec.integer_mainloop and spec.out_dtype != torch.float32
-            and not spec.has_acc):
+            and not spec.has_acc and not per_column_b_groups(spec)):
         wide = rows * math.ceil(spec.n / 256)
         ww = _waves(wide, num_sms)
         out["256"] = (ww * k_steps * 2 / WIDE_TILE_GAIN, GluonConfig(block_n=256, overlap=True),

@@ -162,19 +162,23 @@ def _issue(a_bufs, b_bufs, ready_bars, it, part, HALF: gl.constexpr, SUB_N: gl.c
 
 @gluon.jit
 def _group_scales(sa_ptr, sb_ptr, rows, row_ok, kg, k_end, off_n, N, stride_sa_m, stride_sa_g, stride_sb_g,
-                  stride_sb_n, SUB_N: gl.constexpr, NSUB: gl.constexpr, GROUP_N: gl.constexpr,
-                  A_GROUP: gl.constexpr, B_GROUP: gl.constexpr):
+                  stride_sb_n, cols_l: gl.constexpr, SUB_N: gl.constexpr, NSUB: gl.constexpr,
+                  GROUP_N: gl.constexpr, A_GROUP: gl.constexpr, B_GROUP: gl.constexpr):
     """K group kg's scales for the consumer's rows (zeros past the item's K range): a_scale[rows,
     kg] and b_scale[kg, n-block] of each sub-tile, the latter as a vector over the rows, masked
     per row (loaded as one scalar, ptxas kept it in a uniform register, moved there right after
-    its load, which then waited for it)."""
+    its load, which then waited for it); with per-column groups (GROUP_N = 1) b_scale[kg, cols]
+    of the sub-tile's columns."""
     k_ok = row_ok & (kg < k_end)
     sa = 1.0
     sb0 = 1.0
     sb1 = 1.0
     if A_GROUP:
         sa = gl.load(sa_ptr + rows * stride_sa_m + kg * stride_sa_g, mask=k_ok, other=0.0)
-    if B_GROUP:
+    if B_GROUP and GROUP_N == 1:
+        cols = off_n + gl.arange(0, SUB_N, layout=cols_l)
+        sb0 = gl.load(sb_ptr + kg * stride_sb_g + cols * stride_sb_n, mask=(cols < N) & (kg < k_end), other=0.0)
+    elif B_GROUP:
         zero = rows * 0
         sb0 = gl.load(sb_ptr + kg * stride_sb_g + (off_n // GROUP_N) * stride_sb_n + zero, mask=k_ok, other=0.0)
         if NSUB == 2:
@@ -184,9 +188,15 @@ def _group_scales(sa_ptr, sb_ptr, rows, row_ok, kg, k_end, off_n, N, stride_sa_m
 
 
 @gluon.jit
-def _step_scale(sa, sb, A_GROUP: gl.constexpr, B_GROUP: gl.constexpr):
-    """One K step's group scale per row of the consumer's half: a_scale[row, g] * b_scale[g, n-block]."""
-    if A_GROUP and B_GROUP:
+def _step_scale(sa, sb, A_GROUP: gl.constexpr, B_GROUP: gl.constexpr, PROMO: gl.constexpr):
+    """One K step's group scales: per row of the consumer's half, a_scale[row, g] * b_scale[g,
+    n-block] (PROMO 1); with per-column b_scale groups, b_scale[g, cols] (PROMO 2) and the rows'
+    a_scale beside it (PROMO 3)."""
+    if PROMO == 3:
+        return sa, sb
+    elif PROMO == 2:
+        return sb
+    elif A_GROUP and B_GROUP:
         return sa * sb
     elif A_GROUP:
         return sa
@@ -195,9 +205,16 @@ def _step_scale(sa, sb, A_GROUP: gl.constexpr, B_GROUP: gl.constexpr):
 
 
 @gluon.jit
-def _promote(acc, part, scale, GROUPED: gl.constexpr):
-    """acc += one K tile's partial sum, times its group scales per row (on the CUDA cores)."""
-    if GROUPED:
+def _promote(acc, part, scale, PROMO: gl.constexpr):
+    """acc += one K tile's partial sum, times its group scales (on the CUDA cores): none
+    (PROMO 0), per row (1), per column (2), per row and per column (3: a multiply and an FMA per
+    element)."""
+    if PROMO == 3:
+        sr, sc = scale
+        acc += (part * sr[:, None]) * sc[None, :]
+    elif PROMO == 2:
+        acc += part * scale[None, :]
+    elif PROMO == 1:
         acc += part * scale[:, None]
     else:
         acc += part
@@ -207,7 +224,7 @@ def _promote(acc, part, scale, GROUPED: gl.constexpr):
 @gluon.jit
 def _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it, scale0, scale1, HALF: gl.constexpr,
               SUB_N: gl.constexpr, NSUB: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
-              GROUPED: gl.constexpr):
+              PROMO: gl.constexpr):
     """One K step of fp8 with precise accumulation: the wgmma chain of ring item ``it`` (started
     by the previous step when OVERLAP) into ``part``, which starts from zero (use_acc=False), so
     that it holds this K tile's sum alone, accumulated by wgmma in its reduced fp8 precision over
@@ -223,13 +240,13 @@ def _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it, scal
         # Shared memory read: hand the slot back to the producer (one arrival per consumer).
         mbarrier.arrive(empty_bars.index(s), count=1)
     # Promotion into fp32, on the CUDA cores, while the other warpgroup's wgmma runs.
-    acc0 = _promote(acc0, part, scale0, GROUPED)
+    acc0 = _promote(acc0, part, scale0, PROMO)
     if NSUB == 2:
         b1 = b_bufs.index(s).slice(SUB_N, SUB_N, dim=0).permute((1, 0))
         part = warpgroup_mma(a, b1, part, use_acc=False, is_async=True)
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
         mbarrier.arrive(empty_bars.index(s), count=1)
-        acc1 = _promote(acc1, part, scale1, GROUPED)
+        acc1 = _promote(acc1, part, scale1, PROMO)
     if OVERLAP:
         # The next ring item: this tile's next K tile, the next tile's first, or (after the last
         # tile) the producer's extra item.
@@ -377,9 +394,14 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
     A_GROUP: gl.constexpr = A_SCALE == "group"
     B_GROUP: gl.constexpr = B_SCALE == "group"
     # One b_scale per (K group, sub-tile): a column group spans the sub-tile (DeepSeek's 128 x
-    # 128 weight blocks). Per-column group scales (group_n = 1) are not served: two [BN] scale
-    # vectors and their addresses per thread made this kernel spill (sm_90 build, 2026-12).
-    gl.static_assert(not B_GROUP or GROUP_N % SUB_N == 0, "b_scale groups must span the sub-tile")
+    # 128 weight blocks); or per-column group scales (group_n = 1): a [SUB_N] vector per K group,
+    # on 128 x 64 tiles only (at 128 x 128 the two register sets of it spilled; sm_90 build).
+    gl.static_assert(not B_GROUP or GROUP_N % SUB_N == 0 or (GROUP_N == 1 and NSUB == 1),
+                     "b_scale groups span the sub-tile, or are single columns (128-column tiles at most)")
+    # The promotion's scales: none, per row (A groups, and B groups spanning the sub-tile),
+    # per column (B groups of one column), per row and per column.
+    B_COLS: gl.constexpr = B_GROUP and GROUP_N == 1
+    PROMO: gl.constexpr = (3 if A_GROUP else 2) if B_COLS else (1 if A_GROUP or B_GROUP else 0)
     ACC_TY: gl.constexpr = gl.int32 if INT_DOT else gl.float32
     gl.static_assert(MMA_ACC or not INT_DOT, "int8 accumulates in the wgmma accumulator")
     gl.static_assert(not EPI_PRELOAD or NSUB == 1, "epilogue vectors preloaded for 128-column tiles at most")
@@ -459,42 +481,42 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
             # register at the loop's end and moved the scale multiply up between the wgmmas,
             # so every K step waited for a load issued during the previous one (sm_90 SASS).
             xa, xb0, xb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, k_begin, k_end, off_n, N, stride_sa_m,
-                                         stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB, GROUP_N, A_GROUP,
+                                         stride_sa_g, stride_sb_g, stride_sb_n, cols_l, SUB_N, NSUB, GROUP_N, A_GROUP,
                                          B_GROUP)
             ya, yb0, yb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, k_begin + 1, k_end, off_n, N,
-                                         stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB,
+                                         stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n, cols_l, SUB_N, NSUB,
                                          GROUP_N, A_GROUP, B_GROUP)
             for kk in range(k_begin, k_end, 2):
                 acc0, acc1, part = _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it,
-                                             _step_scale(xa, xb0, A_GROUP, B_GROUP),
-                                             _step_scale(xa, xb1, A_GROUP, B_GROUP),
-                                             HALF, SUB_N, NSUB, STAGES, OVERLAP, True)
+                                             _step_scale(xa, xb0, A_GROUP, B_GROUP, PROMO),
+                                             _step_scale(xa, xb1, A_GROUP, B_GROUP, PROMO),
+                                             HALF, SUB_N, NSUB, STAGES, OVERLAP, PROMO)
                 it += 1
                 xa, xb0, xb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, kk + 2, k_end, off_n, N, stride_sa_m,
-                                             stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB, GROUP_N, A_GROUP,
+                                             stride_sa_g, stride_sb_g, stride_sb_n, cols_l, SUB_N, NSUB, GROUP_N, A_GROUP,
                                              B_GROUP)
                 if kk + 1 < k_end:
                     acc0, acc1, part = _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it,
-                                                 _step_scale(ya, yb0, A_GROUP, B_GROUP),
-                                                 _step_scale(ya, yb1, A_GROUP, B_GROUP),
-                                                 HALF, SUB_N, NSUB, STAGES, OVERLAP, True)
+                                                 _step_scale(ya, yb0, A_GROUP, B_GROUP, PROMO),
+                                                 _step_scale(ya, yb1, A_GROUP, B_GROUP, PROMO),
+                                                 HALF, SUB_N, NSUB, STAGES, OVERLAP, PROMO)
                     it += 1
                     ya, yb0, yb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, kk + 3, k_end, off_n, N,
-                                                 stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB,
+                                                 stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n, cols_l, SUB_N, NSUB,
                                                  GROUP_N, A_GROUP, B_GROUP)
         else:
             # (Group scales, if any: loaded one K step ahead, the loop not unrolled.)
             xa, xb0, xb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, k_begin, k_end, off_n, N, stride_sa_m,
-                                         stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB, GROUP_N, A_GROUP,
+                                         stride_sa_g, stride_sb_g, stride_sb_n, cols_l, SUB_N, NSUB, GROUP_N, A_GROUP,
                                          B_GROUP)
             for ki in range(k_begin, k_end):
                 ya, yb0, yb1 = _group_scales(sa_ptr, sb_ptr, rows, row_ok, ki + 1, k_end, off_n, N, stride_sa_m,
-                                             stride_sa_g, stride_sb_g, stride_sb_n, SUB_N, NSUB, GROUP_N, A_GROUP,
+                                             stride_sa_g, stride_sb_g, stride_sb_n, cols_l, SUB_N, NSUB, GROUP_N, A_GROUP,
                                              B_GROUP)
                 acc0, acc1, part = _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it,
-                                             _step_scale(xa, xb0, A_GROUP, B_GROUP),
-                                             _step_scale(xa, xb1, A_GROUP, B_GROUP),
-                                             HALF, SUB_N, NSUB, STAGES, OVERLAP, A_GROUP or B_GROUP)
+                                             _step_scale(xa, xb0, A_GROUP, B_GROUP, PROMO),
+                                             _step_scale(xa, xb1, A_GROUP, B_GROUP, PROMO),
+                                             HALF, SUB_N, NSUB, STAGES, OVERLAP, PROMO)
                 xa, xb0, xb1 = ya, yb0, yb1
                 it += 1
         # ---- epilogue, per sub-tile: acc -> scales -> bias -> cast -> store ----
