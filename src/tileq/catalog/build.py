@@ -114,20 +114,25 @@ def wants_int4p_prefill_build(fam: KernelFamily, arch: ArchInfo) -> bool:
             and fam.a.value in ("bf16", "fp16") and fam.scheme.value == "bquant")
 
 
+def _attempt(name: str, family: str, config: str, t0: float, build) -> tuple[BuildResult, object]:
+    """(result, compiled kernel or None) of ``build()``: a failure is a result with the last line
+    of its error, not an exception."""
+    try:
+        compiled = build()
+    except Exception as e:
+        msg = str(e).strip().splitlines()
+        return BuildResult(name, family, config, False, time.time() - t0,
+                           error=f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500]), None
+    return BuildResult(name, family, config, True, time.time() - t0), compiled
+
+
 def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
     from ..int4p.launch import W_SCALE_OF_SCHEME
     from ..int4p.prefill import CONFIG_TAG as config
     from ..int4p.prefill import compile_sm90, kernel_name
 
     w_kind = W_SCALE_OF_SCHEME[fam.scheme.value]
-    name = kernel_name(fam.a.value, w_kind)
-    try:
-        compiled = compile_sm90(fam.a.value, w_kind)
-    except Exception as e:
-        msg = str(e).strip().splitlines()
-        return BuildResult(name, fam.name, config, False, time.time() - t0,
-                           error=f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500]), None
-    return BuildResult(name, fam.name, config, True, time.time() - t0), compiled
+    return _attempt(kernel_name(fam.a.value, w_kind), fam.name, config, t0, lambda: compile_sm90(fam.a.value, w_kind))
 
 
 def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
@@ -137,16 +142,11 @@ def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildR
 
     cfg = default_config(*DECODE_SHAPE, arch.typical_sms, fam.a.value)
     w_scale = W_SCALE_OF_SCHEME[fam.scheme.value]
-    name = kernel_name(fam.a.value, w_scale, cfg)
-    try:
-        major, minor = arch.capability
-        compiled = triton.compile(compile_source(fam.a.value, w_scale, cfg),
-                                  target=GPUTarget("cuda", major * 10 + minor, 32), options=compile_options(cfg))
-    except Exception as e:
-        msg = str(e).strip().splitlines()
-        return BuildResult(name, fam.name, f"int4p_{cfg.tag}", False, time.time() - t0,
-                           error=f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500]), None
-    return BuildResult(name, fam.name, f"int4p_{cfg.tag}", True, time.time() - t0), compiled
+    major, minor = arch.capability
+    return _attempt(kernel_name(fam.a.value, w_scale, cfg), fam.name, f"int4p_{cfg.tag}", t0,
+                    lambda: triton.compile(compile_source(fam.a.value, w_scale, cfg),
+                                           target=GPUTarget("cuda", major * 10 + minor, 32),
+                                           options=compile_options(cfg)))
 
 
 def _compile_gluon(fam: KernelFamily, arch: ArchInfo, t0: float, fast: bool = False) -> tuple[BuildResult, object]:
@@ -156,14 +156,7 @@ def _compile_gluon(fam: KernelFamily, arch: ArchInfo, t0: float, fast: bool = Fa
     spec = _gluon_spec(fam, fast)
     cfg = gluon_config(spec, arch.typical_sms)
     name = instance_name(fam.name, spec, cfg, arch.tag)
-    config = f"gluon_{instance_tag(spec, cfg)}"
-    try:
-        compiled = compile_sm90(spec, cfg)
-    except Exception as e:
-        msg = str(e).strip().splitlines()
-        return BuildResult(name, fam.name, config, False, time.time() - t0,
-                           error=f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500]), None
-    return BuildResult(name, fam.name, config, True, time.time() - t0), compiled
+    return _attempt(name, fam.name, f"gluon_{instance_tag(spec, cfg)}", t0, lambda: compile_sm90(spec, cfg))
 
 
 def _compile_gluon_fast(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
@@ -218,19 +211,15 @@ def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: boo
         return BuildResult(f"{family_name}__?_{arch.tag}", family_name, "?", False, 0.0,
                            error=f"{type(e).__name__}: {e}")
     sig, consts, attrs = signature(spec, inst.config)
-    try:
-        src = triton.compiler.ASTSource(fn=_gemm_kernel, signature=sig, constexprs=consts, attrs=attrs)
-        major, minor = arch.capability
-        compiled = triton.compile(
-            src, target=GPUTarget("cuda", major * 10 + minor, 32),
-            options={"num_warps": inst.config.num_warps, "num_stages": inst.config.num_stages},
-        )
-    except Exception as e:
-        msg = str(e).strip().splitlines()
-        return BuildResult(inst.name, family_name, inst.config.tag, False, time.time() - t0,
-                           error=f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500])
-    res = BuildResult(inst.name, family_name, inst.config.tag, True, time.time() - t0)
-    _finish(res, compiled, out_dir)
+    major, minor = arch.capability
+    res, compiled = _attempt(
+        inst.name, family_name, inst.config.tag, t0,
+        lambda: triton.compile(triton.compiler.ASTSource(fn=_gemm_kernel, signature=sig, constexprs=consts,
+                                                         attrs=attrs),
+                               target=GPUTarget("cuda", major * 10 + minor, 32),
+                               options={"num_warps": inst.config.num_warps, "num_stages": inst.config.num_stages}))
+    if compiled is not None:
+        _finish(res, compiled, out_dir)
     return res
 
 

@@ -120,6 +120,19 @@ def _mask_t(k_ok, cols_ok, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped order of output tiles: GROUP_M consecutive row tiles share each column tile while
+    it sits in L2. (The Gluon kernel's ``_tile_coords`` is the same order in Gluon.)"""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
 def _gemm_kernel(
     a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr,
     M, N, K,
@@ -135,17 +148,8 @@ def _gemm_kernel(
     FAST_ACCUM: tl.constexpr, SWAPPED: tl.constexpr, SA_ROW_GROUP: tl.constexpr,
     EVEN_K: tl.constexpr, I4_WORDS: tl.constexpr,
 ):
-    # Grouped ordering of output tiles: GROUP_M row-tiles share B tiles while they sit in L2.
-    pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BM)
-    num_pid_n = tl.cdiv(N, BN)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
 
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)

@@ -162,7 +162,7 @@ def masked_store_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig
 def split_schedule(m: int, n: int, cfg: GluonConfig, num_sms: int) -> tuple[int, int, int]:
     """(programs, tiles computed whole, tiles split over K) of the persistent grid for an
     M x N output: with split_k > 1 the tiles past the last full wave (``tiles % programs``;
-    all of them when fewer than the SMs) are split, as the kernel's ``_full_tiles`` does."""
+    all of them when fewer than the SMs) are split, as the kernel's ``_items`` does."""
     tiles = math.ceil(m / cfg.block_m) * math.ceil(n / cfg.block_n)
     if cfg.split_k == 1:
         return max(1, min(num_sms, tiles)), tiles, 0

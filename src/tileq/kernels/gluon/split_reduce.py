@@ -1,31 +1,23 @@
 """Sum the split tiles' fp32 partials of the Gluon kernel (``ws_gemm.py``, SPLIT_K > 1) into C.
 
 The Gluon kernel computes the tiles of its full waves whole and splits the tiles of the last,
-partial wave over K (``_full_tiles``): split tile t (the tile ``n_full + t`` in the kernel's
+partial wave over K (``_items``): split tile t (the tile ``n_full + t`` in the kernel's
 grouped order) leaves SPLIT_K partials, already scaled (the bias in the first), in the
 workspace's [BM, BN] blocks t * SPLIT_K .. t * SPLIT_K + SPLIT_K - 1. One program sums BLOCK_R
 rows of one tile's blocks in split order (deterministic), casts and stores them with masks.
 
-A Triton (tl) kernel, so the CPU tests run it through the interpreter; ``_tile_coords`` repeats
-the Gluon kernel's grouped order (the two languages cannot share a function).
+A Triton (tl) kernel, so the CPU tests run it through the interpreter; the tile order is the
+portable kernel's ``grouped_tile``, which the Gluon kernel's ``_tile_coords`` repeats in Gluon
+(the two languages cannot share a function).
 """
 
 import triton
 import triton.language as tl
 
+from ..gemm_kernel import grouped_tile
+
 # Rows of a tile per program: 16 x 128 fp32 elements from each split block.
 BLOCK_R = 16
-
-
-@triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = tile_id // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
-    pid_n = (tile_id % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
 
 
 @triton.jit
@@ -33,7 +25,7 @@ def _split_tiles_reduce_kernel(ws_ptr, c_ptr, M, N, ldc, n_full, SPLIT_K: tl.con
                                BN: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_R: tl.constexpr):
     t = tl.program_id(0)  # the split tile
     r0 = tl.program_id(1) * BLOCK_R  # its first row here
-    pid_m, pid_n = _tile_coords(n_full + t, tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    pid_m, pid_n = grouped_tile(n_full + t, tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     lr = r0 + tl.arange(0, BLOCK_R)
     lc = tl.arange(0, BN)
     block = ws_ptr + (t * SPLIT_K).to(tl.int64) * (BM * BN) + lr[:, None] * BN + lc[None, :]

@@ -69,14 +69,18 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _full_tiles(num_tiles, SPLIT_K: gl.constexpr):
-    """Tiles computed whole. With SPLIT_K > 1 the tiles past the last full wave of the persistent
-    grid (``num_tiles % num_programs``; every tile when there are fewer tiles than programs) are
-    split over K into SPLIT_K items each, so that the last wave keeps the SMs busy."""
-    if SPLIT_K == 1:
-        return num_tiles
-    else:
-        return num_tiles - num_tiles % gl.num_programs(0)
+def _items(M, N, BM: gl.constexpr, BN: gl.constexpr, SPLIT_K: gl.constexpr):
+    """(row tiles, column tiles, tiles computed whole, items) of the persistent walk. With
+    SPLIT_K > 1 the tiles past the last full wave of the grid (``tiles % num_programs``; every
+    tile when there are fewer tiles than programs) are split over K into SPLIT_K items each, so
+    that the last wave keeps the SMs busy (``config.split_schedule`` on the host)."""
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    tiles = num_pid_m * num_pid_n
+    n_full = tiles
+    if SPLIT_K > 1:
+        n_full = tiles - tiles % gl.num_programs(0)
+    return num_pid_m, num_pid_n, n_full, n_full + (tiles - n_full) * SPLIT_K
 
 
 @gluon.jit
@@ -84,21 +88,14 @@ def _work_item(item, n_full, num_pid_m, num_pid_n, k_tiles, GROUP_M: gl.constexp
     """Item ``item`` of a program's walk: its tile, its K split and that split's K tiles
     [k_begin, k_end), and ``slot``: the index of its fp32 partial in the workspace, -1 for a
     tile computed whole (the first ``n_full`` items)."""
-    if SPLIT_K == 1:
-        tile_id = item
-        split = 0
-        k_begin = 0
-        k_end = k_tiles
-        slot = -1
-    else:
+    tile_id = item
+    split = 0
+    k_begin = 0
+    k_end = k_tiles
+    slot = -1
+    if SPLIT_K > 1:
         j = item - n_full
-        if j < 0:
-            tile_id = item
-            split = 0
-            k_begin = 0
-            k_end = k_tiles
-            slot = -1
-        else:
+        if j >= 0:
             tile_id = n_full + j // SPLIT_K
             split = j % SPLIT_K
             per = gl.cdiv(k_tiles, SPLIT_K)
@@ -114,10 +111,7 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr,
               STAGES: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr):
     """One warp: TMA loads of every K tile of every item this program owns, STAGES ahead."""
-    num_pid_m = gl.cdiv(M, BM)
-    num_pid_n = gl.cdiv(N, BN)
-    n_full = _full_tiles(num_pid_m * num_pid_n, SPLIT_K)
-    num_items = n_full + (num_pid_m * num_pid_n - n_full) * SPLIT_K
+    num_pid_m, num_pid_n, n_full, num_items = _items(M, N, BM, BN, SPLIT_K)
     k_tiles = gl.cdiv(K, BK)
     tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     it = 0
@@ -386,10 +380,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                                                   instr_shape=[16, SUB_N, 32])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
     cols_l: gl.constexpr = gl.SliceLayout(0, mma)
-    num_pid_m = gl.cdiv(M, BM)
-    num_pid_n = gl.cdiv(N, BN)
-    n_full = _full_tiles(num_pid_m * num_pid_n, SPLIT_K)
-    num_items = n_full + (num_pid_m * num_pid_n - n_full) * SPLIT_K
+    num_pid_m, num_pid_n, n_full, num_items = _items(M, N, BM, BN, SPLIT_K)
     k_tiles = gl.cdiv(K, BK)
     A_GROUP: gl.constexpr = A_SCALE == "group"
     B_GROUP: gl.constexpr = B_SCALE == "group"
