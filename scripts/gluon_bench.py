@@ -1,6 +1,6 @@
 """Time the sm_90 Gluon prefill kernel against the portable Triton kernel and cuBLAS(Lt).
 
-    OUT=/tmp/tileq-out PYTHONPATH=src python3 scripts/gluon_bench.py [--scheme rowcol|abquant|int8|fast] [--acc]
+    OUT=/tmp/tileq-out PYTHONPATH=src python3 scripts/gluon_bench.py [--scheme rowcol|abquant|int8|fast|bquant] [--acc]
 
 Default: fp8 e4m3 rowcol (per-token x per-channel scales), rcr, bf16 output, precise
 accumulation, at M in {128, 256, 512, 1024, 4096, 8192} x (N, K) in {(5120, 5120),
@@ -10,14 +10,16 @@ fp8 blocks against cuBLASLt block-wise (F.scaled_mm, the harness's baseline); --
 int8 rowcol against torch._int_mm plus an unfused dequantization (torch has no fused one), and
 torch._int_mm alone (int32 out, no scales: the `int_mm` rows and the vs_int_mm column, the
 issue's target being >= 1.3x); --scheme fast: fp8 rowcol with fast_accum=True against
-torch._scaled_mm(use_fast_accum=True). --acc: tileq's calls add an acc_in [M, N] (int32 for
+torch._scaled_mm(use_fast_accum=True); --scheme bquant: B scales in groups of one column x 128
+of K (A per token), which torch cannot compute: the Gluon kernel against the Triton kernel, with
+the row-wise torch._scaled_mm of the same operands as a speed reference only. --acc: tileq's calls add an acc_in [M, N] (int32 for
 int8, fp32 otherwise; the Gluon kernel then runs 128 x 128 tiles) while the torch baselines stay
 as they are (no fused accumulator input), so the ratios show what reading acc_in costs.
 
 Per problem, shape by shape: every implementation's output is checked against tileq's reference
 first (a failing one is reported and not timed), then the Gluon kernel, the Triton kernel (the
 planner's config: tuned table or heuristic) and the torch baseline are timed as CUDA-graph
-replays with the L2 flushed before every run (tileq.bench.timing). Prints a table (TFLOP/s,
+replays with the L2 flushed before every run (tileq.bench.timing), in turn over --rounds rounds. Prints a table (TFLOP/s,
 ratios to the baseline) and writes $OUT/gluon.csv (gluon_<scheme>.csv for the other schemes,
 gluon_<scheme>_acc.csv with --acc).
 About 1-2 minutes on an H200 per scheme.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -46,9 +49,13 @@ SCHEMES = {
     "int8": ("rowcol_i8xi8_rcr_prefill", "torch._int_mm + dequantization (cuBLAS)", "gluon_int8.csv"),
     "fast": ("rowcol_fp8xfp8_rcr_prefill", "torch._scaled_mm row-wise, use_fast_accum=True (cuBLASLt)",
              "gluon_fast.csv"),
+    # b_scale groups of one column (B 1 x 128 groups along K): torch has no such product; the
+    # row-wise _scaled_mm of the same operands is the speed reference (not compared: other scales)
+    "bquant": ("bquant_fp8xfp8_rcr_prefill", "torch._scaled_mm row-wise (cuBLASLt; a speed reference, "
+               "other scales)", "gluon_bquant.csv"),
 }
 # The problem fields a scheme sets beyond its family's canonical ones.
-SCHEME_SPEC = {"fast": dict(fast_accum=True)}
+SCHEME_SPEC = {"fast": dict(fast_accum=True), "bquant": dict(group_n=1)}
 # Largest max |out - reference| / max |reference| accepted before timing: the bf16 tolerance, and
 # for fast accumulation what its error reaches at K = 17408 (1.2-1.6e-2 on an H200, 2026-11-29,
 # bench/results/h200/fast-accum-errors/; cuBLASLt's use_fast_accum is in the same range).
@@ -63,6 +70,11 @@ def _baseline(scheme: str, problem):
     from tileq.bench import baselines
 
     a, b, sa, sb = problem.a, problem.b, problem.a_scale, problem.b_scale
+    if scheme == "bquant":
+        m, n = problem.spec.m, problem.spec.n
+        ra = torch.ones(m, 1, dtype=torch.float32, device=a.device)
+        rb = torch.ones(1, n, dtype=torch.float32, device=a.device)
+        return lambda: torch._scaled_mm(a, b, scale_a=ra, scale_b=rb, out_dtype=torch.bfloat16)
     if scheme in ("rowcol", "fast"):
         # Row-wise scales [M, 1] x [1, N] fp32, B column-major; precise or fast accumulation.
         fast = scheme == "fast"
@@ -104,8 +116,9 @@ def _variants(text: str) -> list:
         if item == "plan":
             out.append(None)
             continue
-        if item in ("plan:nu", "plan:ep"):  # the planner's config, group scales not unrolled (one
-            # step ahead) / the epilogue's vectors loaded at the start of each tile
+        if item in ("plan:nu", "plan:ep", "plan:ne") or item.startswith("plan:g"):  # the planner's
+            # config, group scales not unrolled (one step ahead) / the epilogue's vectors loaded at
+            # the start of each tile / after the main loop / GROUP_M = N (the tile order's row groups)
             out.append(("plan", item[5:]))
             continue
         parts = [-1 if v == "a" else int(v) for v in item.split(":")]
@@ -119,13 +132,18 @@ def main() -> int:
     p.add_argument("--m", default=M_DEFAULT, help=f"comma-separated M values (default {M_DEFAULT})")
     p.add_argument("--nk", default=NK_DEFAULT, help=f"comma-separated NxK (default {NK_DEFAULT})")
     p.add_argument("--runs", type=int, default=30, help="timed graph replays per implementation")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="the replays split into this many rounds, the implementations timed in turn in "
+                        "each round (a clock drift during a problem then weighs on all of them alike); "
+                        "the time is the median of the rounds' medians")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--variants", default="",
                    help="Gluon configs to time instead of the planner's, comma-separated "
                         "BN:STAGES[:EPI_BUFS[:OVERLAP[:SPLIT_K]]] (e.g. 128:6,256:4,256:3:2,128:6:1:1,"
                         "128:6:1:0:2, 128:6:1:0:a); 'plan' = the planner's, 'plan:nu' = the planner's with "
-                        "group scales one K step ahead, the loop not unrolled, 'plan:ep' = with the "
-                        "epilogue's vectors loaded at the start of each tile")
+                        "group scales one K step ahead, the loop not unrolled, 'plan:ep' / 'plan:ne' = with "
+                        "the epilogue's vectors loaded at the start of each tile / after the main loop, "
+                        "'plan:g16' = with GROUP_M = 16")
     p.add_argument("--no-triton", action="store_true", help="skip the portable Triton kernel")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tileq-out"), help="folder for gluon.csv")
     p.add_argument("--scheme", choices=tuple(SCHEMES), default="rowcol")
@@ -154,7 +172,9 @@ def main() -> int:
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)
     print(f"{props.name} sm_{props.major}{props.minor}, torch {torch.__version__}, triton {triton.__version__}")
-    timer = Timer(device, TimingConfig(warmup=args.warmup, runs=args.runs, flush="read", graphs=True))
+    rounds = max(1, args.rounds)
+    timer = Timer(device, TimingConfig(warmup=args.warmup, runs=max(1, args.runs // rounds), flush="read",
+                                       graphs=True))
     print(timer.describe())
     os.makedirs(args.out, exist_ok=True)
     family, base_name, csv_name = SCHEMES[args.scheme]
@@ -217,7 +237,9 @@ def main() -> int:
                     continue
                 plan_v = plan_g
                 if variant is not None and variant[0] == "plan":
-                    change = dict(scale_unroll=False) if variant[1] == "nu" else dict(epi_preload=True)
+                    change = ({"nu": dict(scale_unroll=False), "ep": dict(epi_preload=True),
+                               "ne": dict(epi_preload=False)}.get(variant[1])
+                              or dict(group_m=int(variant[1][1:])))
                     plan_v = replace(plan_g, gluon=replace(plan_g.gluon, **change))
                 elif variant is not None:
                     bn, stages, epi, overlap, split = variant
@@ -264,8 +286,8 @@ def main() -> int:
                     if impl.startswith("gluon") and len(gluon_launches) == before:
                         row["note"] = "the call fell back to the Triton kernel"
                         continue
-                    if impl == "int_mm":  # the raw int32 product: nothing to compare
-                        continue
+                    if impl == "int_mm" or (impl == "cublaslt" and args.scheme == "bquant"):
+                        continue  # the raw int32 product / other scales: nothing to compare
                     stats = check_close(got, ref_base if impl == "cublaslt" else ref, torch.bfloat16, tol)
                     row["max_rel_err"] = f"{stats['max_rel']:.2e}"
                 except Exception as e:  # noqa: BLE001 - report and go on: one failure must not hide the rest
@@ -273,17 +295,18 @@ def main() -> int:
                     if os.environ.get("GLUON_BENCH_TRACE"):
                         traceback.print_exc()
                     continue
-            for impl, fn in calls.items():  # timed only after every output was checked
-                row = results[impl]
-                if fn is None or row["note"]:
-                    continue
-                try:
-                    ms = timer.measure(fn).median_ms
-                except Exception as e:  # noqa: BLE001
-                    row["note"] = f"FAILED timing: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-                    continue
-                row["ms"] = f"{ms:.4f}"
-                row["tflops"] = f"{flops / ms / 1e9:.1f}"
+            timed = {impl: [] for impl, fn in calls.items() if fn is not None and not results[impl]["note"]}
+            for _ in range(rounds):  # timed only after every output was checked, in turn per round
+                for impl in list(timed):
+                    try:
+                        timed[impl].append(timer.measure(calls[impl]).median_ms)
+                    except Exception as e:  # noqa: BLE001
+                        results[impl]["note"] = f"FAILED timing: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                        del timed[impl]
+            for impl, times in timed.items():
+                ms = statistics.median(times)
+                results[impl]["ms"] = f"{ms:.4f}"
+                results[impl]["tflops"] = f"{flops / ms / 1e9:.1f}"
             base = results["cublaslt"]["tflops"]
             raw = results["int_mm"]["tflops"] if int_mm else ""
             for row in results.values():

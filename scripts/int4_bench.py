@@ -12,7 +12,10 @@ scales) on both. Every output is checked against a float32 torch reference of th
 dequantized operands before it is timed (a failing one is reported, not timed). Writes
 $OUT/int4.csv and prints the table and the issue's target ratios.
 Shapes: 'llm' (Qwen3-14B merged qkv / o / gate_up / down, Llama-70B MLP) are what tileq's
-tables and heuristics were made on; 'untuned' (Llama-3-8B and Llama-2-7B projections) were not.
+tables and heuristics were made on; 'untuned' (Llama-3-8B and Llama-2-7B projections) were left
+out of the tuned table but are in the sweeps the decode rule was fitted on (2026-12-01);
+'fresh' (Qwen2.5-7B, Mistral-Small-24B, DeepSeek-V3's dense MLP) are in neither: the check that
+the rule generalizes (``--sets fresh``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ SHAPES = [  # (set, name, N, K)
     ("untuned", "llama3-8b.down", 4096, 14336),
     ("untuned", "llama2-7b.up", 11008, 4096),
     ("untuned", "llama2-7b.down", 4096, 11008),
+    ("fresh", "qwen2.5-7b.qkv", 4608, 3584),
+    ("fresh", "qwen2.5-7b.gate_up", 37888, 3584),
+    ("fresh", "qwen2.5-7b.down", 3584, 18944),
+    ("fresh", "mistral-24b.gate_up", 65536, 5120),
+    ("fresh", "mistral-24b.down", 5120, 32768),
+    ("fresh", "deepseek-v3.gate_up", 36864, 7168),
+    ("fresh", "deepseek-v3.down", 7168, 18432),
 ]
 M_DECODE = (1, 4, 16, 32, 64)
 M_PREFILL = (128, 256, 512, 1024, 2048, 4096)
@@ -58,6 +68,8 @@ def main() -> int:
                         "tuned table's")
     p.add_argument("--m", default="", help="comma-separated M values instead of the default set")
     p.add_argument("--shapes", default="", help="comma-separated shape names (e.g. qwen3-14b.o) to keep")
+    p.add_argument("--sets", default="llm,untuned",
+                   help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
     out_dir = os.environ.get("OUT", "/tmp/tileq-out")
     os.makedirs(out_dir, exist_ok=True)
@@ -72,7 +84,8 @@ def main() -> int:
     dev = torch.device("cuda")
     timer = Timer(dev, TimingConfig(warmup=5, runs=args.runs, flush="read", graphs=True))
     torch.backends.cuda.matmul.allow_tf32 = False
-    shapes = SHAPES if not args.quick else [SHAPES[0], SHAPES[3], SHAPES[8]]
+    sets = set(args.sets.split(","))
+    shapes = [sh for sh in SHAPES if sh[0] in sets] if not args.quick else [SHAPES[0], SHAPES[3], SHAPES[8]]
     ms = (M_DECODE + M_PREFILL) if not args.quick else (1, 16, 256, 1024, 4096)
     if args.m:
         ms = tuple(int(v) for v in args.m.split(","))
@@ -231,6 +244,10 @@ def summarize(rows) -> None:
         ("W4A8 decode M<=16, >= 25 MB: prepacked / int8 (target <= 0.6)", med(lambda *a: a[2] <= 16 and big(*a), 2)),
         ("W4A8 prefill M>=128: fp8 rowcol time / prepacked (target >= 0.8)", med(lambda *a: a[2] >= 128, 3)),
         ("  untuned shapes only, W4A16 decode M<=16 / int8", med(lambda *a: a[0] == "untuned" and a[2] <= 16, 0)),
+        ("  fresh shapes only, W4A16 decode M<=16, >= 25 MB / int8",
+         med(lambda *a: a[0] == "fresh" and a[2] <= 16 and big(*a), 0)),
+        ("  fresh shapes only, W4A8 decode M<=16, >= 25 MB / int8",
+         med(lambda *a: a[0] == "fresh" and a[2] <= 16 and big(*a), 2)),
     ]
     print()
     for label, (v, n) in lines:

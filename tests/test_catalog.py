@@ -153,7 +153,7 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     built_gluon = [k for k in kernels if "__gluon_" in k["name"] and "xi4p_" not in k["name"]]
     assert sorted(k["family"] for k in built_gluon if not k["name"].endswith("_fa_sm90")) == sorted(gluon)
     assert sorted(k["family"] for k in built_gluon if k["name"].endswith("_fa_sm90")) == sorted(gluon_fast)
-    assert "rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_fa_sm90" in {k["name"] for k in built_gluon}
+    assert "rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ep_ws2x64_fa_sm90" in {k["name"] for k in built_gluon}
     assert all(k["mma"] == "wgmma" and not k["spills"] for k in built_gluon)
     # The prepacked-int4 kernel: its own names (xi4p), wgmma, no spills.
     built_int4p = [k for k in kernels if "xi4p_" in k["name"]]

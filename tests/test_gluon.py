@@ -113,8 +113,8 @@ def test_accumulation_mode(family, fast, want):
     (dict(family="abquant_fp8xfp8_rcr_prefill", group_n=1), "prefill", "sm_90", False, None,
      "off by default for b_scale groups of one column"),
     (dict(k=0), "prefill", "sm_90", False, "1", "K = 0"),
-    (dict(family="rowcol_i8xi8_rcr_prefill", m=1023), "prefill", "sm_90", False, None,
-     "the Gluon sm_90 kernel serves this problem but runs int8 by default from M = 1024 only"),
+    (dict(family="rowcol_i8xi8_rcr_prefill", m=127), "prefill", "sm_90", False, None,
+     "the Gluon sm_90 kernel serves this problem but runs int8 by default from M = 128 only"),
     ({}, "prefill", "sm_90", False, "0", "TILEQ_GLUON=0 switches the Gluon kernel off"),
 ])
 def test_triton_chosen_and_why(spec_kw, pipeline, arch, interpreted, env, reason):
@@ -139,8 +139,8 @@ def test_switch_values():
     assert select.GLUON_DEFAULT_ON
     assert _impl(_spec(), env=None).name == "gluon"
     assert _impl(_spec("rowcol_i8xi8_rcr_prefill"), env=None).name == "gluon"  # M = 4096
-    assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=512), env=None).name == "triton"
-    assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=512), env="1").name == "gluon"
+    assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=127), env=None).name == "triton"
+    assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=127), env="1").name == "gluon"
     assert _impl(_spec(), env="0").name == "triton"
     # fast_accum and acc_in: on by default since their H200 tests passed (select.py); group
     # scales run the precise kernel whatever fast_accum says.
@@ -152,10 +152,11 @@ def test_switch_values():
 
 
 def test_gluon_config():
-    assert gluon_config(_spec(), 132) == GluonConfig(block_n=128, stages=6)
+    # (no group scales: the epilogue's vectors loaded at the start of each tile, preload_epilogue)
+    assert gluon_config(_spec(), 132) == GluonConfig(block_n=128, stages=6, epi_preload=True)
     assert gluon_config(_spec(out_dtype=torch.float32), 132).stages == 5
     # 1 x 40 tiles of 128 x 128 fill under half of 132 SMs: 128 x 64 tiles instead.
-    assert gluon_config(_spec(m=128), 132) == GluonConfig(block_n=64, stages=8)
+    assert gluon_config(_spec(m=128), 132) == GluonConfig(block_n=64, stages=8, epi_preload=True)
     for m in (65, 128, 256, 512, 1024, 4096):  # a split config is always a legal one
         cfg = gluon_config(_spec(m=m, n=4096, k=4096), 132)
         assert cfg.split_k == 1 or (cfg.block_n <= 128 and not cfg.overlap)
@@ -182,7 +183,7 @@ def test_choose_tiles_says_why():
     # fast_accum keeps 128 x 128 (int8's main loop, where wide tiles measured slower); acc_in
     # never takes 128 x 256 tiles (they spill), the group-scaled case included.
     cfg, why = choose_tiles(_spec(m=4096, fast_accum=True), 132)
-    assert cfg == GluonConfig(stages=6) and "256" not in why
+    assert cfg == GluonConfig(stages=6, epi_preload=True) and "256" not in why
     assert "fp8's reduced precision" in cfg.describe("fast") and "promotion" not in cfg.describe("fast")
     assert "int32 in the wgmma accumulator" in cfg.describe("int32")
     cfg, why = choose_tiles(_spec("abquant_fp8xfp8_rcr_prefill", m=4096, n=5120, has_acc=True), 132)
@@ -256,10 +257,10 @@ def _plan(monkeypatch, env, spec=None, arch="sm_90"):
 @pytest.mark.filterwarnings("ignore:tileq. ignoring tuned table")  # the sm_90 table, planning sm_89
 def test_plan_records_the_implementation(monkeypatch):
     p = _plan(monkeypatch, "1")
-    assert p.impl == "gluon" and p.gluon == GluonConfig(block_n=128, stages=6)
+    assert p.impl == "gluon" and p.gluon == GluonConfig(block_n=128, stages=6, epi_preload=True)
     text = p.describe()
     assert re.search(r"^impl      : gluon \(sm_90 warp-specialized kernel", text, re.M)
-    assert "gluon     : rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_sm90" in text
+    assert "gluon     : rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ep_ws2x64_sm90" in text
     assert "(the Triton fallback)" in text
     p = _plan(monkeypatch, None)
     assert p.impl == "gluon" and "on by default" in p.describe()
@@ -284,7 +285,7 @@ def test_plan_for_fast_accum_and_acc_in(monkeypatch):
     p = _plan(monkeypatch, "1", _spec(fast_accum=True, has_bias=True))
     text = p.describe()
     assert re.search(r"^impl      : gluon \(sm_90 warp-specialized kernel", text, re.M)
-    assert "gluon     : rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_fa_sm90" in text
+    assert "gluon     : rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ep_ws2x64_fa_sm90" in text
     assert "fast_accum: fp32 in the wgmma accumulator over all of K" in text
     assert "mma(fp8xfp8->f32) fast-accum" in text
     p = _plan(monkeypatch, "1", _spec("abquant_fp8xfp8_rcr_prefill", has_acc=True, fast_accum=True))
@@ -327,7 +328,7 @@ def test_explain_cli_prints_the_impl_line():
     for value, extra, want in (
             ("1", [], "impl      : gluon (sm_90 warp-specialized kernel"),
             ("0", [], "impl      : triton (TILEQ_GLUON=0 switches the Gluon kernel off)"),
-            ("1", ["--fast-accum", "--acc"], "__gluon_m128n128k128_s6_ws2x64_fa_sm90"),
+            ("1", ["--fast-accum", "--acc"], "__gluon_m128n128k128_s6_ep_ws2x64_fa_sm90"),
             (None, ["--fast-accum"], "impl      : gluon (sm_90 warp-specialized kernel (TMA producer warp + 2 "
                                      "consumer warpgroups); on by default")):
         run_env = dict(env, TILEQ_GLUON=value) if value else {k: v for k, v in env.items() if k != "TILEQ_GLUON"}
@@ -552,7 +553,8 @@ def test_launcher_descriptors_and_constexprs(gluon_plan_for):
     gl_launch(problem.a, problem.b, problem.a_scale, problem.b_scale, problem.bias, None, None)
     (grid, args, kwargs), = rec.calls
     cfg = plan.gluon
-    assert cfg == GluonConfig(block_n=64, stages=8)  # 3 x 5 tiles of 128 x 128 fill few SMs
+    assert cfg == GluonConfig(block_n=64, stages=8, epi_preload=True)  # 3 x 5 tiles of 128 x 128 fill few SMs
+    assert kwargs["EPI_PRELOAD"] is False  # masked stores (N = 577): the vectors are loaded late
     assert grid == (3 * 10,)
     a_desc, b_desc, c_desc, out, ws = args[:5]
     assert ws is None  # no split tiles, no workspace
@@ -645,7 +647,7 @@ def test_launcher_passes_acc_in_and_fast_accum(gluon_plan_for):
 
     rec.calls.clear()
     _, problem, plan = make(_spec(m=300, n=576, k=1024, fast_accum=True))
-    assert plan.gluon.tag == "m128n64k128_s8_ws2x64"
+    assert plan.gluon.tag == "m128n64k128_s8_ep_ws2x64"
     plan = replace(plan, gluon=GluonConfig(overlap=True))  # a forced overlap: not for MMA_ACC
     make_launch(problem, plan)(problem.a, problem.b, problem.a_scale, problem.b_scale, None, None, None)
     (_, kargs, kwargs), = rec.calls

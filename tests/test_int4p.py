@@ -228,25 +228,26 @@ def test_default_config_covers_the_gpu():
 
 @pytest.mark.parametrize("m, n, k, tag", [
     # programs = 64-row tiles x split-K: up to 2 per SM (264 on 132 SMs) three stages,
-    (16, 7168, 5120, "m64n16k512_w4_s3_sk2_swap"),        # 224 programs
-    (16, 8192, 28672, "m64n16k512_w4_s3_sk2_swap"),       # 256
-    (1, 3072, 4096, "m64n16k512_w4_s3_sk4_swap"),         # 192
-    # up to 3 per SM two stages (168 registers),
-    (1, 6144, 4096, "m64n16k512_w4_s2_sk4_swap"),         # 384
-    (4, 6144, 4096, "m64n16k512_w4_s2_sk4_swap"),
-    (16, 5120, 17408, "m64n16k512_w4_s2_sk4_swap"),       # 320
+    (16, 7168, 5120, "m64n16k512_w4_s3_sk2_r168_pf_swap"),        # 224 programs
+    (16, 8192, 28672, "m64n16k512_w4_s3_sk2_r168_pf_swap"),       # 256
+    (1, 3072, 4096, "m64n16k512_w4_s3_sk4_r168_pf_swap"),         # 192
+    # up to 3 per SM two stages; uncapped configs load group scales one K tile ahead under a
+    # 168-register cap (_r168_pf),
+    (1, 6144, 4096, "m64n16k512_w4_s2_sk4_r168_pf_swap"),         # 384
+    (4, 6144, 4096, "m64n16k512_w4_s2_sk4_r168_pf_swap"),
+    (16, 5120, 17408, "m64n16k512_w4_s2_sk4_r168_pf_swap"),       # 320
     # up to 4 per SM two stages under the 128-register cap: at M > 1 without split-K only,
     (1, 28672, 8192, "m64n16k512_w4_s2_r128_swap"),       # 448
     (16, 28672, 8192, "m64n16k512_w4_s2_r128_swap"),
     # at M = 1 K split further while four per SM hold the programs (a 16-token split-K tile
     # under the cap lost at M = 16, so M > 1 keeps the 1.5-waves split and three stages),
     (1, 8192, 28672, "m64n16k512_w4_s2_sk4_r128_swap"),   # 512
-    (16, 8192, 28672, "m64n16k512_w4_s3_sk2_swap"),
+    (16, 8192, 28672, "m64n16k512_w4_s3_sk2_r168_pf_swap"),
     (1, 3584, 18944, "m64n16k512_w4_s2_sk8_r128_swap"),   # 448
-    (8, 3584, 18944, "m64n16k512_w4_s3_sk4_swap"),        # 224
+    (8, 3584, 18944, "m64n16k512_w4_s3_sk4_r168_pf_swap"),        # 224
     # beyond four per SM: capped at M = 1, three stages above.
     (1, 34816, 5120, "m64n16k512_w4_s2_r128_swap"),       # 544
-    (16, 34816, 5120, "m64n16k512_w4_s3_swap"),
+    (16, 34816, 5120, "m64n16k512_w4_s3_r168_pf_swap"),
     (32, 28672, 8192, "m64n32k512_w4_s2_swap"),           # 32-token tiles: not this rule
 ])
 def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, k, tag):
@@ -258,9 +259,10 @@ def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, 
     programs = -(-n // 64) * -(-m // cfg.bm) * cfg.split_k
     assert f"{programs} programs" in why
     if cfg.bm == 16:
-        per_sm = {(3, None): 2, (2, None): 3, (2, 128): 4}[(cfg.stages, cfg.maxnreg)]
+        per_sm = {(3, 168): 2, (2, 168): 3, (2, 128): 4}[(cfg.stages, cfg.maxnreg)]
         assert programs <= per_sm * 132 or "over 4 per SM" in why
         assert ("registers capped at 128" in why) == (cfg.maxnreg == 128)
+        assert cfg.scale_ahead == (cfg.maxnreg == 168) == ("group scales one K tile ahead" in why)
     # fp8 activations keep three stages and the 1.5-waves split (the bands were measured with bf16)
     fp8 = decode_rule(m, n, k, "fp8")[0]
     assert fp8.maxnreg is None and fp8.stages == (3 if m <= 16 else 2)
@@ -272,7 +274,7 @@ def test_decode_rule_scales_with_the_number_of_sms():
     # 448 programs: four per SM on 132 SMs; on 114 SMs (H100 PCIe) 456 slots still hold them,
     # on 100 SMs they do not: three stages at M = 16, still capped at M = 1.
     assert decode_rule(16, 28672, 8192, num_sms=114)[0].maxnreg == 128
-    assert decode_rule(16, 28672, 8192, num_sms=100)[0] == Int4pConfig(16, 1, 3)
+    assert decode_rule(16, 28672, 8192, num_sms=100)[0] == Int4pConfig(16, 1, 3, maxnreg=168, scale_ahead=True)
     assert decode_rule(1, 28672, 8192, num_sms=100)[0] == Int4pConfig(16, 1, 2, 4, 128)
 
 
@@ -347,12 +349,14 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
         return subprocess.run([sys.executable, "-m", "tileq", "explain", "--prepacked", "--scheme", "bquant",
                                "--b", "int4", *args], env=env, capture_output=True, text=True, timeout=120)
 
-    out = explain("--a", "bf16", "--m", "1", "--n", "5120", "--k", "17408")  # Qwen3-14B down: tuned
+    out = explain("--a", "bf16", "--m", "1", "--n", "7168", "--k", "5120")  # Qwen3-14B qkv: tuned
     assert out.returncode == 0, out.stderr
-    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s2_sk4_swap_sm90" in out.stdout and "(tuned table)" in out.stdout
+    assert ("bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk2_r168_pf_swap_sm90" in out.stdout
+            and "(tuned table)" in out.stdout), out.stdout
     out = explain("--a", "bf16", "--m", "1", "--n", "3072", "--k", "4096")
-    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk4_swap_sm90" in out.stdout
-    assert "(heuristic: 192 programs (48 row tiles x split-K 4), up to 2 per SM: three stages)" in out.stdout
+    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk4_r168_pf_swap_sm90" in out.stdout
+    assert ("(heuristic: 192 programs (48 row tiles x split-K 4), up to 2 per SM: three stages; group scales "
+            "one K tile ahead (168 registers))") in out.stdout, out.stdout
     out = explain("--a", "bf16", "--m", "1", "--n", "3584", "--k", "18944")  # the rule's register cap
     assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s2_sk8_r128_swap_sm90" in out.stdout, out.stdout
     assert "registers capped at 128 (heuristic: 448 programs" in out.stdout, out.stdout

@@ -127,12 +127,13 @@ GLUON_GROUP_N = 128  # a b_scale column group spans a 128-column sub-tile of the
 # On by default where the GPU tests passed and the kernel beat the portable one (H200,
 # 2026-12-01, bench/results/h200/gluon/): fp8 e4m3 at every prefill M (rowcol 0.97x cuBLASLt at
 # M >= 1024 against the Triton kernel's 0.62x; 1x128 x 128x128 1.04x against 0.52x); int8 from
-# GLUON_INT8_MIN_M tokens, where it ran 1.05-1.27x faster than the Triton kernel on all 12
-# problems measured (M 1024-8192 x 4 (N, K)); at M = 512 the two tied (0.99-1.18x) and a Gluon
-# call costs more host time (three TMA descriptors per call), so the Triton kernel keeps it.
+# GLUON_INT8_MIN_M tokens: with the pipelined int8 main loop it ran faster than the Triton kernel
+# at every M timed, by median 1.59x / 1.52x / 1.13x / 1.19x at M 128 / 256 / 512 / 1024 (11
+# (N, K) each, 0.98x at worst, same run: bench/results/h200/gluon/preload/int8.csv). Below
+# M = 128 nothing was timed: the Triton kernel keeps those.
 GLUON_DEFAULT_ON = True
 GLUON_DEFAULT_PAIRS = ((OperandType.FP8, OperandType.FP8), (OperandType.I8, OperandType.I8))
-GLUON_INT8_MIN_M = 1024
+GLUON_INT8_MIN_M = 128
 # fast_accum (fp8 tensor/rowcol: the wgmma accumulates over all of K) and acc_in are served by
 # default too: both pass the H200 tests (exact on small integers across every forced config),
 # and fast_accum ran at 1.00x / 0.95x cuBLASLt's use_fast_accum at M 128-512 / >= 1024 (77
@@ -221,7 +222,7 @@ def implementation(spec: ProblemSpec, pipeline: str, arch_name: str | None, inte
                                         f"{GLUON_ENV}=1 opts in")
     if switch is None and spec.integer_mainloop and spec.m < GLUON_INT8_MIN_M:
         return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but runs int8 by default "
-                                        f"from M = {GLUON_INT8_MIN_M} only (below, no faster than the portable "
-                                        f"kernel on an H200, and more host time per call): {GLUON_ENV}=1 opts in")
+                                        f"from M = {GLUON_INT8_MIN_M} only (below, not timed against the portable "
+                                        f"kernel on an H200): {GLUON_ENV}=1 opts in")
     how = f"switched on by {GLUON_ENV}=1" if switch else "on by default"
     return Implementation("gluon", f"{_GLUON_ON}; {how}; {_ALIGN_NOTE}")
