@@ -52,10 +52,12 @@ for step in "${steps[@]}"; do
     bench-gluon)
       # Gluon vs the Triton kernel vs cuBLASLt per scheme (GLUON_SCHEMES, default rowcol):
       # tables and $OUT/gluon*.csv; GLUON_ARGS: extra arguments (--variants, --m, --nk, ...).
+      # The CSVs travel as one archive, gluon_csv.tgz (the device returns a limited number of files).
       for scheme in ${GLUON_SCHEMES:-rowcol}; do
         python3 scripts/gluon_bench.py --scheme "$scheme" --out "$OUT" ${GLUON_ARGS:-} 2>&1 \
           | tee "$OUT/bench_gluon_$scheme.log" | tail -45
-      done ;;
+      done
+      (cd "$OUT" && tar czf gluon_csv.tgz gluon*.csv && rm -f gluon*.csv) ;;
     layerbench)
       python3 -m tileq layerbench --out "$OUT/layers" ${LAYER_ARGS:-} 2>&1 | tail -60 | tee "$OUT/layerbench.log" ;;
     e2e)

@@ -68,6 +68,9 @@ def main() -> int:
                         "tuned table's")
     p.add_argument("--m", default="", help="comma-separated M values instead of the default set")
     p.add_argument("--shapes", default="", help="comma-separated shape names (e.g. qwen3-14b.o) to keep")
+    p.add_argument("--small-m-prefill", action="store_true",
+                   help="at 16 < M < 256 also time the Gluon prefill kernel with 64- and 128-token tiles "
+                        "(w4a16_gluon_t64 / _t128), next to the decode kernel")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -76,7 +79,7 @@ def main() -> int:
 
     import tileq
     from tileq.bench.timing import Timer, TimingConfig
-    from tileq.int4p import prepack_int4
+    from tileq.int4p import prefill, prepack_int4
     from tileq.int4p.dequant import DEQUANT_MIN_M, DequantLaunch
     from tileq.int4p.launch import Int4pConfig, config_for, default_config, describe_prepacked, linear_prepacked
     from tileq.quant import pack_int4
@@ -165,6 +168,14 @@ def main() -> int:
             if m >= DEQUANT_MIN_M and "__gluon_" in prefill_path:  # per-channel scales
                 record(s, name, m, n, k, "w4a16_prepacked_channel", prefill_path,
                        lambda: linear_prepacked(x, w_pp, None, sw_ch), x.float() @ w_ch.t(), b4)
+            if args.small_m_prefill and 16 < m < DEQUANT_MIN_M and "__gluon_" in describe_prepacked(
+                    DEQUANT_MIN_M, n, k, device=dev):  # the Gluon prefill kernel below its range
+                for tokens in prefill.TOKEN_TILES:
+                    gp = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
+                                                    (sw4.stride(0), sw4.stride(1)), 128, False, dev, None,
+                                                    tokens=tokens)
+                    record(s, name, m, n, k, f"w4a16_gluon_t{tokens}", gp.name,
+                           lambda gp=gp: gp(x, w_pp.data, None, sw4, None), ref16, b4)
             if m >= DEQUANT_MIN_M:  # the other prefill path, in the same run
                 dq = DequantLaunch(n, k, "group", "none", (sw4.stride(0), sw4.stride(1)), 128,
                                    torch.bfloat16, torch.bfloat16)
@@ -252,6 +263,19 @@ def summarize(rows) -> None:
     print()
     for label, (v, n) in lines:
         print(f"{label}: {'-' if v is None else f'{v:.3f}'} (median of {n})")
+    # --small-m-prefill: the Gluon prefill kernel's token tiles against the path the call took
+    small = sorted({m for (_, m, impl) in t if impl.startswith("w4a16_gluon_t")})
+    for m in small:
+        parts = []
+        for impl in ("w4a16_gluon_t64", "w4a16_gluon_t128"):
+            vals = [t[(sh, m, "w4a16_prepacked")] / t[(sh, m, impl)] for (sh, mm, i) in t
+                    if mm == m and i == impl and (sh, m, "w4a16_prepacked") in t]
+            vs_bf16 = [t[(sh, m, "bf16_cublas")] / t[(sh, m, impl)] for (sh, mm, i) in t
+                       if mm == m and i == impl and (sh, m, "bf16_cublas") in t]
+            if vals:
+                parts.append(f"{impl[6:]}: {statistics.median(vals):.3f}x the default path's speed "
+                             f"({min(vals):.3f}-{max(vals):.3f}), {statistics.median(vs_bf16):.3f}x bf16's")
+        print(f"M = {m}: " + "; ".join(parts))
 
 
 if __name__ == "__main__":

@@ -440,7 +440,7 @@ def test_prefill_path_on_a_gpu(monkeypatch):
     assert prefill.unserved(*args) == "Gluon kernels are sm_90 only, this is sm_89"
 
 
-def _prefill_build(ct, w_kind, bias, tma_store):
+def _prefill_build(ct, w_kind, bias, tma_store, tokens=128):
     import json
     import sys
     from pathlib import Path
@@ -450,7 +450,7 @@ def _prefill_build(ct, w_kind, bias, tma_store):
     env["PYTHONPATH"] = str(root / "src")
     code = ("import json, sys, subprocess, re, pathlib, triton\n"
             "from tileq.int4p.prefill import compile_sm90\n"
-            f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store})\n"
+            f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens})\n"
             "p = pathlib.Path('/tmp/tileq-i4p-prefill.cubin'); p.write_bytes(k.asm['cubin'])\n"
             "b = pathlib.Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin'\n"
             "sass = subprocess.run([str(b / 'nvdisasm'), '-c', str(p)], capture_output=True, text=True).stdout\n"
@@ -464,15 +464,16 @@ def _prefill_build(ct, w_kind, bias, tma_store):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("ct,w_kind,bias,tma_store", [("bf16", "group", True, True), ("fp16", "vector", False, True),
-                                                      ("bf16", "group", False, False)])
-def test_sm90_prefill_build(ct, w_kind, bias, tma_store):
-    """The Gluon prefill kernel compiled for sm_90 on the CPU: per consumer and 512 of K, 32
-    m64n128k16 wgmmas with the converted weights as register operands (the words reach them
+@pytest.mark.parametrize("ct,w_kind,bias,tma_store,tokens", [
+    ("bf16", "group", True, True, 128), ("fp16", "vector", False, True, 128), ("bf16", "group", False, False, 128),
+    ("bf16", "group", True, True, 64), ("fp16", "vector", False, False, 64)])
+def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens):
+    """The Gluon prefill kernel compiled for sm_90 on the CPU (128- and 64-token tiles): per
+    consumer and 512 of K, 32 m64n{BT}k16 wgmmas with the converted weights as register operands (the words reach them
     with no layout conversion: the only shared loads are the words' 16 and the only shared
     stores the epilogue's), 128 packed subtractions (and 128 packed scale multiplies for group
     scales), no spills and no serialized wgmmas (ptxas waits only where the code does)."""
-    r = _prefill_build(ct, w_kind, bias, tma_store)
+    r = _prefill_build(ct, w_kind, bias, tma_store, tokens)
     ops = r["ops"]
     assert ops["HGMMA"] == 2 * 32, ops
     # The only layout conversions are renamings asserted trivial when the kernel is traced: the
@@ -554,6 +555,44 @@ def test_gpu_prefill_kernel_matches_reference(m, n, k, xt, gk, prefill_launches)
     assert y.dtype == xt and y.shape == (m, n)
     # Group scales are applied to the 16-bit values (one rounding each, as the dequantize path);
     # per-channel and per-tensor scales in fp32 after the product.
+    err = float((y.cpu().double() - want).abs().max() / want.abs().max())
+    assert err < (1e-2 if gk > 0 else 5e-3), err
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(17, 577, 1104), (64, 4000, 4096), (100, 384, 2560), (33, 1024, 512)])
+@pytest.mark.parametrize("gk", [128, 0, -1])
+@pytest.mark.parametrize("tokens", [64, 128])
+def test_gpu_prefill_token_tiles_at_small_m(m, n, k, gk, tokens, prefill_launches):
+    """Both token tiles of the Gluon prefill kernel at M below its default range (64: M = 100 in
+    two tiles, the second mostly past M; 128: one tile mostly past M), odd N (577: masked stores),
+    K tails; group, per-channel and per-tensor scales; bias."""
+    from tileq.int4p import prefill
+    from tileq.int4p.dequant import DequantLaunch
+
+    torch.manual_seed(m + n + k + tokens)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to("cuda")
+    if gk > 0:
+        ws = torch.rand(-(-k // gk), n) * 0.02 + 0.01
+        kind, strides = "group", (ws.stride(0), ws.stride(1))
+    elif gk == 0:
+        ws = torch.rand(n) * 0.02 + 0.01
+        kind, strides = "vector", (0, 1)
+    else:
+        ws = torch.tensor(0.013)
+        kind, strides = "scalar", (0, 0)
+    x = torch.randn(m, k).to(torch.bfloat16)
+    bias = torch.randn(n)
+    fallback = DequantLaunch(n, k, kind, "none", strides, max(gk, 128), torch.bfloat16, torch.bfloat16)
+    launch = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, kind, strides, max(gk, 128),
+                                        True, torch.device("cuda"), fallback, tokens=tokens)
+    assert launch.name.endswith(f"__gluon_w128t{tokens}k512_ws2x64_sm90")
+    y = launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda())
+    torch.cuda.synchronize()
+    assert len(prefill_launches) == 1
+    want = _reference(x, v, ws, None, bias, max(gk, 128))
     err = float((y.cpu().double() - want).abs().max() / want.abs().max())
     assert err < (1e-2 if gk > 0 else 5e-3), err
 

@@ -366,7 +366,10 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     sx_stride = sx.stride(0) if x_kind == "vector" else 0
     if x2.stride(0) != k and m > 1:
         raise ShapeError(expect("x", "rows of stride K (a contiguous [..., K] tensor)", tuple(x.stride())))
-    dequant = config is None and m >= DEQUANT_MIN_M
+    # M >= DEQUANT_MIN_M: a prefill path (the Gluon kernel where it serves, else dequantize +
+    # cuBLAS); prefill.MIN_M <= M < DEQUANT_MIN_M: the Gluon kernel where it serves, else decode.
+    dequant = config is None and (m >= DEQUANT_MIN_M or (
+        m >= prefill.MIN_M and prefill.unserved(m, k, x_type, x_kind, w_kind, out_dtype, x.device) is None))
     cfg = None if dequant else (config or config_for(m, n, k, x_type)[0])
     key = (m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
            x2.stride(0), x.device, cfg, interpreter_active(), os.environ.get(GLUON_ENV))
@@ -389,19 +392,23 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
                        device: torch.device | None = None) -> str:
     """What ``linear_prepacked`` runs for these sizes: the decode kernel's name (its config in the
     tag) and where the config came from (tuned table, or the heuristic and its reason), or from
-    ``DEQUANT_MIN_M`` tokens on a prefill path: the sm_90 Gluon kernel where it serves the call
-    on ``device`` (W4A16; without a device, on an sm_90 GPU), else dequantize + cuBLAS."""
-    if config is None and m >= DEQUANT_MIN_M:
+    ``prefill.MIN_M`` tokens the sm_90 Gluon prefill kernel where it serves the call on ``device``
+    (W4A16; without a device, on an sm_90 GPU), from ``DEQUANT_MIN_M`` tokens dequantize + cuBLAS
+    where it does not."""
+    if config is None and m >= min(prefill.MIN_M, DEQUANT_MIN_M):
         x_type = _X_TYPES[x_dtype]
         out = x_dtype if x_type in ("bf16", "fp16") else torch.bfloat16
         x_kind = "none" if x_type in ("bf16", "fp16") else "vector"
         why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device)
                if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale))
+        lo = min(prefill.MIN_M, DEQUANT_MIN_M)
         if why is None:
-            return (f"{prefill.kernel_name(x_type, w_scale)} (M >= {DEQUANT_MIN_M}: the sm_90 Gluon "
-                    f"prefill kernel, {prefill.TOKENS}-token x 128-row tiles, int4 converted in registers)")
-        return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "
-                f"not the Gluon prefill kernel: {why})")
+            t = prefill.tokens_for(m)
+            return (f"{prefill.kernel_name(x_type, w_scale, t)} (M >= {lo}: the sm_90 Gluon "
+                    f"prefill kernel, {t}-token x 128-row tiles, int4 converted in registers)")
+        if m >= DEQUANT_MIN_M:
+            return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "
+                    f"not the Gluon prefill kernel: {why})")
     cfg, source = (config, "given config") if config else config_for(m, n, k, _X_TYPES[x_dtype])
     return f"{kernel_name(_X_TYPES[x_dtype], w_scale, cfg)} ({source})"
 

@@ -17,11 +17,29 @@ import torch
 from ..kernels import select
 from ..kernels.direct import KernelCall, TableKernel, direct_launch_enabled
 
-TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x 128 tokens
+TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x BT tokens
+TOKEN_TILES = (64, 128)  # the tiles built: 64 tokens for calls of up to 64 (``tokens_for``)
 W_SLOTS = 2  # ring slots of 2 x [128, 32] words (one 512-wide K block each)
-X_SLOTS = 8  # ring slots of [128, 64] activations (two per 128-wide slice)
+X_SLOTS = 8  # ring slots of [BT, 64] activations (two per 128-wide slice)
 GROUP_M = 8
-CONFIG_TAG = f"gluon_w128t{TOKENS}k512_ws2x64"  # the kernel name's config part
+CONFIG_TAG = f"gluon_w128t{TOKENS}k512_ws2x64"  # the kernel name's config part (128-token tiles)
+
+
+def config_tag(tokens: int = TOKENS) -> str:
+    """The kernel name's config part for a token tile."""
+    return f"gluon_w128t{tokens}k512_ws2x64"
+
+
+# From this many tokens up to ``DEQUANT_MIN_M`` the call takes this kernel too where it serves
+# (the decode kernel otherwise), set from the H200 measurement of the decode kernel's 32-token
+# tiles against this kernel's 64- and 128-token tiles (``tokens_for``).
+MIN_M = 256
+
+
+def tokens_for(m: int) -> int:
+    """The token tile of a call: 64 tokens up to M = 64 (a 128-token tile would be half padding;
+    each weight is converted once per token tile), 128 above."""
+    return 64 if m <= 64 else TOKENS
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
 
 # With group scales the kernel multiplies every converted value by its scale (a packed multiply
@@ -97,22 +115,24 @@ def _gl():
     return _GL
 
 
-def layouts(ct: str):
+def layouts(ct: str, tokens: int = TOKENS):
     """Shared layouts of the words [128, 32] int32 and of the activation and output tiles
-    [128, 64] 16-bit, all with 128-byte rows, 128-byte swizzle."""
+    [tokens, 64] 16-bit, all with 128-byte rows, 128-byte swizzle."""
     gl = _gl()["gl"]
     ty = gl.bfloat16 if ct == "bf16" else gl.float16
     return (gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2),
-            gl.NVMMASharedLayout.get_default_for([TOKENS, 64], ty),
-            gl.NVMMASharedLayout.get_default_for([TOKENS, 64], ty))
+            gl.NVMMASharedLayout.get_default_for([tokens, 64], ty),
+            gl.NVMMASharedLayout.get_default_for([tokens, 64], ty))
 
 
-def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bool) -> dict:
+def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bool, tokens: int = TOKENS) -> dict:
     from .prefill_kernel import asm_for
 
+    if tokens not in TOKEN_TILES:
+        raise ValueError(f"token tile {tokens}: expected one of {TOKEN_TILES}")
     grouped = w_kind == "group"
     return dict(CT=ct, W_SCALE=w_kind, GROUP_K=group_k, HAS_BIAS=has_bias, TMA_STORE=tma_store,
-                BT=TOKENS, GROUP_M=GROUP_M, WS=W_SLOTS, XS=X_SLOTS,
+                BT=tokens, GROUP_M=GROUP_M, WS=W_SLOTS, XS=X_SLOTS,
                 ASM0=asm_for(ct, 0, grouped), ASM1=asm_for(ct, 1, grouped), ASM2=asm_for(ct, 2, grouped),
                 ASM3=asm_for(ct, 3, grouped), CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
 
@@ -120,22 +140,25 @@ def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bo
 class GluonPrefillLaunch:
     """The prefill path for one call signature, called like ``launch.Int4pLaunch``."""
 
-    def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback):
+    def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback,
+                 tokens: int | None = None):
         from ..kernels.gluon.launch import _num_sms
 
         self.fallback = fallback  # for operands TMA cannot read (base pointers not 16-byte aligned)
         self.m, self.n, self.k, self.out_dtype, self.device = m, n, k, out_dtype, device
         self.ct = _CT[x_dtype]
-        self.name = kernel_name(self.ct, w_kind)
+        self.tokens = tokens or tokens_for(m)
+        self.name = kernel_name(self.ct, w_kind, self.tokens)
         self.direct = device.type == "cuda"
         ints = (m, n, k, n, sw_strides[0], sw_strides[1])
         options = dict(num_warps=4, maxnreg=MAXNREG)
-        tiles = -(-m // TOKENS) * -(-n // 128)
+        tiles = -(-m // self.tokens) * -(-n // 128)
         grid = (max(1, min(_num_sms(device), tiles)),)
         # The first launch of each output path goes through Triton's JIT launch, later ones
         # straight to the compiled kernel (whose launcher encodes the TMA descriptors).
         self.calls = {tma: KernelCall(_KERNEL, "_i4p_prefill_kernel", grid, ints,
-                                      dict(constexprs(self.ct, w_kind, group_k, has_bias, tma), **options),
+                                      dict(constexprs(self.ct, w_kind, group_k, has_bias, tma, self.tokens),
+                                           **options),
                                       (x_dtype, out_dtype, has_bias, tma))
                       for tma in (True, False)}
         self.layouts = None
@@ -147,39 +170,40 @@ class GluonPrefillLaunch:
             out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
         g = _gl()
         if self.layouts is None:
-            self.layouts = layouts(self.ct)
+            self.layouts = layouts(self.ct, self.tokens)
         w_l, x_l, c_l = self.layouts
         td = g["TensorDescriptor"]
         kw = wdata.shape[1]
         w_desc = td(wdata, [self.n, kw], [kw, 1], [128, 32], w_l)
-        x_desc = td(x2, [self.m, self.k], [x2.stride(0), 1], [TOKENS, 64], x_l)
+        x_desc = td(x2, [self.m, self.k], [x2.stride(0), 1], [self.tokens, 64], x_l)
         tma_store = (self.n * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0 and out.is_contiguous()
-        c_desc = td(out, [self.m, self.n], [self.n, 1], [TOKENS, 64], c_l) if tma_store else None
+        c_desc = td(out, [self.m, self.n], [self.n, 1], [self.tokens, 64], c_l) if tma_store else None
         self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias), self.direct and direct_launch_enabled())
         return out
 
 
-def kernel_name(x_type: str, w_kind: str) -> str:
+def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS) -> str:
     """The kernel's catalog-style name: scheme, activation x prepacked int4, rcr, the prefill
-    pipeline, the Gluon tile (128 weight rows x TOKENS tokens x 512 of K, two consumers)."""
+    pipeline, the Gluon tile (128 weight rows x ``tokens`` tokens x 512 of K, two consumers)."""
     from .launch import _SCHEME_OF_W_SCALE
 
-    return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__{CONFIG_TAG}_sm90"
+    return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__{config_tag(tokens)}_sm90"
 
 
-def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True):
+def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True,
+                 tokens: int = TOKENS):
     """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    w_l, x_l, c_l = layouts(ct)
-    sig = {"w_desc": f"tensordesc<i32[128, 32],{w_l!r}>", "x_desc": f"tensordesc<{ct}[{TOKENS}, 64],{x_l!r}>",
-           "c_desc": f"tensordesc<{ct}[{TOKENS}, 64],{c_l!r}>" if tma_store else "constexpr",
+    w_l, x_l, c_l = layouts(ct, tokens)
+    sig = {"w_desc": f"tensordesc<i32[128, 32],{w_l!r}>", "x_desc": f"tensordesc<{ct}[{tokens}, 64],{x_l!r}>",
+           "c_desc": f"tensordesc<{ct}[{tokens}, 64],{c_l!r}>" if tma_store else "constexpr",
            "c_ptr": f"*{ct}", "sw_ptr": "*fp32", "bias_ptr": "*fp32" if has_bias else "constexpr"}
     for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n"):
         sig[name] = "i32"
-    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store)
+    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store, tokens)
     for name in consts:
         sig[name] = "constexpr"
     if not tma_store:
