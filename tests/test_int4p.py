@@ -421,6 +421,30 @@ def test_prefill_path_choice():
     assert describe_prepacked(big, 5120, 5120, w_scale="vector").startswith("rowcol_bf16xi4p_rcr_prefill__gluon_")
 
 
+def test_prefill_kernel_below_dequant_min_m():
+    """Below DEQUANT_MIN_M tokens the Gluon kernel takes a call from MIN_M (33) tokens when its
+    64-token tiling has the tiles to fill the SMs (0.65 x SMs, 0.5 x from 128 tokens: the decode
+    kernel splits K, this one does not); the token tile with fewer waves (a 64-token tile at 0.8
+    of a 128-token one's cost)."""
+    from tileq.int4p import prefill
+    from tileq.int4p.launch import describe_prepacked
+
+    assert not prefill.prefers(32, 34816, 132) and prefill.prefers(33, 34816, 132)
+    assert prefill.prefers(48, 11008, 132) and not prefill.prefers(48, 10880, 132)  # 86 / 85 tiles
+    assert not prefill.prefers(96, 5120, 132) and prefill.prefers(128, 5120, 132)  # 80 tiles either way
+    assert not prefill.prefers(128, 4096, 132) and prefill.prefers(192, 4096, 132)  # 64 / 96 tiles
+    assert prefill.tokens_for(48, 34816) == prefill.tokens_for(64, 34816) == 64
+    assert prefill.tokens_for(96, 7168) == 64  # 112 tiles (one wave) against 56
+    assert prefill.tokens_for(96, 34816) == 128  # 544 tiles: 5 waves x 0.8 against 3
+    assert prefill.tokens_for(192, 7168) == 128 and prefill.tokens_for(300, 4096) == 128
+    assert prefill.tokens_for(100) == 128
+    text = describe_prepacked(48, 34816, 5120)
+    assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_sm90") and "272 tiles" in text
+    assert describe_prepacked(64, 5120, 17408).startswith("bquant_bf16xi4p_rcr_decode__")  # 40 tiles
+    assert describe_prepacked(48, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_fp8xi4p_rcr_decode__")
+    assert describe_prepacked(16, 34816, 5120).startswith("bquant_bf16xi4p_rcr_decode__")
+
+
 def test_prefill_path_on_a_gpu(monkeypatch):
     """unserved() for a CUDA device, with the device queries answered as an H200's / an L40S's."""
     from tileq import plan
@@ -595,6 +619,20 @@ def test_gpu_prefill_token_tiles_at_small_m(m, n, k, gk, tokens, prefill_launche
     want = _reference(x, v, ws, None, bias, max(gk, 128))
     err = float((y.cpu().double() - want).abs().max() / want.abs().max())
     assert err < (1e-2 if gk > 0 else 5e-3), err
+
+
+@GPU
+@pytest.mark.gpu
+def test_gpu_small_m_takes_the_prefill_kernel(prefill_launches):
+    """48 tokens on 11008 weight rows (86 tiles of 64 tokens): linear_prepacked runs the Gluon
+    kernel's 64-token tile, and matches the reference."""
+    m, n, k = 48, 11008, 1536
+    v, w, ws, x = _w4a16_problem(m, n, k, seed=11)
+    y = linear_prepacked(x, w, None, ws)
+    torch.cuda.synchronize()
+    assert len(prefill_launches) == 1
+    want = _reference(x.cpu(), v, ws.cpu(), None, None, 128)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
 
 
 @GPU

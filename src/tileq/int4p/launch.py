@@ -367,9 +367,11 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     if x2.stride(0) != k and m > 1:
         raise ShapeError(expect("x", "rows of stride K (a contiguous [..., K] tensor)", tuple(x.stride())))
     # M >= DEQUANT_MIN_M: a prefill path (the Gluon kernel where it serves, else dequantize +
-    # cuBLAS); prefill.MIN_M <= M < DEQUANT_MIN_M: the Gluon kernel where it serves, else decode.
+    # cuBLAS); below, the Gluon kernel where it serves and has the tiles to fill the SMs
+    # (prefill.prefers), else the decode kernel.
     dequant = config is None and (m >= DEQUANT_MIN_M or (
-        m >= prefill.MIN_M and prefill.unserved(m, k, x_type, x_kind, w_kind, out_dtype, x.device) is None))
+        prefill.prefers(m, n, _sms(x.device))
+        and prefill.unserved(m, k, x_type, x_kind, w_kind, out_dtype, x.device) is None))
     cfg = None if dequant else (config or config_for(m, n, k, x_type)[0])
     key = (m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
            x2.stride(0), x.device, cfg, interpreter_active(), os.environ.get(GLUON_ENV))
@@ -387,6 +389,13 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     return launch, x2, sx, sw, b, lead
 
 
+def _sms(device: torch.device) -> int:
+    """The device's SM count (the prefill kernel's grid; sm_90's typical count off a GPU)."""
+    from ..kernels.gluon.launch import _num_sms
+
+    return _num_sms(device)
+
+
 def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16,
                        w_scale: str = "group", config: Int4pConfig | None = None,
                        device: torch.device | None = None) -> str:
@@ -395,16 +404,18 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
     ``prefill.MIN_M`` tokens the sm_90 Gluon prefill kernel where it serves the call on ``device``
     (W4A16; without a device, on an sm_90 GPU), from ``DEQUANT_MIN_M`` tokens dequantize + cuBLAS
     where it does not."""
-    if config is None and m >= min(prefill.MIN_M, DEQUANT_MIN_M):
+    sms = _sms(device) if device is not None else NUM_SMS_DEFAULT
+    if config is None and (m >= DEQUANT_MIN_M or prefill.prefers(m, n, sms)):
         x_type = _X_TYPES[x_dtype]
         out = x_dtype if x_type in ("bf16", "fp16") else torch.bfloat16
         x_kind = "none" if x_type in ("bf16", "fp16") else "vector"
         why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device)
                if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale))
-        lo = min(prefill.MIN_M, DEQUANT_MIN_M)
         if why is None:
-            t = prefill.tokens_for(m)
-            return (f"{prefill.kernel_name(x_type, w_scale, t)} (M >= {lo}: the sm_90 Gluon "
+            t = prefill.tokens_for(m, n, sms)
+            when = (f"M >= {DEQUANT_MIN_M}" if m >= DEQUANT_MIN_M else
+                    f"M >= {prefill.MIN_M} with {-(-m // 64) * -(-n // 128)} tiles of 64 tokens for {sms} SMs")
+            return (f"{prefill.kernel_name(x_type, w_scale, t)} ({when}: the sm_90 Gluon "
                     f"prefill kernel, {t}-token x 128-row tiles, int4 converted in registers)")
         if m >= DEQUANT_MIN_M:
             return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "

@@ -30,16 +30,44 @@ def config_tag(tokens: int = TOKENS) -> str:
     return f"gluon_w128t{tokens}k512_ws2x64"
 
 
-# From this many tokens up to ``DEQUANT_MIN_M`` the call takes this kernel too where it serves
-# (the decode kernel otherwise), set from the H200 measurement of the decode kernel's 32-token
-# tiles against this kernel's 64- and 128-token tiles (``tokens_for``).
-MIN_M = 256
+# Below DEQUANT_MIN_M tokens (where the decode kernel's 32-token tiles convert each weight once per
+# 32 tokens) a call takes this kernel from MIN_M tokens when it has enough tiles to fill the SMs
+# (``prefers``): no split-K here, and with few weight rows the decode kernel's split over K wins.
+# Measured on an H200 (bench/results/h200/int4/small-m/, 18 weights x M in {32, 48, 64, 96, 128,
+# 192}, the decode kernel and both token tiles timed in one run): against the decode kernel
+# alone, median 1.00x / 1.00x / 1.27x / 1.48x / 1.51x at M 48 / 64 / 96 / 128 / 192 (up to 1.45x
+# at 48-64 on the widest weights), never slower, within 10% of the faster of the two kernels
+# everywhere; at M = 32 the 64-token tile lost everywhere (0.31-1.10x: half of it padding).
+MIN_M = 33
+SMALL_M_FILL = 0.65  # tiles per SM (of the 64-token tiling) needed below M = 128 ...
+SMALL_M_FILL_128 = 0.5  # ... and from 128 tokens on (the decode kernel's cost grows with M)
+TILE64_COST = 0.8  # a 64-token tile's time over a 128-token tile's (same weights, half the wgmma)
 
 
-def tokens_for(m: int) -> int:
+def prefers(m: int, n: int, num_sms: int) -> bool:
+    """Whether a call of M < DEQUANT_MIN_M tokens takes this kernel (where it serves) rather than
+    the decode kernel: from MIN_M tokens, with at least SMALL_M_FILL(_128) x SMs tiles of 128
+    weight rows x 64 tokens."""
+    tiles = -(-m // 64) * -(-n // 128)
+    return m >= MIN_M and tiles >= (SMALL_M_FILL_128 if m >= 128 else SMALL_M_FILL) * num_sms
+
+
+def tokens_for(m: int, n: int | None = None, num_sms: int = 132) -> int:
     """The token tile of a call: 64 tokens up to M = 64 (a 128-token tile would be half padding;
-    each weight is converted once per token tile), 128 above."""
-    return 64 if m <= 64 else TOKENS
+    each weight is converted once per token tile); from DEQUANT_MIN_M tokens 128; between, the
+    one with fewer waves of the persistent grid, a 64-token tile costing TILE64_COST of a
+    128-token one (128 without ``n``)."""
+    from .dequant import DEQUANT_MIN_M
+
+    if m <= 64:
+        return 64
+    if n is None or m >= DEQUANT_MIN_M:
+        return TOKENS
+    rows = -(-n // 128)
+    waves = lambda t: -(-(-(-m // t) * rows) // num_sms)  # noqa: E731
+    return 64 if TILE64_COST * waves(64) < waves(TOKENS) else TOKENS
+
+
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
 
 # With group scales the kernel multiplies every converted value by its scale (a packed multiply
@@ -147,7 +175,7 @@ class GluonPrefillLaunch:
         self.fallback = fallback  # for operands TMA cannot read (base pointers not 16-byte aligned)
         self.m, self.n, self.k, self.out_dtype, self.device = m, n, k, out_dtype, device
         self.ct = _CT[x_dtype]
-        self.tokens = tokens or tokens_for(m)
+        self.tokens = tokens or tokens_for(m, n, _num_sms(device))
         self.name = kernel_name(self.ct, w_kind, self.tokens)
         self.direct = device.type == "cuda"
         ints = (m, n, k, n, sw_strides[0], sw_strides[1])
