@@ -71,6 +71,9 @@ def main() -> int:
     p.add_argument("--small-m-prefill", action="store_true",
                    help="at 16 < M < 256 also time the Gluon prefill kernel with 64- and 128-token tiles "
                         "(w4a16_gluon_t64 / _t128), next to the decode kernel")
+    p.add_argument("--prefill-split", action="store_true",
+                   help="where the Gluon prefill kernel is timed and its grid has fewer tiles than SMs, also "
+                        "time it split over K (prefill.split_for; built, not used by default)")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -85,6 +88,7 @@ def main() -> int:
     from tileq.quant import pack_int4
 
     dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     timer = Timer(dev, TimingConfig(warmup=5, runs=args.runs, flush="read", graphs=True))
     torch.backends.cuda.matmul.allow_tf32 = False
     sets = set(args.sets.split(","))
@@ -165,17 +169,30 @@ def main() -> int:
             prefill_path = describe_prepacked(m, n, k, device=dev).split()[0]
             record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if m < DEQUANT_MIN_M else prefill_path,
                    lambda: linear_prepacked(x, w_pp, None, sw4, config=given), ref16, b4)
+            if (args.prefill_split and m >= DEQUANT_MIN_M and "__gluon_" in prefill_path
+                    and prefill.split_for(m, n, k, prefill.tokens_for(m, n, sms), sms) > 1):
+                # the default kernel split over K (built, opt-in: prefill.split_for)
+                t_ = prefill.tokens_for(m, n, sms)
+                gp = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
+                                                (sw4.stride(0), sw4.stride(1)), 128, False, dev, None, tokens=t_,
+                                                split=prefill.split_for(m, n, k, t_, sms))
+                record(s, name, m, n, k, "w4a16_gluon_split", gp.name,
+                       lambda gp=gp: gp(x, w_pp.data, None, sw4, None), ref16, b4)
             if m >= DEQUANT_MIN_M and "__gluon_" in prefill_path:  # per-channel scales
                 record(s, name, m, n, k, "w4a16_prepacked_channel", prefill_path,
                        lambda: linear_prepacked(x, w_pp, None, sw_ch), x.float() @ w_ch.t(), b4)
             if args.small_m_prefill and 16 < m < DEQUANT_MIN_M and "__gluon_" in describe_prepacked(
                     DEQUANT_MIN_M, n, k, device=dev):  # the Gluon prefill kernel below its range
                 for tokens in prefill.TOKEN_TILES:
-                    gp = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
-                                                    (sw4.stride(0), sw4.stride(1)), 128, False, dev, None,
-                                                    tokens=tokens)
-                    record(s, name, m, n, k, f"w4a16_gluon_t{tokens}", gp.name,
-                           lambda gp=gp: gp(x, w_pp.data, None, sw4, None), ref16, b4)
+                    splits = [1]
+                    if args.prefill_split and prefill.split_for(m, n, k, tokens, sms) > 1:
+                        splits.append(prefill.split_for(m, n, k, tokens, sms))
+                    for split in splits:
+                        gp = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
+                                                        (sw4.stride(0), sw4.stride(1)), 128, False, dev, None,
+                                                        tokens=tokens, split=split)
+                        record(s, name, m, n, k, f"w4a16_gluon_t{tokens}" + ("_split" if split > 1 else ""),
+                               gp.name, lambda gp=gp: gp(x, w_pp.data, None, sw4, None), ref16, b4)
             if m >= DEQUANT_MIN_M:  # the other prefill path, in the same run
                 dq = DequantLaunch(n, k, "group", "none", (sw4.stride(0), sw4.stride(1)), 128,
                                    torch.bfloat16, torch.bfloat16)
@@ -263,11 +280,13 @@ def summarize(rows) -> None:
     print()
     for label, (v, n) in lines:
         print(f"{label}: {'-' if v is None else f'{v:.3f}'} (median of {n})")
-    # --small-m-prefill: the Gluon prefill kernel's token tiles against the path the call took
-    small = sorted({m for (_, m, impl) in t if impl.startswith("w4a16_gluon_t")})
+    # --small-m-prefill / --prefill-split: the Gluon prefill kernel forced (token tiles, split over K)
+    # against the path the call took, medians over the weights timed with each
+    small = sorted({m for (_, m, impl) in t if impl.startswith("w4a16_gluon_")})
+    gluon_impls = sorted({impl for (_, _, impl) in t if impl.startswith("w4a16_gluon_")})
     for m in small:
         parts = []
-        for impl in ("w4a16_gluon_t64", "w4a16_gluon_t128"):
+        for impl in gluon_impls:
             vals = [t[(sh, m, "w4a16_prepacked")] / t[(sh, m, impl)] for (sh, mm, i) in t
                     if mm == m and i == impl and (sh, m, "w4a16_prepacked") in t]
             vs_bf16 = [t[(sh, m, "bf16_cublas")] / t[(sh, m, impl)] for (sh, mm, i) in t

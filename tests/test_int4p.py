@@ -445,6 +445,24 @@ def test_prefill_kernel_below_dequant_min_m():
     assert describe_prepacked(16, 34816, 5120).startswith("bquant_bf16xi4p_rcr_decode__")
 
 
+def test_prefill_split_choice_and_names():
+    """The prefill kernel's split over K (built, not used by default): only for grids of fewer
+    tiles than SMs, the split with the fewest waves per unit of K, at least two 512-wide K blocks
+    per range; its own name."""
+    from tileq.int4p import prefill
+
+    assert prefill.split_for(4096, 5120, 5120, 128, 132) == 1  # 1280 tiles
+    # 80 tiles on 132 SMs: 2 -> 160 items (2 waves, 1.0), 3 -> 240 (2 waves, 0.67), 5 -> 400 (4 waves, 0.8),
+    # 8 -> 640 (5 waves, 0.625); K = 17408 has 34 blocks
+    assert prefill.split_for(256, 5120, 17408, 128, 132) == 8
+    assert prefill.split_for(256, 5120, 2048, 128, 132) == 1  # 4 blocks: 2 ways gives 2 waves of half K
+    assert prefill.split_for(128, 5120, 2048, 128, 132) == 2  # 40 tiles: 80 items, one wave
+    assert prefill.split_for(128, 5120, 1024, 128, 132) == 1  # 2 blocks
+    assert prefill.kernel_name("bf16", "group", 64, 3) == "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk3_ws2x64_sm90"
+    with pytest.raises(ValueError, match="no TMA store"):
+        prefill.constexprs("bf16", "group", 128, False, True, 64, 2)
+
+
 def test_prefill_path_on_a_gpu(monkeypatch):
     """unserved() for a CUDA device, with the device queries answered as an H200's / an L40S's."""
     from tileq import plan
@@ -464,7 +482,7 @@ def test_prefill_path_on_a_gpu(monkeypatch):
     assert prefill.unserved(*args) == "Gluon kernels are sm_90 only, this is sm_89"
 
 
-def _prefill_build(ct, w_kind, bias, tma_store, tokens=128):
+def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1):
     import json
     import sys
     from pathlib import Path
@@ -474,7 +492,7 @@ def _prefill_build(ct, w_kind, bias, tma_store, tokens=128):
     env["PYTHONPATH"] = str(root / "src")
     code = ("import json, sys, subprocess, re, pathlib, triton\n"
             "from tileq.int4p.prefill import compile_sm90\n"
-            f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens})\n"
+            f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split})\n"
             "p = pathlib.Path('/tmp/tileq-i4p-prefill.cubin'); p.write_bytes(k.asm['cubin'])\n"
             "b = pathlib.Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin'\n"
             "sass = subprocess.run([str(b / 'nvdisasm'), '-c', str(p)], capture_output=True, text=True).stdout\n"
@@ -488,16 +506,17 @@ def _prefill_build(ct, w_kind, bias, tma_store, tokens=128):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("ct,w_kind,bias,tma_store,tokens", [
-    ("bf16", "group", True, True, 128), ("fp16", "vector", False, True, 128), ("bf16", "group", False, False, 128),
-    ("bf16", "group", True, True, 64), ("fp16", "vector", False, False, 64)])
-def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens):
+@pytest.mark.parametrize("ct,w_kind,bias,tma_store,tokens,split", [
+    ("bf16", "group", True, True, 128, 1), ("fp16", "vector", False, True, 128, 1), ("bf16", "group", False, False, 128, 1),
+    ("bf16", "group", True, True, 64, 1), ("fp16", "vector", False, False, 64, 1),
+    ("bf16", "group", True, False, 64, 3), ("fp16", "scalar", False, False, 128, 2)])  # fp32 partials
+def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split):
     """The Gluon prefill kernel compiled for sm_90 on the CPU (128- and 64-token tiles): per
     consumer and 512 of K, 32 m64n{BT}k16 wgmmas with the converted weights as register operands (the words reach them
     with no layout conversion: the only shared loads are the words' 16 and the only shared
     stores the epilogue's), 128 packed subtractions (and 128 packed scale multiplies for group
     scales), no spills and no serialized wgmmas (ptxas waits only where the code does)."""
-    r = _prefill_build(ct, w_kind, bias, tma_store, tokens)
+    r = _prefill_build(ct, w_kind, bias, tma_store, tokens, split)
     ops = r["ops"]
     assert ops["HGMMA"] == 2 * 32, ops
     # The only layout conversions are renamings asserted trivial when the kernel is traced: the
@@ -623,6 +642,44 @@ def test_gpu_prefill_token_tiles_at_small_m(m, n, k, gk, tokens, prefill_launche
 
 @GPU
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,split", [(100, 577, 1104, 3), (100, 577, 1104, 4), (256, 1024, 4096, 2),
+                                         (33, 384, 2560, 5)])
+@pytest.mark.parametrize("gk", [128, 0, -1])
+def test_gpu_prefill_split_k(m, n, k, split, gk, prefill_launches):
+    """The prefill kernel split over K: fp32 partials per K range (the bias from the first), summed
+    in order; K = 1104 in four ranges leaves the last one empty (its zeros written); odd N, K
+    tails; group, per-channel and per-tensor scales."""
+    from tileq.int4p import prefill
+    from tileq.int4p.dequant import DequantLaunch
+
+    torch.manual_seed(m + n + k + split)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to("cuda")
+    if gk > 0:
+        ws = torch.rand(-(-k // gk), n) * 0.02 + 0.01
+        kind, strides = "group", (ws.stride(0), ws.stride(1))
+    elif gk == 0:
+        ws = torch.rand(n) * 0.02 + 0.01
+        kind, strides = "vector", (0, 1)
+    else:
+        ws = torch.tensor(0.013)
+        kind, strides = "scalar", (0, 0)
+    x = torch.randn(m, k).to(torch.bfloat16)
+    bias = torch.randn(n)
+    fallback = DequantLaunch(n, k, kind, "none", strides, max(gk, 128), torch.bfloat16, torch.bfloat16)
+    launch = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, kind, strides, max(gk, 128),
+                                        True, torch.device("cuda"), fallback, tokens=64, split=split)
+    y = launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda())
+    torch.cuda.synchronize()
+    assert len(prefill_launches) == 1
+    want = _reference(x, v, ws, None, bias, max(gk, 128))
+    err = float((y.cpu().double() - want).abs().max() / want.abs().max())
+    assert err < (1e-2 if gk > 0 else 5e-3), err
+    assert torch.equal(launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda()), y)  # the same sums, in order
+
+
+@GPU
+@pytest.mark.gpu
 def test_gpu_small_m_takes_the_prefill_kernel(prefill_launches):
     """48 tokens on 11008 weight rows (86 tiles of 64 tokens): linear_prepacked runs the Gluon
     kernel's 64-token tile, and matches the reference."""
@@ -684,6 +741,40 @@ def test_gpu_prefill_direct_launches(monkeypatch):
     kernel = prefill._gl()["kernel"]
     assert any(key[1] is kernel for key in direct._HANDLES)
     ilaunch._LAUNCHES.clear()
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the reduction runs a Triton kernel on CPU tensors")
+def test_prefill_launcher_split(monkeypatch):
+    """The launcher split over K, against a stand-in kernel on CPU tensors: no TMA store, the
+    fp32 [split, M, N] workspace as the kernel's output, then the ordered split-K reduction of
+    the portable kernels reading that layout (checked on a filled workspace)."""
+    from tileq.int4p import prefill
+    from tileq.testing import KernelRecorder
+
+    rec = KernelRecorder()
+    monkeypatch.setitem(prefill._gl(), "kernel", rec)
+    m, n, k, split = 100, 577, 1104, 3
+    torch.manual_seed(4)
+    w = prepack_int4(torch.randint(-8, 8, (n, k), dtype=torch.int8))
+    ws = torch.rand(-(-k // 128), n) * 0.02 + 0.01
+    x = torch.randn(m, k).to(torch.bfloat16)
+    launch = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
+                                        (ws.stride(0), ws.stride(1)), 128, False, torch.device("cpu"), None,
+                                        tokens=64, split=split)
+    assert launch.name == "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk3_ws2x64_sm90"
+    launch(x, w.data, None, ws, None)
+    (grid, args, kwargs), = rec.calls
+    assert args[2] is None and kwargs["TMA_STORE"] is False and kwargs["SPLIT"] == split
+    work = args[3]
+    assert work.dtype == torch.float32 and work.numel() >= split * m * n
+    assert grid == (min(132, 2 * 5 * split),)
+    parts = torch.randn(split, m, n)
+    work.view(-1)[:split * m * n].copy_(parts.view(-1))
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    launch.reduce((work, out), False)
+    want = parts[0] + parts[1] + parts[2]
+    # (within one bf16 step: the interpreter's cast may round differently from torch's)
+    assert torch.all((out.float() - want).abs() <= want.abs() * 2 ** -7 + 1e-6)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the fallback runs Triton kernels on CPU tensors")

@@ -25,9 +25,26 @@ GROUP_M = 8
 CONFIG_TAG = f"gluon_w128t{TOKENS}k512_ws2x64"  # the kernel name's config part (128-token tiles)
 
 
-def config_tag(tokens: int = TOKENS) -> str:
-    """The kernel name's config part for a token tile."""
-    return f"gluon_w128t{tokens}k512_ws2x64"
+def config_tag(tokens: int = TOKENS, split: int = 1) -> str:
+    """The kernel name's config part for a token tile (and a split over K)."""
+    return f"gluon_w128t{tokens}k512{f'_sk{split}' if split > 1 else ''}_ws2x64"
+
+
+MAX_SPLIT = 8
+
+
+def split_for(m: int, n: int, k: int, tokens: int, num_sms: int) -> int:
+    """K ranges per tile for a grid of fewer tiles than SMs (1 otherwise): the split with the
+    fewest waves per unit of K, each range at least two 512-wide K blocks (ties: the smaller
+    split, whose partials cost less to write and sum). Not used by default: the split is built
+    and compile-checked, not yet run on a GPU (``GluonPrefillLaunch(split=...)``)."""
+    tiles = -(-m // tokens) * -(-n // 128)
+    k_blocks = -(-k // 512)
+    if tiles >= num_sms:
+        return 1
+    cost = lambda s: -(-tiles * s // num_sms) / s  # noqa: E731  (waves x the share of K per item)
+    cands = [s for s in range(1, MAX_SPLIT + 1) if k_blocks >= 2 * s]
+    return min(cands, key=lambda s: (cost(s), s)) if cands else 1
 
 
 # Below DEQUANT_MIN_M tokens (where the decode kernel's 32-token tiles convert each weight once per
@@ -153,13 +170,16 @@ def layouts(ct: str, tokens: int = TOKENS):
             gl.NVMMASharedLayout.get_default_for([tokens, 64], ty))
 
 
-def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bool, tokens: int = TOKENS) -> dict:
+def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bool, tokens: int = TOKENS,
+               split: int = 1) -> dict:
     from .prefill_kernel import asm_for
 
     if tokens not in TOKEN_TILES:
         raise ValueError(f"token tile {tokens}: expected one of {TOKEN_TILES}")
+    if not 1 <= split <= MAX_SPLIT or (split > 1 and tma_store):
+        raise ValueError(f"split {split}: expected 1-{MAX_SPLIT}, with fp32 partials (no TMA store) above 1")
     grouped = w_kind == "group"
-    return dict(CT=ct, W_SCALE=w_kind, GROUP_K=group_k, HAS_BIAS=has_bias, TMA_STORE=tma_store,
+    return dict(CT=ct, W_SCALE=w_kind, GROUP_K=group_k, HAS_BIAS=has_bias, TMA_STORE=tma_store, SPLIT=split,
                 BT=tokens, GROUP_M=GROUP_M, WS=W_SLOTS, XS=X_SLOTS,
                 ASM0=asm_for(ct, 0, grouped), ASM1=asm_for(ct, 1, grouped), ASM2=asm_for(ct, 2, grouped),
                 ASM3=asm_for(ct, 3, grouped), CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
@@ -169,26 +189,37 @@ class GluonPrefillLaunch:
     """The prefill path for one call signature, called like ``launch.Int4pLaunch``."""
 
     def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback,
-                 tokens: int | None = None):
+                 tokens: int | None = None, split: int = 1):
+        from ..kernels import gemm_kernel
         from ..kernels.gluon.launch import _num_sms
+        from ..kernels.launch import REDUCE_BLOCK
 
         self.fallback = fallback  # for operands TMA cannot read (base pointers not 16-byte aligned)
         self.m, self.n, self.k, self.out_dtype, self.device = m, n, k, out_dtype, device
         self.ct = _CT[x_dtype]
         self.tokens = tokens or tokens_for(m, n, _num_sms(device))
-        self.name = kernel_name(self.ct, w_kind, self.tokens)
+        self.split = split
+        self.name = kernel_name(self.ct, w_kind, self.tokens, split)
         self.direct = device.type == "cuda"
         ints = (m, n, k, n, sw_strides[0], sw_strides[1])
         options = dict(num_warps=4, maxnreg=MAXNREG)
-        tiles = -(-m // self.tokens) * -(-n // 128)
-        grid = (max(1, min(_num_sms(device), tiles)),)
+        items = -(-m // self.tokens) * -(-n // 128) * split
+        grid = (max(1, min(_num_sms(device), items)),)
         # The first launch of each output path goes through Triton's JIT launch, later ones
-        # straight to the compiled kernel (whose launcher encodes the TMA descriptors).
+        # straight to the compiled kernel (whose launcher encodes the TMA descriptors). Split
+        # over K, every item writes an fp32 partial into a [split, M, N] workspace, summed in
+        # order by the split-K reduction of the portable kernels.
         self.calls = {tma: KernelCall(_KERNEL, "_i4p_prefill_kernel", grid, ints,
-                                      dict(constexprs(self.ct, w_kind, group_k, has_bias, tma, self.tokens),
+                                      dict(constexprs(self.ct, w_kind, group_k, has_bias, tma, self.tokens, split),
                                            **options),
-                                      (x_dtype, out_dtype, has_bias, tma))
-                      for tma in (True, False)}
+                                      (x_dtype, out_dtype if split == 1 else torch.float32, has_bias, tma))
+                      for tma in ((True, False) if split == 1 else (False,))}
+        self.reduce = None
+        if split > 1:
+            total = m * n
+            self.reduce = KernelCall(gemm_kernel, "_splitk_reduce_kernel", (-(-total // REDUCE_BLOCK),),
+                                     (total, n, n), dict(SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWAPPED=False,
+                                                         num_warps=4), (torch.float32, out_dtype))
         self.layouts = None
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
@@ -204,22 +235,32 @@ class GluonPrefillLaunch:
         kw = wdata.shape[1]
         w_desc = td(wdata, [self.n, kw], [kw, 1], [128, 32], w_l)
         x_desc = td(x2, [self.m, self.k], [x2.stride(0), 1], [self.tokens, 64], x_l)
+        direct = self.direct and direct_launch_enabled()
+        if self.split > 1:
+            from ..kernels.launch import _stream_workspace, _workspace
+
+            numel = self.split * self.m * self.n
+            ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
+            self.calls[False]((w_desc, x_desc, None, ws, sw, bias), direct)
+            self.reduce((ws, out), direct)
+            return out
         tma_store = (self.n * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0 and out.is_contiguous()
         c_desc = td(out, [self.m, self.n], [self.n, 1], [self.tokens, 64], c_l) if tma_store else None
-        self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias), self.direct and direct_launch_enabled())
+        self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias), direct)
         return out
 
 
-def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS) -> str:
+def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS, split: int = 1) -> str:
     """The kernel's catalog-style name: scheme, activation x prepacked int4, rcr, the prefill
-    pipeline, the Gluon tile (128 weight rows x ``tokens`` tokens x 512 of K, two consumers)."""
+    pipeline, the Gluon tile (128 weight rows x ``tokens`` tokens x 512 of K, two consumers; a
+    split over K)."""
     from .launch import _SCHEME_OF_W_SCALE
 
-    return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__{config_tag(tokens)}_sm90"
+    return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__{config_tag(tokens, split)}_sm90"
 
 
 def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True,
-                 tokens: int = TOKENS):
+                 tokens: int = TOKENS, split: int = 1):
     """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -228,10 +269,11 @@ def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = Fals
     w_l, x_l, c_l = layouts(ct, tokens)
     sig = {"w_desc": f"tensordesc<i32[128, 32],{w_l!r}>", "x_desc": f"tensordesc<{ct}[{tokens}, 64],{x_l!r}>",
            "c_desc": f"tensordesc<{ct}[{tokens}, 64],{c_l!r}>" if tma_store else "constexpr",
-           "c_ptr": f"*{ct}", "sw_ptr": "*fp32", "bias_ptr": "*fp32" if has_bias else "constexpr"}
+           "c_ptr": f"*{ct}" if split == 1 else "*fp32", "sw_ptr": "*fp32",
+           "bias_ptr": "*fp32" if has_bias else "constexpr"}
     for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n"):
         sig[name] = "i32"
-    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store, tokens)
+    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store, tokens, split)
     for name in consts:
         sig[name] = "constexpr"
     if not tma_store:

@@ -101,21 +101,36 @@ def _operands(w, s, ASM: gl.constexpr, CT: gl.constexpr, SCALED: gl.constexpr, d
 
 
 @gluon.jit
+def _item(item, num_pid_m, num_pid_n, k_blocks, GROUP_M: gl.constexpr, SPLIT: gl.constexpr):
+    """Work item -> (pid_m, pid_n, split index, first and end K block): with SPLIT > 1 each tile
+    is SPLIT consecutive items over ranges of ceil(k_blocks / SPLIT) K blocks (the last ones may
+    be short or empty)."""
+    tile_id = item // SPLIT
+    ks = item % SPLIT
+    pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    per = gl.cdiv(k_blocks, SPLIT)
+    kb0 = ks * per
+    kb1 = gl.minimum(kb0 + per, k_blocks)
+    return pid_m, pid_n, ks, kb0, kb1
+
+
+@gluon.jit
 def _producer(w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K,
-              BT: gl.constexpr, GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr):
+              BT: gl.constexpr, GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
+              SPLIT: gl.constexpr):
     num_pid_m = gl.cdiv(M, BT)
     num_pid_n = gl.cdiv(N, BLOCK_W)
-    num_tiles = num_pid_m * num_pid_n
+    num_items = num_pid_m * num_pid_n * SPLIT
     k_blocks = gl.cdiv(K, 512)
     w_bytes: gl.constexpr = w_desc.block_type.nbytes
     x_bytes: gl.constexpr = x_desc.block_type.nbytes
     wi = 0
     xi = 0
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, GROUP_M, SPLIT)
         off_t = pid_m * BT
         off_w = pid_n * BLOCK_W
-        for b in range(k_blocks):
+        for b in range(kb0, kb1):
             s = wi % WS
             # A fresh mbarrier is in phase 0: waiting on parity 1 returns at once (first pass).
             mbarrier.wait(w_empty.index(s), ((wi // WS) & 1) ^ 1)
@@ -141,7 +156,8 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
               HALF: gl.constexpr, CT: gl.constexpr, W_SCALE: gl.constexpr, GROUP_K: gl.constexpr,
               HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr,
               GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
-              ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr):
+              ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr,
+              SPLIT: gl.constexpr):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BT, 16])
     dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -162,12 +178,12 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
     GROUPED: gl.constexpr = W_SCALE == "group"
     num_pid_m = gl.cdiv(M, BT)
     num_pid_n = gl.cdiv(N, BLOCK_W)
-    num_tiles = num_pid_m * num_pid_n
+    num_items = num_pid_m * num_pid_n * SPLIT
     k_blocks = gl.cdiv(K, 512)
     wi = 0
     xi = 0
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, GROUP_M, SPLIT)
         off_t = pid_m * BT
         off_w = pid_n * BLOCK_W + HALF * HALF_W
         rows = off_w + gl.arange(0, HALF_W, layout=rows_l)
@@ -176,10 +192,12 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
         w_rows_ok = w_rows < N
         acc = gl.zeros((HALF_W, BT), gl.float32, mma)
         if GROUPED:
-            # The scales of slice 0; in the loop those of the next slice are loaded while this
-            # slice's wgmma runs (an L2 round trip per slice would stall the conversion).
-            sw_next = gl.load(sw_ptr + w_rows * stride_sw_n, mask=w_rows_ok, other=0.0)
-        for b in range(k_blocks):
+            # The scales of the item's first slice; in the loop those of the next slice are
+            # loaded while this slice's wgmma runs (an L2 round trip per slice would stall the
+            # conversion).
+            sw_next = gl.load(sw_ptr + ((kb0 * 512) // GROUP_K) * stride_sw_g + w_rows * stride_sw_n,
+                              mask=w_rows_ok & (kb0 < kb1), other=0.0)
+        for b in range(kb0, kb1):
             s = wi % WS
             mbarrier.wait(w_ready.index(s), (wi // WS) & 1)
             lo = w_bufs.index(2 * s).slice(HALF * HALF_W, HALF_W, dim=0).load(half_l)
@@ -229,9 +247,16 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
         elif W_SCALE == "scalar":
             y = y * gl.load(sw_ptr)
         if HAS_BIAS:
-            y = y + gl.load(bias_ptr + rows, mask=row_ok, other=0.0)[:, None]
+            # (with SPLIT > 1 the first K range's partial carries it)
+            y = y + gl.load(bias_ptr + rows, mask=row_ok & (ks == 0), other=0.0)[:, None]
         out = y.to(c_ptr.dtype.element_ty)
-        if TMA_STORE:
+        if SPLIT > 1:
+            # An fp32 partial into slab ks of the [SPLIT, M, N] workspace (c_ptr), summed in order
+            # by gemm_kernel._splitk_reduce_kernel; an empty K range writes its zeros (and bias).
+            toks = off_t + gl.arange(0, BT, layout=cols_l)
+            c_ptrs = c_ptr + ks.to(gl.int64) * M * N + toks.to(gl.int64)[None, :] * N + rows[:, None]
+            gl.store(c_ptrs, y, mask=row_ok[:, None] & (toks < M)[None, :])
+        elif TMA_STORE:
             c_smem = c_bufs.index(HALF)
             tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
             c_smem.store(gl.permute(out, (1, 0)))  # [BT, 64]: C's orientation
@@ -253,6 +278,7 @@ def _i4p_prefill_kernel(
     TMA_STORE: gl.constexpr, BT: gl.constexpr, GROUP_M: gl.constexpr, WS: gl.constexpr,
     XS: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr,
     ASM3: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    SPLIT: gl.constexpr = 1,
 ):
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [2 * WS, BLOCK_W, 32], w_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [XS, BT, 64], x_desc.layout)
@@ -277,10 +303,10 @@ def _i4p_prefill_kernel(
     gl.warp_specialize([
         (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
                      bias_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, 0, CT, W_SCALE, GROUP_K,
-                     HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3)),
+                     HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3, SPLIT)),
         (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
                      bias_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, 1, CT, W_SCALE, GROUP_K,
-                     HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3)),
+                     HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3, SPLIT)),
         (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, BT,
-                     GROUP_M, WS, XS)),
+                     GROUP_M, WS, XS, SPLIT)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
