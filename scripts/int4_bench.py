@@ -71,6 +71,9 @@ def main() -> int:
     p.add_argument("--small-m-prefill", action="store_true",
                    help="at 16 < M < 256 also time the Gluon prefill kernel with 64- and 128-token tiles "
                         "(w4a16_gluon_t64 / _t128), next to the decode kernel")
+    p.add_argument("--sweep-w4a8", action="store_true",
+                   help="at M <= 16 also sweep the W4A8 (fp8 activations) decode configs, with and without "
+                        "group scales one K tile ahead ('w4a8_prepacked_sweep')")
     p.add_argument("--prefill-split", action="store_true",
                    help="where the Gluon prefill kernel is timed and its grid has fewer tiles than SMs, also "
                         "time it split over K (prefill.split_for; built, not used by default)")
@@ -218,6 +221,18 @@ def main() -> int:
                         continue
                     record(s, name, m, n, k, "w4a16_prepacked_sweep", c.tag,
                            lambda c=c: linear_prepacked(x, w_pp, None, sw4, config=c), ref16, b4)
+            if m <= 16 and args.sweep_w4a8:
+                # W4A8 (fp8 activations) over the same 16-token configs, with and without group
+                # scales one K tile ahead: its rule keeps three stages, never swept
+                cfg8 = config_for(m, n, k, "fp8")[0]
+                sweep8 = [Int4pConfig(16, sk, st, 4, reg) for sk in (1, 2, 4, 8)
+                          for st, reg in ((2, None), (3, None), (2, 128), (2, 168), (3, 168))]
+                sweep8 += [replace(c, scale_ahead=True) for c in sweep8 if c.maxnreg != 128]
+                for c in sweep8:
+                    if c == cfg8 or -(-k // 512) < 2 * c.split_k:
+                        continue
+                    record(s, name, m, n, k, "w4a8_prepacked_sweep", c.tag,
+                           lambda c=c: linear_prepacked(xf8, w_pp, sx, sw4, config=c), ref8, b4)
         del v, w_deq, w_pk, w_pp, w_bf16, w8, wf8, w_ch
         torch.cuda.empty_cache()
 
@@ -249,8 +264,10 @@ def summarize(rows) -> None:
         r_pk = div(g("w4a16_pk"), g("w4a16_prepacked"))
         r_a8 = div(g("w4a8_prepacked"), g("int8_rowcol"))
         r_a8f = div(g("fp8_rowcol"), g("w4a8_prepacked"))
+        best8 = min([x for x in (g("w4a8_prepacked"), g("w4a8_prepacked_sweep")) if x] or [None]) \
+            if g("w4a8_prepacked") else None
         ratio[(s, shape, m, n, k)] = (r_pp_i8, r_bf16, r_a8, r_a8f, div(best, g("int8_rowcol")),
-                                      div(g("bf16_cublas"), g("w4a16_dequant")))
+                                      div(g("bf16_cublas"), g("w4a16_dequant")), div(best8, g("int8_rowcol")))
         f2 = lambda x: f"{x:6.2f}" if x else "     -"  # noqa: E731
         print(f"{shape:22} {m:5d} {fmt(g('bf16_cublas'))} {fmt(g('int8_rowcol'))} {fmt(g('w4a16_pk'))} "
               f"{fmt(g('w4a16_prepacked'))} {fmt(best)} {f2(r_pp_i8)} {f2(r_bf16)} {f2(r_pk)} {f2(r_a8)}   (us)")
@@ -270,6 +287,7 @@ def summarize(rows) -> None:
         ("  dequant+cublas instead, M>=1024: bf16 / dequant", med(lambda *a: a[2] >= 1024, 5)),
         ("  dequant+cublas instead, M 256-512: bf16 / dequant", med(lambda *a: 256 <= a[2] <= 512, 5)),
         ("W4A8 decode M<=16, >= 25 MB: prepacked / int8 (target <= 0.6)", med(lambda *a: a[2] <= 16 and big(*a), 2)),
+        ("  same, best swept W4A8 config / int8", med(lambda *a: a[2] <= 16 and big(*a), 6)),
         ("W4A8 prefill M>=128: fp8 rowcol time / prepacked (target >= 0.8)", med(lambda *a: a[2] >= 128, 3)),
         ("  untuned shapes only, W4A16 decode M<=16 / int8", med(lambda *a: a[0] == "untuned" and a[2] <= 16, 0)),
         ("  fresh shapes only, W4A16 decode M<=16, >= 25 MB / int8",
