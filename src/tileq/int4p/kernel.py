@@ -172,8 +172,9 @@ def _i4p_kernel(
     # SCALE_AHEAD: the four group scales of a K tile loaded at the top of the iteration before
     # the one that uses them. Loaded next to their use (the default), the eight loads of a K tile
     # are issued during its last wgmma chain and its promotions wait for them: an L2 round trip
-    # per K tile (sm_90 SASS). Not yet timed: ptxas copies the prefetched registers in the loop
-    # and the 128-register cap spills more (80 B against 16).
+    # per K tile (sm_90 SASS). The decode rule's choice under a 168-register cap (1.06x per config
+    # on an H200, int4p.launch._scales_ahead); the 128-register cap spills more with it (80 B
+    # against 16), so capped configs load them next to their use.
     if W_SCALE == "group" and SCALE_AHEAD:
         s0 = _group_scale(sw_ptr, pid_k * 512, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
         s1 = _group_scale(sw_ptr, pid_k * 512 + 128, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
