@@ -170,7 +170,7 @@ def _i4p_kernel(
     s2 = sw_row
     s3 = sw_row
     # SCALE_AHEAD: the four group scales of a K tile loaded at the top of the iteration before
-    # the one that uses them. Loaded next to their use (the default), the eight loads of a K tile
+    # the one that uses them. Loaded next to their use (SCALE_AHEAD off), the eight loads of a K tile
     # are issued during its last wgmma chain and its promotions wait for them: an L2 round trip
     # per K tile (sm_90 SASS). The decode rule's choice under a 168-register cap (1.06x per config
     # on an H200, int4p.launch._scales_ahead); the 128-register cap spills more with it (80 B
