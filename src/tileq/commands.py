@@ -172,10 +172,12 @@ def _explain_prepacked(args) -> int:
     if decode:  # the decode kernel: its config and where it came from (the prefill paths have theirs in the name)
         cfg, source = config_for(args.m, args.n, args.k, args.a)
         cap = f", registers capped at {cfg.maxnreg}" if cfg.maxnreg else ""
+        cap += ", group scales loaded one K tile ahead" if cfg.scale_ahead else ""
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
               f"{cfg.stages} stages, split-K {cfg.split_k}{cap} ({source})")
     print("executor: the kernels of tileq.int4p on an sm_90 GPU (Triton decode kernel; from "
-          "256 tokens the Gluon prefill kernel, or dequantize + cuBLAS where it does not serve the call), "
+          "256 tokens the Gluon prefill kernel, or dequantize + cuBLAS where it does not serve the call; "
+          "from 33 tokens the Gluon kernel where its tiles fill the SMs), "
           "or the reference executor on the unprepacked weight (backend='reference', CPU tensors)")
     return 0
 
