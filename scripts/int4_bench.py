@@ -71,6 +71,9 @@ def main() -> int:
     p.add_argument("--small-m-prefill", action="store_true",
                    help="at 16 < M < 256 also time the Gluon prefill kernel with 64- and 128-token tiles "
                         "(w4a16_gluon_t64 / _t128), next to the decode kernel")
+    p.add_argument("--gluon-decode", action="store_true",
+                   help="at M <= 16 also time the Gluon prefill kernel with 16-token tiles, split over K 1, 2, 4 "
+                        "ways and as prefill.split_for picks ('w4a16_gluon_t16', the config in its name)")
     p.add_argument("--sweep-w4a8", action="store_true",
                    help="at M <= 16 also sweep the W4A8 (fp8 activations) decode configs, with and without "
                         "group scales one K tile ahead ('w4a8_prepacked_sweep')")
@@ -221,6 +224,17 @@ def main() -> int:
                         continue
                     record(s, name, m, n, k, "w4a16_prepacked_sweep", c.tag,
                            lambda c=c: linear_prepacked(x, w_pp, None, sw4, config=c), ref16, b4)
+            if m <= 16 and args.gluon_decode and "__gluon_" in describe_prepacked(DEQUANT_MIN_M, n, k, device=dev):
+                # the Gluon prefill kernel with 16-token tiles (warp-specialized: a TMA producer, two
+                # consumer warpgroups converting in turn), split over K 1, 2, 4 ways and as split_for
+                # picks: built and not routed; a decode candidate against the Triton kernel
+                splits = sorted({sp for sp in (1, 2, 4, prefill.split_for(m, n, k, 16, sms)) if -(-k // 512) >= 2 * sp})
+                for split in splits:
+                    gp = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
+                                                    (sw4.stride(0), sw4.stride(1)), 128, False, dev, None,
+                                                    tokens=16, split=split)
+                    record(s, name, m, n, k, "w4a16_gluon_t16", gp.name,
+                           lambda gp=gp: gp(x, w_pp.data, None, sw4, None), ref16, b4)
             if m <= 16 and args.sweep_w4a8:
                 # W4A8 (fp8 activations) over the same 16-token configs, with and without group
                 # scales one K tile ahead: its rule keeps three stages, never swept
@@ -267,7 +281,8 @@ def summarize(rows) -> None:
         best8 = min([x for x in (g("w4a8_prepacked"), g("w4a8_prepacked_sweep")) if x] or [None]) \
             if g("w4a8_prepacked") else None
         ratio[(s, shape, m, n, k)] = (r_pp_i8, r_bf16, r_a8, r_a8f, div(best, g("int8_rowcol")),
-                                      div(g("bf16_cublas"), g("w4a16_dequant")), div(best8, g("int8_rowcol")))
+                                      div(g("bf16_cublas"), g("w4a16_dequant")), div(best8, g("int8_rowcol")),
+                                      div(g("w4a16_gluon_t16"), g("int8_rowcol")))
         f2 = lambda x: f"{x:6.2f}" if x else "     -"  # noqa: E731
         print(f"{shape:22} {m:5d} {fmt(g('bf16_cublas'))} {fmt(g('int8_rowcol'))} {fmt(g('w4a16_pk'))} "
               f"{fmt(g('w4a16_prepacked'))} {fmt(best)} {f2(r_pp_i8)} {f2(r_bf16)} {f2(r_pk)} {f2(r_a8)}   (us)")
@@ -281,6 +296,7 @@ def summarize(rows) -> None:
         ("W4A16 decode M<=16, int4 >= 25 MB: prepacked / int8 (target <= 0.6)",
          med(lambda *a: a[2] <= 16 and big(*a), 0)),
         ("  same, best swept config / int8", med(lambda *a: a[2] <= 16 and big(*a), 4)),
+        ("  same, Gluon 16-token tiles (best split) / int8", med(lambda *a: a[2] <= 16 and big(*a), 7)),
         ("W4A16 decode M 32-64: prepacked / int8 (target <= 0.75)", med(lambda *a: 32 <= a[2] <= 64, 0)),
         ("W4A16 prefill M>=1024: bf16 time / prepacked time (target >= 0.95)", med(lambda *a: a[2] >= 1024, 1)),
         ("W4A16 prefill M 128-512: bf16 / prepacked (target >= 1.0)", med(lambda *a: 128 <= a[2] <= 512, 1)),

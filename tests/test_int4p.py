@@ -509,7 +509,8 @@ def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1):
 @pytest.mark.parametrize("ct,w_kind,bias,tma_store,tokens,split", [
     ("bf16", "group", True, True, 128, 1), ("fp16", "vector", False, True, 128, 1), ("bf16", "group", False, False, 128, 1),
     ("bf16", "group", True, True, 64, 1), ("fp16", "vector", False, False, 64, 1),
-    ("bf16", "group", True, False, 64, 3), ("fp16", "scalar", False, False, 128, 2)])  # fp32 partials
+    ("bf16", "group", True, False, 64, 3), ("fp16", "scalar", False, False, 128, 2),  # fp32 partials
+    ("bf16", "group", False, True, 16, 1), ("bf16", "group", True, False, 16, 3)])  # 16-token tiles (decode)
 def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split):
     """The Gluon prefill kernel compiled for sm_90 on the CPU (128- and 64-token tiles): per
     consumer and 512 of K, 32 m64n{BT}k16 wgmmas with the converted weights as register operands (the words reach them
@@ -606,7 +607,7 @@ def test_gpu_prefill_kernel_matches_reference(m, n, k, xt, gk, prefill_launches)
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(17, 577, 1104), (64, 4000, 4096), (100, 384, 2560), (33, 1024, 512)])
 @pytest.mark.parametrize("gk", [128, 0, -1])
-@pytest.mark.parametrize("tokens", [64, 128])
+@pytest.mark.parametrize("tokens", [16, 64, 128])
 def test_gpu_prefill_token_tiles_at_small_m(m, n, k, gk, tokens, prefill_launches):
     """Both token tiles of the Gluon prefill kernel at M below its default range (64: M = 100 in
     two tiles, the second mostly past M; 128: one tile mostly past M), odd N (577: masked stores),
@@ -676,6 +677,30 @@ def test_gpu_prefill_split_k(m, n, k, split, gk, prefill_launches):
     err = float((y.cpu().double() - want).abs().max() / want.abs().max())
     assert err < (1e-2 if gk > 0 else 5e-3), err
     assert torch.equal(launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda()), y)  # the same sums, in order
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("split", [1, 3])
+def test_gpu_prefill_kernel_16_token_tiles_at_decode(m, split, prefill_launches):
+    """The 16-token tile at decode sizes (a candidate decode kernel, not routed): TMA zero-fills
+    the token rows past M, split over K or not, group scales and bias."""
+    from tileq.int4p import prefill
+    from tileq.int4p.dequant import DequantLaunch
+
+    n, k = 1000, 3584
+    v, w, ws, x = _w4a16_problem(m, n, k, seed=m + split)
+    bias = torch.randn(n, device="cuda")
+    strides = (ws.stride(0), ws.stride(1))
+    fallback = DequantLaunch(n, k, "group", "none", strides, 128, torch.bfloat16, torch.bfloat16)
+    launch = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group", strides, 128, True,
+                                        torch.device("cuda"), fallback, tokens=16, split=split)
+    y = launch(x, w.data, None, ws, bias)
+    torch.cuda.synchronize()
+    assert len(prefill_launches) == 1
+    want = _reference(x.cpu(), v, ws.cpu(), None, bias.cpu(), 128)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
 
 
 @GPU

@@ -18,7 +18,7 @@ from ..kernels import select
 from ..kernels.direct import KernelCall, TableKernel, direct_launch_enabled
 
 TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x BT tokens
-TOKEN_TILES = (64, 128)  # the tiles built: 64 tokens for calls of up to 64 (``tokens_for``)
+TOKEN_TILES = (16, 64, 128)  # 64 tokens for calls of up to 64 (``tokens_for``); 16: decode, not routed
 W_SLOTS = 2  # ring slots of 2 x [128, 32] words (one 512-wide K block each)
 X_SLOTS = 8  # ring slots of [BT, 64] activations (two per 128-wide slice)
 GROUP_M = 8
