@@ -16,6 +16,7 @@ import torch
 
 from ..kernels import select
 from ..kernels.direct import KernelCall, TableKernel, direct_launch_enabled
+from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
 
 TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x BT tokens
 TOKEN_TILES = (16, 64, 128)  # 64 tokens for calls of up to 64 (``tokens_for``); 16: decode, not routed
@@ -192,7 +193,6 @@ class GluonPrefillLaunch:
                  tokens: int | None = None, split: int = 1):
         from ..kernels import gemm_kernel
         from ..kernels.gluon.launch import _num_sms
-        from ..kernels.launch import REDUCE_BLOCK
 
         self.fallback = fallback  # for operands TMA cannot read (base pointers not 16-byte aligned)
         self.m, self.n, self.k, self.out_dtype, self.device = m, n, k, out_dtype, device
@@ -237,8 +237,6 @@ class GluonPrefillLaunch:
         x_desc = td(x2, [self.m, self.k], [x2.stride(0), 1], [self.tokens, 64], x_l)
         direct = self.direct and direct_launch_enabled()
         if self.split > 1:
-            from ..kernels.launch import _stream_workspace, _workspace
-
             numel = self.split * self.m * self.n
             ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
             self.calls[False]((w_desc, x_desc, None, ws, sw, bias), direct)
