@@ -603,19 +603,14 @@ def test_gpu_prefill_kernel_matches_reference(m, n, k, xt, gk, prefill_launches)
     assert err < (1e-2 if gk > 0 else 5e-3), err
 
 
-@GPU
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k", [(17, 577, 1104), (64, 4000, 4096), (100, 384, 2560), (33, 1024, 512)])
-@pytest.mark.parametrize("gk", [128, 0, -1])
-@pytest.mark.parametrize("tokens", [16, 64, 128])
-def test_gpu_prefill_token_tiles_at_small_m(m, n, k, gk, tokens, prefill_launches):
-    """Both token tiles of the Gluon prefill kernel at M below its default range (64: M = 100 in
-    two tiles, the second mostly past M; 128: one tile mostly past M), odd N (577: masked stores),
-    K tails; group, per-channel and per-tensor scales; bias."""
+def _forced_prefill(m, n, k, gk, seed, tokens, split=1):
+    """A GluonPrefillLaunch forced to a token tile (and split) for CPU-made operands: int4 values,
+    their prepacked weight on the GPU, group (gk > 0), per-channel (0) or per-tensor (-1) scales,
+    bf16 activations and a bias (dequantize + cuBLAS as the fallback)."""
     from tileq.int4p import prefill
     from tileq.int4p.dequant import DequantLaunch
 
-    torch.manual_seed(m + n + k + tokens)
+    torch.manual_seed(seed)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
     w = prepack_int4(v).to("cuda")
     if gk > 0:
@@ -631,7 +626,20 @@ def test_gpu_prefill_token_tiles_at_small_m(m, n, k, gk, tokens, prefill_launche
     bias = torch.randn(n)
     fallback = DequantLaunch(n, k, kind, "none", strides, max(gk, 128), torch.bfloat16, torch.bfloat16)
     launch = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, kind, strides, max(gk, 128),
-                                        True, torch.device("cuda"), fallback, tokens=tokens)
+                                        True, torch.device("cuda"), fallback, tokens=tokens, split=split)
+    return launch, v, w, ws, x, bias
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(17, 577, 1104), (64, 4000, 4096), (100, 384, 2560), (33, 1024, 512)])
+@pytest.mark.parametrize("gk", [128, 0, -1])
+@pytest.mark.parametrize("tokens", [16, 64, 128])
+def test_gpu_prefill_token_tiles_at_small_m(m, n, k, gk, tokens, prefill_launches):
+    """Both token tiles of the Gluon prefill kernel at M below its default range (64: M = 100 in
+    two tiles, the second mostly past M; 128: one tile mostly past M), odd N (577: masked stores),
+    K tails; group, per-channel and per-tensor scales; bias."""
+    launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + tokens, tokens)
     assert launch.name.endswith(f"__gluon_w128t{tokens}k512_ws2x64_sm90")
     y = launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda())
     torch.cuda.synchronize()
@@ -650,26 +658,7 @@ def test_gpu_prefill_split_k(m, n, k, split, gk, prefill_launches):
     """The prefill kernel split over K: fp32 partials per K range (the bias from the first), summed
     in order; K = 1104 in four ranges leaves the last one empty (its zeros written); odd N, K
     tails; group, per-channel and per-tensor scales."""
-    from tileq.int4p import prefill
-    from tileq.int4p.dequant import DequantLaunch
-
-    torch.manual_seed(m + n + k + split)
-    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
-    w = prepack_int4(v).to("cuda")
-    if gk > 0:
-        ws = torch.rand(-(-k // gk), n) * 0.02 + 0.01
-        kind, strides = "group", (ws.stride(0), ws.stride(1))
-    elif gk == 0:
-        ws = torch.rand(n) * 0.02 + 0.01
-        kind, strides = "vector", (0, 1)
-    else:
-        ws = torch.tensor(0.013)
-        kind, strides = "scalar", (0, 0)
-    x = torch.randn(m, k).to(torch.bfloat16)
-    bias = torch.randn(n)
-    fallback = DequantLaunch(n, k, kind, "none", strides, max(gk, 128), torch.bfloat16, torch.bfloat16)
-    launch = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, kind, strides, max(gk, 128),
-                                        True, torch.device("cuda"), fallback, tokens=64, split=split)
+    launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + split, 64, split)
     y = launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda())
     torch.cuda.synchronize()
     assert len(prefill_launches) == 1

@@ -20,6 +20,7 @@ from .._runtime import bounded_put, interpreter_active
 from ..errors import DTypeError, ShapeError, expect
 from ..kernels import gemm_kernel
 from ..kernels.direct import KernelCall, direct_launch_enabled
+from ..kernels.gluon.launch import _num_sms
 from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
 from ..kernels.select import GLUON_ENV
 from . import kernel as _kernel_module
@@ -369,31 +370,30 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     # M >= DEQUANT_MIN_M: a prefill path (the Gluon kernel where it serves, else dequantize +
     # cuBLAS); below, the Gluon kernel where it serves and has the tiles to fill the SMs
     # (prefill.prefers), else the decode kernel.
-    dequant = config is None and (m >= DEQUANT_MIN_M or (
-        prefill.prefers(m, n, _sms(x.device))
-        and prefill.unserved(m, k, x_type, x_kind, w_kind, out_dtype, x.device) is None))
-    cfg = None if dequant else (config or config_for(m, n, k, x_type)[0])
+    dequant = config is None and m >= DEQUANT_MIN_M
+    small_prefill = (config is None and prefill.MIN_M <= m < DEQUANT_MIN_M
+                     and prefill.prefers(m, n, _num_sms(x.device)))
+    cfg = None if dequant or small_prefill else (config or config_for(m, n, k, x_type)[0])
     key = (m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
            x2.stride(0), x.device, cfg, interpreter_active(), os.environ.get(GLUON_ENV))
     launch = _LAUNCHES.get(key)
     if launch is None:
-        if dequant:
+        # (the key holds what unserved() reads: the device, the interpreter, TILEQ_GLUON)
+        served = (dequant or small_prefill) and prefill.unserved(m, k, x_type, x_kind, w_kind, out_dtype,
+                                                                 x.device) is None
+        if served:
+            launch = prefill.GluonPrefillLaunch(m, n, k, x.dtype, out_dtype, w_kind, sw_strides, group_k,
+                                                b is not None, x.device,
+                                                DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype,
+                                                              x.dtype))
+        elif dequant:
             launch = DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype, x.dtype)
-            if prefill.unserved(m, k, x_type, x_kind, w_kind, out_dtype, x.device) is None:
-                launch = prefill.GluonPrefillLaunch(m, n, k, x.dtype, out_dtype, w_kind, sw_strides, group_k,
-                                                    b is not None, x.device, launch)
-        else:
+        else:  # (a small-M call the prefill kernel does not serve takes the decode kernel)
+            cfg = cfg or config_for(m, n, k, x_type)[0]
             launch = Int4pLaunch(m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k,
                                  b is not None, x.device, cfg)
         bounded_put(_LAUNCHES, key, launch, 1024)
     return launch, x2, sx, sw, b, lead
-
-
-def _sms(device: torch.device) -> int:
-    """The device's SM count (the prefill kernel's grid; sm_90's typical count off a GPU)."""
-    from ..kernels.gluon.launch import _num_sms
-
-    return _num_sms(device)
 
 
 def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16,
@@ -404,7 +404,7 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
     ``prefill.MIN_M`` tokens the sm_90 Gluon prefill kernel where it serves the call on ``device``
     (W4A16; without a device, on an sm_90 GPU), from ``DEQUANT_MIN_M`` tokens dequantize + cuBLAS
     where it does not."""
-    sms = _sms(device) if device is not None else NUM_SMS_DEFAULT
+    sms = _num_sms(device) if device is not None else NUM_SMS_DEFAULT
     if config is None and (m >= DEQUANT_MIN_M or prefill.prefers(m, n, sms)):
         x_type = _X_TYPES[x_dtype]
         out = x_dtype if x_type in ("bf16", "fp16") else torch.bfloat16

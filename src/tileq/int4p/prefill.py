@@ -17,6 +17,7 @@ import torch
 from ..kernels import select
 from ..kernels.direct import KernelCall, TableKernel, direct_launch_enabled
 from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
+from .dequant import DEQUANT_MIN_M
 
 TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x BT tokens
 TOKEN_TILES = (16, 64, 128)  # 64 tokens for calls of up to 64 (``tokens_for``); 16: decode, not routed
@@ -75,8 +76,6 @@ def tokens_for(m: int, n: int | None = None, num_sms: int = 132) -> int:
     each weight is converted once per token tile); from DEQUANT_MIN_M tokens 128; between, the
     one with fewer waves of the persistent grid, a 64-token tile costing TILE64_COST of a
     128-token one (128 without ``n``)."""
-    from .dequant import DEQUANT_MIN_M
-
     if m <= 64:
         return 64
     if n is None or m >= DEQUANT_MIN_M:

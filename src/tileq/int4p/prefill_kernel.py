@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..kernels.gluon.ws_gemm import _tile_coords
+from ..kernels.gemm_kernel import grouped_tile
 
 HALF_W = gl.constexpr(64)  # weight rows per consumer warpgroup: the height of one wgmma
 BLOCK_W = gl.constexpr(128)  # weight rows per tile (two consumers)
@@ -107,7 +107,7 @@ def _item(item, num_pid_m, num_pid_n, k_blocks, GROUP_M: gl.constexpr, SPLIT: gl
     be short or empty)."""
     tile_id = item // SPLIT
     ks = item % SPLIT
-    pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
     per = gl.cdiv(k_blocks, SPLIT)
     kb0 = ks * per
     kb1 = gl.minimum(kb0 + per, k_blocks)

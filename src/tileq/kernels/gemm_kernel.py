@@ -122,7 +122,8 @@ def _mask_t(k_ok, cols_ok, EVEN_K: tl.constexpr):
 @triton.jit
 def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """Grouped order of output tiles: GROUP_M consecutive row tiles share each column tile while
-    it sits in L2. (The Gluon kernel's ``_tile_coords`` is the same order in Gluon.)"""
+    it sits in L2. The Gluon kernels (kernels/gluon/ws_gemm.py, int4p/prefill_kernel.py) call it
+    too."""
     num_pid_in_group = GROUP_M * num_pid_n
     group_id = tile_id // num_pid_in_group
     first_pid_m = group_id * GROUP_M

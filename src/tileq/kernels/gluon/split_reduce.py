@@ -7,8 +7,7 @@ workspace's [BM, BN] blocks t * SPLIT_K .. t * SPLIT_K + SPLIT_K - 1. One progra
 rows of one tile's blocks in split order (deterministic), casts and stores them with masks.
 
 A Triton (tl) kernel, so the CPU tests run it through the interpreter; the tile order is the
-portable kernel's ``grouped_tile``, which the Gluon kernel's ``_tile_coords`` repeats in Gluon
-(the two languages cannot share a function).
+portable kernel's ``grouped_tile``, which the Gluon kernel calls too.
 """
 
 import triton

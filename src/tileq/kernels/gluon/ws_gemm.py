@@ -52,20 +52,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ..gemm_kernel import grouped_tile  # (a triton.jit function: Gluon code calls it as it is)
+
 # Rows of the tile one consumer warpgroup owns: the height of one wgmma.
 HALF_M = gl.constexpr(64)
 
-
-@gluon.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
-    """Grouped order: GROUP_M consecutive row tiles share each column tile while it sits in L2."""
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = tile_id // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
-    pid_n = (tile_id % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
 
 
 @gluon.jit
@@ -102,7 +93,7 @@ def _work_item(item, n_full, num_pid_m, num_pid_n, k_tiles, GROUP_M: gl.constexp
             k_begin = split * per
             k_end = gl.minimum(k_begin + per, k_tiles)
             slot = j
-    pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
     return pid_m, pid_n, split, k_begin, k_end, slot
 
 
