@@ -13,6 +13,8 @@ in the file. A problem whose rule config was not measured shows '-' and stays ou
 
 ``--large-m``: the same for M > 16 (32-token tiles; the split rule, the fastest 32-token and
 16-token configs, and the split that runs the programs in one wave at two per SM).
+``--w4a8``: the W4A8 rows (fp8 activations, 'w4a8_prepacked' / '_sweep', ``int4_bench.py
+--sweep-w4a8``) against the rule's fp8 branch; the previous rule is the same three-stage one.
 ``--sweep-only``: ignore the 'w4a16_prepacked' rows (in CSVs written before the bench labelled
 them with the config that ran, e.g. int4_sweep_maxnreg168.csv, they ran the tuned table's).
 """
@@ -28,15 +30,15 @@ import sys
 SMS = 132
 
 
-def load(path, sweep_only):
+def load(path, sweep_only, kind="w4a16"):
     from tileq.int4p.launch import Int4pConfig
 
     t = collections.defaultdict(dict)
     meta = {}
     for r in csv.DictReader(open(path)):
-        if not r["ms"] or r["impl"] not in ("w4a16_prepacked", "w4a16_prepacked_sweep"):
+        if not r["ms"] or r["impl"] not in (f"{kind}_prepacked", f"{kind}_prepacked_sweep"):
             continue
-        if sweep_only and r["impl"] == "w4a16_prepacked":
+        if sweep_only and r["impl"] == f"{kind}_prepacked":
             continue
         try:
             cfg = Int4pConfig.parse_tag(r["config"])
@@ -67,7 +69,7 @@ def fmt(x, spec="6.1f"):
     return "-" if x is None else format(x, spec)
 
 
-def small_m(t, meta):
+def small_m(t, meta, x_type="bf16"):
     from tileq.int4p.launch import Int4pConfig, decode_rule
 
     rows = []
@@ -75,7 +77,7 @@ def small_m(t, meta):
         if m > 16 or len(times) < 4:
             continue
         s, n, k = meta[(shape, m)]
-        rule, _ = decode_rule(m, n, k)
+        rule, _ = decode_rule(m, n, k, x_type)
         prev = previous_rule(m, n, k)
         best = min(times, key=times.get)
         rows.append((s, shape, m, n, k, prev, rule, best, times.get(prev), times.get(rule), times[best]))
@@ -89,7 +91,8 @@ def small_m(t, meta):
               f"| {fmt(gain, '.3f')} |")
     print()
     for label, sel in (("all", lambda r: True), ("M = 1", lambda r: r[2] == 1), ("M > 1", lambda r: r[2] > 1),
-                       ("set llm", lambda r: r[0] == "llm"), ("set untuned", lambda r: r[0] == "untuned")):
+                       ("set llm", lambda r: r[0] == "llm"), ("set untuned", lambda r: r[0] == "untuned"),
+                       ("set fresh", lambda r: r[0] == "fresh")):
         g = [r[8] / r[9] for r in rows if sel(r) and r[8] and r[9]]
         off = [r[9] / r[10] for r in rows if sel(r) and r[9]]
         if not g:
@@ -166,9 +169,13 @@ def main() -> int:
     p.add_argument("csv")
     p.add_argument("--large-m", action="store_true", help="M > 16 (32-token tiles) instead of M <= 16")
     p.add_argument("--sweep-only", action="store_true", help="ignore the default-config rows")
+    p.add_argument("--w4a8", action="store_true", help="the W4A8 rows and the rule's fp8 branch (M <= 16)")
     args = p.parse_args()
-    t, meta = load(args.csv, args.sweep_only)
-    (large_m if args.large_m else small_m)(t, meta)
+    t, meta = load(args.csv, args.sweep_only, "w4a8" if args.w4a8 else "w4a16")
+    if args.w4a8:
+        small_m(t, meta, "fp8")
+    else:
+        (large_m if args.large_m else small_m)(t, meta)
     return 0
 
 

@@ -263,9 +263,17 @@ def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, 
         assert programs <= per_sm * 132 or "over 4 per SM" in why
         assert ("registers capped at 128" in why) == (cfg.maxnreg == 128)
         assert cfg.scale_ahead == (cfg.maxnreg == 168) == ("group scales one K tile ahead" in why)
-    # fp8 activations keep three stages and the 1.5-waves split (the bands were measured with bf16)
-    fp8 = decode_rule(m, n, k, "fp8")[0]
-    assert fp8.maxnreg is None and fp8.stages == (3 if m <= 16 else 2)
+    # fp8 activations take the M = 1 branches at every decode M (their own sweep), except that
+    # beyond four programs per SM only M = 1 keeps the cap
+    fp8, fp8_why = decode_rule(m, n, k, "fp8")
+    if m > 16:
+        assert fp8 == cfg
+    else:
+        at_one, one_why = decode_rule(1, n, k)
+        if m > 1 and "over 4 per SM" in one_why:
+            assert fp8 == Int4pConfig(16, at_one.split_k, 3, maxnreg=168, scale_ahead=True), fp8_why
+        else:
+            assert fp8 == at_one, fp8_why
 
 
 def test_decode_rule_scales_with_the_number_of_sms():

@@ -116,13 +116,19 @@ def _leading_dim(t: torch.Tensor, layout_char: str) -> int:
 _WORKSPACES: dict[tuple, torch.Tensor] = {}
 
 
+def _device_index(device: torch.device) -> int:
+    """``device``'s index; the current device's for a bare ``torch.device("cuda")`` (whose index
+    is None, which the raw stream query rejects)."""
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
 def _workspace(device: torch.device, numel: int) -> torch.Tensor:
     """A reusable fp32 split-K workspace per (device, stream): a call allocates nothing but its
     output, and a workspace used inside a CUDA graph capture stays alive for its replays."""
     if device.type != "cuda":
         return torch.empty(numel, dtype=torch.float32, device=device)
-    stream = torch.cuda.current_stream(device)
-    key = (device.index, stream.cuda_stream)
+    index = _device_index(device)
+    key = (index, torch.cuda.current_stream(index).cuda_stream)
     ws = _WORKSPACES.get(key)
     if ws is None or ws.numel() < numel:
         ws = torch.empty(max(numel, 1 << 20), dtype=torch.float32, device=device)
@@ -272,7 +278,8 @@ def _cdiv(a: int, b: int) -> int:
 
 def _stream_workspace(device: torch.device, numel: int) -> torch.Tensor:
     """``_workspace``'s buffer for ``device``'s current stream (same table, same key), whole."""
-    key = (device.index, raw_stream()(device.index))
+    index = _device_index(device)
+    key = (index, raw_stream()(index))
     ws = _WORKSPACES.get(key)
     if ws is None or ws.numel() < numel:
         ws = torch.empty(max(numel, 1 << 20), dtype=torch.float32, device=device)
