@@ -173,8 +173,13 @@ def main() -> int:
             cfg = default_config(m, n, k) if args.heuristic else config_for(m, n, k)[0]
             given = cfg if args.heuristic and m < DEQUANT_MIN_M else None
             prefill_path = describe_prepacked(m, n, k, device=dev).split()[0]
-            record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if m < DEQUANT_MIN_M else prefill_path,
+            decode_path = m < DEQUANT_MIN_M and "_decode__" in prefill_path
+            record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if decode_path else prefill_path,
                    lambda: linear_prepacked(x, w_pp, None, sw4, config=given), ref16, b4)
+            if args.small_m_prefill and 16 < m < DEQUANT_MIN_M and not decode_path:
+                # the decode kernel, which the routing (int4p.prefill.plan) passed over here
+                record(s, name, m, n, k, "w4a16_decode", cfg.tag,
+                       lambda: linear_prepacked(x, w_pp, None, sw4, config=cfg), ref16, b4)
             if (args.prefill_split and m >= DEQUANT_MIN_M and "__gluon_" in prefill_path
                     and prefill.split_for(m, n, k, prefill.tokens_for(m, n, sms), sms) > 1):
                 # the default kernel split over K (built, opt-in: prefill.split_for)
@@ -315,9 +320,11 @@ def summarize(rows) -> None:
     for label, (v, n) in lines:
         print(f"{label}: {'-' if v is None else f'{v:.3f}'} (median of {n})")
     # --small-m-prefill / --prefill-split: the Gluon prefill kernel forced (token tiles, split over K)
-    # against the path the call took, medians over the weights timed with each
-    small = sorted({m for (_, m, impl) in t if impl.startswith("w4a16_gluon_")})
-    gluon_impls = sorted({impl for (_, _, impl) in t if impl.startswith("w4a16_gluon_")})
+    # and the decode kernel where the routing passed it over, against the path the call took,
+    # medians over the weights timed with each
+    forced = lambda impl: impl.startswith("w4a16_gluon_") or impl == "w4a16_decode"  # noqa: E731
+    small = sorted({m for (_, m, impl) in t if forced(impl)})
+    gluon_impls = sorted({impl for (_, _, impl) in t if forced(impl)})
     for m in small:
         parts = []
         for impl in gluon_impls:

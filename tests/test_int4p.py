@@ -448,15 +448,39 @@ def test_prefill_kernel_below_dequant_min_m():
     assert prefill.tokens_for(100) == 128
     text = describe_prepacked(48, 34816, 5120)
     assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_sm90") and "272 tiles" in text
-    assert describe_prepacked(64, 5120, 17408).startswith("bquant_bf16xi4p_rcr_decode__")  # 40 tiles
+    # 40 tiles of 64 tokens: too few for prefers(), few enough for the split over K (plan)
+    text = describe_prepacked(64, 5120, 17408)
+    assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk3_ws2x64_sm90"), text
+    assert "40 tiles of 64 tokens" in text and "split over K 3 ways" in text
     assert describe_prepacked(48, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_fp8xi4p_rcr_decode__")
     assert describe_prepacked(16, 34816, 5120).startswith("bquant_bf16xi4p_rcr_decode__")
 
 
+def test_prefill_plan_routes_narrow_weights_to_the_split():
+    """plan(): the split over K where the tiling leaves a third of the SMs idle (at most 0.65 x
+    SMs tiles) and split_for finds one; else the unsplit kernel where prefers() (or from
+    DEQUANT_MIN_M tokens), else the decode kernel (None)."""
+    from tileq.int4p import prefill
+
+    assert prefill.plan(32, 5120, 17408, 132) is None  # below MIN_M: the decode kernel
+    assert prefill.plan(48, 5120, 17408, 132) == (64, 3)  # 40 tiles
+    assert prefill.plan(48, 4608, 3584, 132) == (64, 3)  # 36 tiles, 7 K blocks: ranges of 2-3
+    assert prefill.plan(48, 11008, 4096, 132) == (64, 1)  # 86 tiles: over 0.65 x SMs, prefers()
+    assert prefill.plan(48, 10880, 1024, 132) is None  # 85 tiles but 2 K blocks; not prefers()
+    assert prefill.plan(96, 5120, 17408, 132) == (128, 3)  # a 128-token tile once split
+    assert prefill.plan(128, 8192, 28672, 132) == (128, 2)  # 64 tiles
+    assert prefill.plan(128, 11008, 4096, 132) == (128, 1)  # 86 tiles: unsplit
+    assert prefill.plan(256, 3584, 18944, 132) == (128, 7)  # 56 tiles, 37 blocks
+    assert prefill.plan(256, 4608, 3584, 132) == (128, 1)  # 7 blocks: under four per range above 128 tokens
+    assert prefill.plan(256, 7168, 18432, 132) == (128, 1)  # 112 tiles: over 0.65 x SMs
+    assert prefill.plan(4096, 5120, 5120, 132) == (128, 1)
+    assert prefill.plan(48, 5120, 17408, 100) == (64, 5) and prefill.plan(48, 11008, 4096, 200) == (64, 2)
+
+
 def test_prefill_split_choice_and_names():
-    """The prefill kernel's split over K (built, not used by default): only for grids of fewer
-    tiles than SMs, the split with the fewest waves per unit of K, at least two 512-wide K blocks
-    per range; its own name."""
+    """The prefill kernel's split over K: only for grids of fewer tiles than SMs, the split with
+    the fewest waves per unit of K, at least two 512-wide K blocks per range (four above 128
+    tokens); its own name."""
     from tileq.int4p import prefill
 
     assert prefill.split_for(4096, 5120, 5120, 128, 132) == 1  # 1280 tiles
@@ -466,6 +490,7 @@ def test_prefill_split_choice_and_names():
     assert prefill.split_for(256, 5120, 2048, 128, 132) == 1  # 4 blocks: 2 ways gives 2 waves of half K
     assert prefill.split_for(128, 5120, 2048, 128, 132) == 2  # 40 tiles: 80 items, one wave
     assert prefill.split_for(128, 5120, 1024, 128, 132) == 1  # 2 blocks
+    assert prefill.split_for(256, 4608, 3584, 128, 132) == 1 and prefill.split_for(128, 4608, 3584, 128, 132) == 3
     assert prefill.kernel_name("bf16", "group", 64, 3) == "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk3_ws2x64_sm90"
     with pytest.raises(ValueError, match="no TMA store"):
         prefill.constexprs("bf16", "group", 128, False, True, 64, 2)
@@ -712,6 +737,29 @@ def test_gpu_small_m_takes_the_prefill_kernel(prefill_launches):
     assert len(prefill_launches) == 1
     want = _reference(x.cpu(), v, ws.cpu(), None, None, 128)
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [40, 100, 300])
+def test_gpu_narrow_weights_take_the_split(m, prefill_launches):
+    """1000 weight rows (8 tiles): linear_prepacked runs the Gluon kernel split over K (plan), with
+    a bias, and matches the reference; a second call gives the same bits."""
+    from tileq.int4p import prefill
+    from tileq.int4p.launch import describe_prepacked
+
+    n, k = 1000, 3584 if m <= 128 else 9216
+    tokens, split = prefill.plan(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert split > 1
+    assert f"_sk{split}_" in describe_prepacked(m, n, k, device=torch.device("cuda"))
+    v, w, ws, x = _w4a16_problem(m, n, k, seed=m)
+    bias = torch.randn(n, device="cuda")
+    y = linear_prepacked(x, w, None, ws, bias=bias)
+    torch.cuda.synchronize()
+    assert len(prefill_launches) == 1
+    want = _reference(x.cpu(), v, ws.cpu(), None, bias.cpu(), 128)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+    assert torch.equal(linear_prepacked(x, w, None, ws, bias=bias), y)
 
 
 @GPU

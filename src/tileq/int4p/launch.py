@@ -370,11 +370,11 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     if x2.stride(0) != k and m > 1:
         raise ShapeError(expect("x", "rows of stride K (a contiguous [..., K] tensor)", tuple(x.stride())))
     # M >= DEQUANT_MIN_M: a prefill path (the Gluon kernel where it serves, else dequantize +
-    # cuBLAS); below, the Gluon kernel where it serves and has the tiles to fill the SMs
-    # (prefill.prefers), else the decode kernel.
+    # cuBLAS); below, the Gluon kernel where it serves and prefill.plan gives it the call (a
+    # split over K, or the tiles to fill the SMs), else the decode kernel.
     dequant = config is None and m >= DEQUANT_MIN_M
-    small_prefill = (config is None and prefill.MIN_M <= m < DEQUANT_MIN_M
-                     and prefill.prefers(m, n, _num_sms(x.device)))
+    gluon_plan = prefill.plan(m, n, k, _num_sms(x.device)) if config is None else None
+    small_prefill = not dequant and gluon_plan is not None
     cfg = None if dequant or small_prefill else (config or config_for(m, n, k, x_type)[0])
     key = (m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
            x2.stride(0), x.device, cfg, interpreter_active(), os.environ.get(GLUON_ENV))
@@ -384,10 +384,11 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
         served = (dequant or small_prefill) and prefill.unserved(m, k, x_type, x_kind, w_kind, out_dtype,
                                                                  x.device) is None
         if served:
+            tokens, split = gluon_plan
             launch = prefill.GluonPrefillLaunch(m, n, k, x.dtype, out_dtype, w_kind, sw_strides, group_k,
                                                 b is not None, x.device,
                                                 DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype,
-                                                              x.dtype))
+                                                              x.dtype), tokens=tokens, split=split)
         elif dequant:
             launch = DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype, x.dtype)
         else:  # (a small-M call the prefill kernel does not serve takes the decode kernel)
@@ -407,17 +408,24 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
     (W4A16; without a device, on an sm_90 GPU), from ``DEQUANT_MIN_M`` tokens dequantize + cuBLAS
     where it does not."""
     sms = _num_sms(device) if device is not None else NUM_SMS_DEFAULT
-    if config is None and (m >= DEQUANT_MIN_M or prefill.prefers(m, n, sms)):
+    gluon_plan = prefill.plan(m, n, k, sms) if config is None else None
+    if config is None and (m >= DEQUANT_MIN_M or gluon_plan is not None):
         x_type = _X_TYPES[x_dtype]
         out = x_dtype if x_type in ("bf16", "fp16") else torch.bfloat16
         x_kind = "none" if x_type in ("bf16", "fp16") else "vector"
         why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device)
                if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale))
         if why is None:
-            t = prefill.tokens_for(m, n, sms)
-            when = (f"M >= {DEQUANT_MIN_M}" if m >= DEQUANT_MIN_M else
-                    f"M >= {prefill.MIN_M} with {-(-m // 64) * -(-n // 128)} tiles of 64 tokens for {sms} SMs")
-            return (f"{prefill.kernel_name(x_type, w_scale, t)} ({when}: the sm_90 Gluon "
+            t, split = gluon_plan
+            tiles = -(-m // t) * -(-n // 128)
+            if split > 1:
+                when = (f"{tiles} tiles of {t} tokens for {sms} SMs, at most {prefill.SPLIT_FILL} x SMs: "
+                        f"split over K {split} ways")
+            elif m >= DEQUANT_MIN_M:
+                when = f"M >= {DEQUANT_MIN_M}"
+            else:
+                when = f"M >= {prefill.MIN_M} with {-(-m // 64) * -(-n // 128)} tiles of 64 tokens for {sms} SMs"
+            return (f"{prefill.kernel_name(x_type, w_scale, t, split)} ({when}: the sm_90 Gluon "
                     f"prefill kernel, {t}-token x 128-row tiles, int4 converted in registers)")
         if m >= DEQUANT_MIN_M:
             return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "

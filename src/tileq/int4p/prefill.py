@@ -20,7 +20,7 @@ from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
 from .dequant import DEQUANT_MIN_M
 
 TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x BT tokens
-TOKEN_TILES = (16, 64, 128)  # 64 tokens for calls of up to 64 (``tokens_for``); 16: decode, not routed
+TOKEN_TILES = (16, 64, 128)  # 64 tokens for calls of up to 64 (``tokens_for``); 16: decode, not routed (slower)
 W_SLOTS = 2  # ring slots of 2 x [128, 32] words (one 512-wide K block each)
 X_SLOTS = 8  # ring slots of [BT, 64] activations (two per 128-wide slice)
 GROUP_M = 8
@@ -37,21 +37,54 @@ MAX_SPLIT = 8
 
 def split_for(m: int, n: int, k: int, tokens: int, num_sms: int) -> int:
     """K ranges per tile for a grid of fewer tiles than SMs (1 otherwise): the split with the
-    fewest waves per unit of K, each range at least two 512-wide K blocks (ties: the smaller
-    split, whose partials cost less to write and sum). Not used by default: the split is built
-    and compile-checked, not yet run on a GPU (``GluonPrefillLaunch(split=...)``)."""
+    fewest waves per unit of K (ties: the smaller split, whose partials cost less to write and
+    sum), each range at least ``min_split_blocks(m)`` 512-wide K blocks."""
     tiles = -(-m // tokens) * -(-n // 128)
     k_blocks = -(-k // 512)
     if tiles >= num_sms:
         return 1
     cost = lambda s: -(-tiles * s // num_sms) / s  # noqa: E731  (waves x the share of K per item)
-    cands = [s for s in range(1, MAX_SPLIT + 1) if k_blocks >= 2 * s]
+    cands = [s for s in range(1, MAX_SPLIT + 1) if k_blocks >= min_split_blocks(m) * s]
     return min(cands, key=lambda s: (cost(s), s)) if cands else 1
 
 
+def min_split_blocks(m: int) -> int:
+    """512-wide K blocks per K range: 2 up to one 128-token tile, 4 beyond. Above 128 tokens a
+    tile's K loop is long enough that the unsplit kernel beat splits of 2-3 blocks per range
+    (H200, bench/results/h200/int4/split-k/, M = 256: K of 3584-5120 in 3-4 ranges ran 0.87-0.97x);
+    at 48-128 tokens such splits still beat every other path (up to 1.45x)."""
+    return 2 if m <= TOKENS else 4
+
+
+# The split over K takes a call whose tiling leaves at least a third of the SMs without a tile
+# (at most SPLIT_FILL x SMs tiles) where split_for finds a split. Measured on an H200
+# (bench/results/h200/int4/split-k/, 18 weights at M 48, 64, 128 and 256, every path timed in one
+# run): against the path without it, 1.02-1.92x at M 48-64 (median 1.38x), at M = 128 1.13-1.56x
+# on all but one weight with 86 tiles (0.94x; hence 0.65), at M = 256 1.05-1.68x where the ranges
+# keep four K blocks. Token tile: 64 up to 64 tokens, else 128 (at M = 128 the 128-token split
+# beat the 64-token one on 14 of 15 weights: each weight converted once).
+SPLIT_FILL = 0.65
+
+
+def plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int] | None:
+    """(token tile, split over K) of this kernel for a call of ``m`` tokens, or None where the
+    decode kernel takes it (below MIN_M tokens; below DEQUANT_MIN_M without a split and without
+    the tiles ``prefers`` asks for). Whether the kernel serves the call is ``unserved``'s answer."""
+    if m < MIN_M:
+        return None
+    tokens = 64 if m <= 64 else TOKENS
+    if -(-m // tokens) * -(-n // 128) <= SPLIT_FILL * num_sms:
+        split = split_for(m, n, k, tokens, num_sms)
+        if split > 1:
+            return tokens, split
+    if m >= DEQUANT_MIN_M or prefers(m, n, num_sms):
+        return tokens_for(m, n, num_sms), 1
+    return None
+
+
 # Below DEQUANT_MIN_M tokens (where the decode kernel's 32-token tiles convert each weight once per
-# 32 tokens) a call takes this kernel from MIN_M tokens when it has enough tiles to fill the SMs
-# (``prefers``): no split-K here, and with few weight rows the decode kernel's split over K wins.
+# 32 tokens) a call takes this kernel unsplit from MIN_M tokens when it has enough tiles to fill
+# the SMs (``prefers``); with fewer weight rows, split over K (``plan``).
 # Measured on an H200 (bench/results/h200/int4/small-m/, 18 weights x M in {32, 48, 64, 96, 128,
 # 192}, the decode kernel and both token tiles timed in one run): against the decode kernel
 # alone, median 1.00x / 1.00x / 1.27x / 1.48x / 1.51x at M 48 / 64 / 96 / 128 / 192 (up to 1.45x
