@@ -6,6 +6,8 @@ W4A16 (bf16 or fp16 activations without an activation scale), a 16-bit output, s
 (not interpreted) with a Triton version the Gluon kernels were tested with, activations whose
 rows are 16-byte aligned, ``TILEQ_GLUON`` not 0. fp8 activations (W4A8) keep the dequantize path:
 the kernel's B operand comes from shared memory as TMA wrote it, with no room to convert.
+From ``MIN_M`` tokens below ``DEQUANT_MIN_M`` it takes the calls ``plan`` gives it (split over K
+on narrow weights, unsplit where the tiles fill the SMs); the decode kernel takes the others.
 """
 
 from __future__ import annotations
