@@ -126,19 +126,26 @@ def _attempt(name: str, family: str, config: str, t0: float, build) -> tuple[Bui
     return BuildResult(name, family, config, True, time.time() - t0), compiled
 
 
-def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens: int = 128
+def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens: int = 128, split: int = 1
                            ) -> tuple[BuildResult, object]:
     from ..int4p.launch import W_SCALE_OF_SCHEME
     from ..int4p.prefill import compile_sm90, config_tag, kernel_name
 
     w_kind = W_SCALE_OF_SCHEME[fam.scheme.value]
-    return _attempt(kernel_name(fam.a.value, w_kind, tokens), fam.name, config_tag(tokens), t0,
-                    lambda: compile_sm90(fam.a.value, w_kind, tokens=tokens))
+    return _attempt(kernel_name(fam.a.value, w_kind, tokens, split), fam.name, config_tag(tokens, split), t0,
+                    lambda: compile_sm90(fam.a.value, w_kind, tokens=tokens, split=split,
+                                         tma_store=split == 1))
 
 
 def _compile_int4p_prefill64(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
     """The 64-token tile (calls of 33-255 tokens with enough weight rows: int4p.prefill.prefers)."""
     return _compile_int4p_prefill(fam, arch, t0, tokens=64)
+
+
+def _compile_int4p_prefill_split(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
+    """The 64-token tile split over K two ways, fp32 partials (narrow weights: int4p.prefill.plan);
+    other splits differ in one constant (the K range of an item) and compile on first use."""
+    return _compile_int4p_prefill(fam, arch, t0, tokens=64, split=2)
 
 
 def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
@@ -171,7 +178,8 @@ def _compile_gluon_fast(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[B
 
 # The kernels built beside a family's portable Triton kernel, by ``compile_one``'s impl.
 _SPECIAL = {"gluon": _compile_gluon, "gluon_fast": _compile_gluon_fast, "int4p": _compile_int4p,
-            "int4p_prefill": _compile_int4p_prefill, "int4p_prefill64": _compile_int4p_prefill64}
+            "int4p_prefill": _compile_int4p_prefill, "int4p_prefill64": _compile_int4p_prefill64,
+            "int4p_prefill_split": _compile_int4p_prefill_split}
 
 
 def _tool(name: str) -> str:
@@ -198,7 +206,7 @@ def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: boo
     variant, the sm_90 Gluon kernel (``impl='gluon'``; 'gluon_fast': its fast_accum instance),
     the prepacked-int4 decode kernel
     ('int4p') or the prepacked-int4 Gluon prefill kernel ('int4p_prefill': 128-token tiles,
-    'int4p_prefill64': 64)."""
+    'int4p_prefill64': 64, 'int4p_prefill_split': 64 split over K two ways)."""
     from triton.backends.compiler import GPUTarget
 
     from ..kernels.gemm_kernel import _gemm_kernel
@@ -256,7 +264,7 @@ def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = Non
     work += [(n, False, "gluon_fast") for n in names if wants_gluon_fast_build(parse_family(n), arch)]
     work += [(n, False, "int4p") for n in names if wants_int4p_build(parse_family(n), arch)]
     work += [(n, False, impl) for n in names if wants_int4p_prefill_build(parse_family(n), arch)
-             for impl in ("int4p_prefill", "int4p_prefill64")]
+             for impl in ("int4p_prefill", "int4p_prefill64", "int4p_prefill_split")]
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     jobs = jobs or max(1, os.cpu_count() or 1)
