@@ -177,7 +177,8 @@ def _explain_prepacked(args) -> int:
               f"{cfg.stages} stages, split-K {cfg.split_k}{cap} ({source})")
     print("executor: the kernels of tileq.int4p on an sm_90 GPU (Triton decode kernel; from "
           "256 tokens the Gluon prefill kernel, or dequantize + cuBLAS where it does not serve the call; "
-          "from 33 tokens the Gluon kernel where its tiles fill the SMs), "
+          "from 33 tokens the Gluon kernel where int4p.prefill.plan gives it the call: split over K "
+          "on narrow weights, unsplit where its tiles fill the SMs), "
           "or the reference executor on the unprepacked weight (backend='reference', CPU tensors)")
     return 0
 
