@@ -90,6 +90,7 @@ def main() -> int:
     from tileq.bench.timing import Timer, TimingConfig
     from tileq.int4p import prefill, prepack_int4
     from tileq.int4p.dequant import DEQUANT_MIN_M, DequantLaunch
+    from tileq.int4p.fp8_prefill import Fp8PrefillLaunch
     from tileq.int4p.launch import Int4pConfig, config_for, default_config, describe_prepacked, linear_prepacked
     from tileq.quant import pack_int4
 
@@ -214,6 +215,10 @@ def main() -> int:
             record(s, name, m, n, k, "w4a8_prepacked", config_for(m, n, k, "fp8")[0].tag if m < DEQUANT_MIN_M
                    else "dequant+cublas",
                    lambda: linear_prepacked(xf8, w_pp, sx, sw4), ref8, b4)
+            if m >= DEQUANT_MIN_M:  # W4A8 prefill on fp8 tensor cores (TILEQ_W4A8_PREFILL=fp8)
+                f8p = Fp8PrefillLaunch(n, k, "group", "vector", 128, torch.bfloat16, torch.float8_e4m3fn)
+                record(s, name, m, n, k, "w4a8_fp8_prefill", f8p.name,
+                       lambda f8p=f8p: f8p(xf8, w_pp.data, sx, sw4, None), ref8, b4)
             if (m <= 16 or m in (32, 64)) and not args.no_sweep:
                 if m <= 16:
                     sweep = [Int4pConfig(16, sk, st, 4, reg) for sk in (1, 2, 4, 8)
@@ -287,7 +292,8 @@ def summarize(rows) -> None:
             if g("w4a8_prepacked") else None
         ratio[(s, shape, m, n, k)] = (r_pp_i8, r_bf16, r_a8, r_a8f, div(best, g("int8_rowcol")),
                                       div(g("bf16_cublas"), g("w4a16_dequant")), div(best8, g("int8_rowcol")),
-                                      div(g("w4a16_gluon_t16"), g("int8_rowcol")))
+                                      div(g("w4a16_gluon_t16"), g("int8_rowcol")),
+                                      div(g("fp8_rowcol"), g("w4a8_fp8_prefill")))
         f2 = lambda x: f"{x:6.2f}" if x else "     -"  # noqa: E731
         print(f"{shape:22} {m:5d} {fmt(g('bf16_cublas'))} {fmt(g('int8_rowcol'))} {fmt(g('w4a16_pk'))} "
               f"{fmt(g('w4a16_prepacked'))} {fmt(best)} {f2(r_pp_i8)} {f2(r_bf16)} {f2(r_pk)} {f2(r_a8)}   (us)")
@@ -310,6 +316,7 @@ def summarize(rows) -> None:
         ("W4A8 decode M<=16, >= 25 MB: prepacked / int8 (target <= 0.6)", med(lambda *a: a[2] <= 16 and big(*a), 2)),
         ("  same, best swept W4A8 config / int8", med(lambda *a: a[2] <= 16 and big(*a), 6)),
         ("W4A8 prefill M>=128: fp8 rowcol time / prepacked (target >= 0.8)", med(lambda *a: a[2] >= 128, 3)),
+        ("  same, values as fp8 + tileq's fp8 GEMM (TILEQ_W4A8_PREFILL=fp8)", med(lambda *a: a[2] >= 128, 8)),
         ("  untuned shapes only, W4A16 decode M<=16 / int8", med(lambda *a: a[0] == "untuned" and a[2] <= 16, 0)),
         ("  fresh shapes only, W4A16 decode M<=16, >= 25 MB / int8",
          med(lambda *a: a[0] == "fresh" and a[2] <= 16 and big(*a), 0)),

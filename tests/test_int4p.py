@@ -220,6 +220,81 @@ def test_dequantize_is_exact_and_prefill_takes_it():
     assert describe_prepacked(1, n, k).startswith("bquant_bf16xi4p_rcr_decode__m64n16k512")
 
 
+def _w4a8_scales(kind, n, k, group_k):
+    gk = -(-k // group_k)
+    return {"group": torch.rand(gk, n) * 0.02 + 0.01, "vector": torch.rand(n) * 0.02 + 0.01,
+            "scalar": torch.tensor(0.015)}[kind]
+
+
+@pytest.mark.parametrize("x_dtype", FP8)
+def test_dequantize_values_to_fp8_is_exact(x_dtype):
+    """The values alone (w_kind 'none') in e4m3 and e5m2: -8..7 are exact in both."""
+    from tileq.int4p.dequant import dequantize_prepacked
+
+    torch.manual_seed(3)
+    n, k = 37, 1100
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to(DEV)
+    got = dequantize_prepacked(w.data, n, k, None, "none", (0, 0), 128, x_dtype)
+    assert got.dtype == x_dtype and torch.equal(got.cpu().float(), v.float())
+    with pytest.raises(ValueError):
+        dequantize_prepacked(w.data, n, k, torch.ones(n, device=DEV), "none", (0, 1), 128, x_dtype)
+
+
+@pytest.mark.parametrize("w_kind", ["group", "vector", "scalar"])
+@pytest.mark.parametrize("x_kind", ["vector", "scalar"])
+def test_w4a8_fp8_prefill_runs_tileqs_fp8_gemm(w_kind, x_kind):
+    """Fp8PrefillLaunch through the Triton kernels (the interpreter on CPU): the int4 values as
+    fp8, group scales by scheme bquant (groups of one column), the others by rowcol; per-token or
+    per-tensor activation scales, bias; against the float64 reference."""
+    from tileq.int4p.fp8_prefill import Fp8PrefillLaunch
+
+    torch.manual_seed(5)
+    m, n, k, group_k = 7, 40, 640, 256 if w_kind == "group" else 128
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to(DEV)
+    sw = _w4a8_scales(w_kind, n, k, group_k)
+    x = (torch.randn(m, k) * 50).clamp(-400, 400).to(torch.float8_e4m3fn)
+    sx = torch.rand(m) + 0.5 if x_kind == "vector" else torch.tensor(0.7)
+    bias = torch.randn(n)
+    launch = Fp8PrefillLaunch(n, k, w_kind, x_kind, group_k, torch.bfloat16, x.dtype, backend="triton")
+    assert launch.scheme == ("bquant" if w_kind == "group" else "rowcol")
+    y = launch(x.to(DEV), w.data, sx.to(DEV), sw.to(DEV), bias.to(DEV))
+    want = _reference(x, v, sw, sx, bias, group_k)
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+
+
+def test_w4a8_prefill_path_is_chosen_by_the_environment(monkeypatch):
+    """TILEQ_W4A8_PREFILL: 'bf16' (default) dequantize + bf16 cuBLAS, 'fp8' the fp8 GEMM (same
+    answer, through linear_prepacked from DEQUANT_MIN_M tokens), anything else an error."""
+    from tileq.int4p.dequant import DEQUANT_MIN_M
+    from tileq.int4p.launch import describe_prepacked
+
+    f8 = torch.float8_e4m3fn
+    monkeypatch.delenv("TILEQ_W4A8_PREFILL", raising=False)
+    assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8).startswith("dequant+cublas")
+    assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096).startswith("bquant_bf16xi4p_rcr_prefill__gluon")
+    torch.manual_seed(9)
+    m, n, k = DEQUANT_MIN_M + 1, 24, 512
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to(DEV)
+    sw = _w4a8_scales("group", n, k, 128)
+    x = (torch.randn(m, k) * 50).clamp(-400, 400).to(f8)
+    sx = torch.rand(m) + 0.5
+    want = _reference(x, v, sw, sx, None, 128)
+    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp8")
+    text = describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8)
+    assert text.startswith("dequant-fp8+tileq") and "bquant GEMM" in text
+    assert "rowcol GEMM" in describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8, w_scale="vector")
+    assert describe_prepacked(DEQUANT_MIN_M - 1, 4096, 4096, f8).startswith("bquant_fp8xi4p_rcr_decode__")
+    y = linear_prepacked(x.to(DEV), w, sx.to(DEV), sw.to(DEV))
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp9")
+    with pytest.raises(ValueError, match="TILEQ_W4A8_PREFILL"):
+        linear_prepacked(x.to(DEV), w, sx.to(DEV), sw.to(DEV))
+
+
 def test_default_config_covers_the_gpu():
     assert default_config(1, 5120, 17408).split_k > 1  # 80 row tiles on 132 SMs
     assert default_config(1, 28672, 8192).split_k == 1
@@ -760,6 +835,27 @@ def test_gpu_narrow_weights_take_the_split(m, prefill_launches):
     want = _reference(x.cpu(), v, ws.cpu(), None, bias.cpu(), 128)
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
     assert torch.equal(linear_prepacked(x, w, None, ws, bias=bias), y)
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("w_kind", ["group", "vector"])
+def test_gpu_w4a8_fp8_prefill(w_kind, monkeypatch):
+    """TILEQ_W4A8_PREFILL=fp8 on the GPU: linear_prepacked at 300 tokens writes the values as fp8
+    and runs tileq's fp8 GEMM (bquant with one-column groups, or rowcol), bias, odd N; matches
+    the reference."""
+    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp8")
+    torch.manual_seed(13)
+    m, n, k = 300, 1000, 3584
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).cuda()
+    sw = _w4a8_scales(w_kind, n, k, 128)
+    x = (torch.randn(m, k) * 50).clamp(-400, 400).to(torch.float8_e4m3fn)
+    sx = torch.rand(m) + 0.5
+    bias = torch.randn(n)
+    y = linear_prepacked(x.cuda(), w, sx.cuda(), sw.cuda(), bias=bias.cuda())
+    want = _reference(x, v, sw, sx, bias, 128)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
 
 
 @GPU

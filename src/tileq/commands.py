@@ -176,7 +176,8 @@ def _explain_prepacked(args) -> int:
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
               f"{cfg.stages} stages, split-K {cfg.split_k}{cap} ({source})")
     print("executor: the kernels of tileq.int4p on an sm_90 GPU (Triton decode kernel; from "
-          "256 tokens the Gluon prefill kernel, or dequantize + cuBLAS where it does not serve the call; "
+          "256 tokens the Gluon prefill kernel, or dequantize + cuBLAS where it does not serve the call "
+          "(W4A8 with TILEQ_W4A8_PREFILL=fp8: the values as fp8, then tileq's fp8 GEMM); "
           "from 33 tokens the Gluon kernel where int4p.prefill.plan gives it the call: split over K "
           "on narrow weights, unsplit where its tiles fill the SMs), "
           "or the reference executor on the unprepacked weight (backend='reference', CPU tensors)")

@@ -33,8 +33,9 @@ _ROWS = 16  # weight rows per program
 @triton.jit
 def _dequant_kernel(w_ptr, sw_ptr, out_ptr, N, K, stride_sw_g, stride_sw_n,
                     W_SCALE: tl.constexpr, GROUP_K: tl.constexpr, ROWS: tl.constexpr,
-                    OUT_FP16: tl.constexpr):
-    """out[n, k] = value(n, k) * scale, one [ROWS, 512] block per program, k in natural order.
+                    OUT: tl.constexpr):
+    """out[n, k] = value(n, k) * scale (W_SCALE 'none': the value alone), one [ROWS, 512] block
+    per program, k in natural order.
 
     Element k of a 512 block sits in word c = 2 ((k % 64) // 2) + k // 256 at nibble
     s = (k % 256) // 64 + 4 (k % 2) (layout.py's table, inverted). Each word is gathered by the
@@ -58,12 +59,16 @@ def _dequant_kernel(w_ptr, sw_ptr, out_ptr, N, K, stride_sw_g, stride_sw_n,
         v = v * sw
     elif W_SCALE == "vector":
         v = v * tl.load(sw_ptr + rn * stride_sw_n, mask=n_ok, other=0.0)[:, None]
-    else:
+    elif W_SCALE == "scalar":
         v = v * tl.load(sw_ptr)
     dst = out_ptr + rn64[:, None] * K + k[None, :]
     mask = n_ok[:, None] & k_ok[None, :]
-    if OUT_FP16:
+    if OUT == "fp16":
         tl.store(dst, v.to(tl.float16), mask=mask)
+    elif OUT == "fp8":
+        tl.store(dst, v.to(tl.float8e4nv), mask=mask)
+    elif OUT == "bf8":
+        tl.store(dst, v.to(tl.float8e5), mask=mask)
     else:
         tl.store(dst, v.to(tl.bfloat16), mask=mask)
 
@@ -71,11 +76,18 @@ def _dequant_kernel(w_ptr, sw_ptr, out_ptr, N, K, stride_sw_g, stride_sw_n,
 _CALLS: dict = {}
 
 
-def dequantize_prepacked(wdata: torch.Tensor, n: int, k: int, w_scale: torch.Tensor, w_kind: str, sw_strides,
-                         group_k: int, dtype: torch.dtype) -> torch.Tensor:
+_OUT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "bf8"}
+
+
+def dequantize_prepacked(wdata: torch.Tensor, n: int, k: int, w_scale: torch.Tensor | None, w_kind: str,
+                         sw_strides, group_k: int, dtype: torch.dtype) -> torch.Tensor:
     """The dequantized weight [N, K] in ``dtype`` (bf16 or fp16), value times its scale, from a
     PrepackedInt4's words ``wdata`` (logical shape n x k); w_scale fp32 as ``linear_prepacked``
-    normalized it (``w_kind`` 'group' | 'vector' | 'scalar', its strides)."""
+    normalized it (``w_kind`` 'group' | 'vector' | 'scalar', its strides). ``w_kind`` 'none'
+    (``w_scale`` None) writes the values alone, which fp8 ``dtype`` (e4m3 or e5m2) holds exactly
+    (-8..7)."""
+    if dtype not in _OUT or (w_kind == "none") != (w_scale is None):
+        raise ValueError(f"dequantize_prepacked: dtype {dtype} with w_kind {w_kind!r}")
     out = torch.empty(n, k, dtype=dtype, device=wdata.device)
     if n == 0 or k == 0:
         return out
@@ -86,9 +98,8 @@ def dequantize_prepacked(wdata: torch.Tensor, n: int, k: int, w_scale: torch.Ten
         grid = (-(-n // _ROWS), -(-k // BLOCK_K))
         call = KernelCall(sys.modules[__name__], "_dequant_kernel", grid,
                           (n, k, sw_strides[0], sw_strides[1]),
-                          dict(W_SCALE=w_kind, GROUP_K=group_k, ROWS=_ROWS, OUT_FP16=dtype == torch.float16,
-                               num_warps=8),
-                          (torch.int32, torch.float32, dtype))
+                          dict(W_SCALE=w_kind, GROUP_K=group_k, ROWS=_ROWS, OUT=_OUT[dtype], num_warps=8),
+                          (torch.int32, None if w_scale is None else torch.float32, dtype))
         bounded_put(_CALLS, key, call, 1024)
     call((wdata, w_scale, out), wdata.device.type == "cuda" and not interpreted and direct_launch_enabled())
     return out

@@ -24,7 +24,7 @@ from ..kernels.gluon.launch import _num_sms
 from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
 from ..kernels.select import GLUON_ENV
 from . import kernel as _kernel_module
-from . import prefill
+from . import fp8_prefill, prefill
 from .dequant import DEQUANT_MIN_M, DequantLaunch
 from .layout import BLOCK_K, PrepackedInt4
 
@@ -377,7 +377,8 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     small_prefill = not dequant and gluon_plan is not None
     cfg = None if dequant or small_prefill else (config or config_for(m, n, k, x_type)[0])
     key = (m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
-           x2.stride(0), x.device, cfg, interpreter_active(), os.environ.get(GLUON_ENV))
+           x2.stride(0), x.device, cfg, interpreter_active(), os.environ.get(GLUON_ENV),
+           os.environ.get(fp8_prefill.PREFILL_ENV))
     launch = _LAUNCHES.get(key)
     if launch is None:
         # (the key holds what unserved() reads: the device, the interpreter, TILEQ_GLUON)
@@ -389,6 +390,8 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
                                                 b is not None, x.device,
                                                 DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype,
                                                               x.dtype), tokens=tokens, split=split)
+        elif dequant and x_kind != "none" and fp8_prefill.selected():
+            launch = fp8_prefill.Fp8PrefillLaunch(n, k, w_kind, x_kind, group_k, out_dtype, x.dtype)
         elif dequant:
             launch = DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype, x.dtype)
         else:  # (a small-M call the prefill kernel does not serve takes the decode kernel)
@@ -427,6 +430,10 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
                 when = f"M >= {prefill.MIN_M} with {-(-m // 64) * -(-n // 128)} tiles of 64 tokens for {sms} SMs"
             return (f"{prefill.kernel_name(x_type, w_scale, t, split)} ({when}: the sm_90 Gluon "
                     f"prefill kernel, {t}-token x 128-row tiles, int4 converted in registers)")
+        if m >= DEQUANT_MIN_M and x_kind != "none" and fp8_prefill.selected():
+            return (f"{fp8_prefill.Fp8PrefillLaunch.name} (M >= {DEQUANT_MIN_M}, "
+                    f"{fp8_prefill.PREFILL_ENV}=fp8: W's int4 values written as {x_type}, then tileq's fp8 "
+                    f"{'bquant' if w_scale == 'group' else 'rowcol'} GEMM with its scales)")
         if m >= DEQUANT_MIN_M:
             return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "
                     f"not the Gluon prefill kernel: {why})")

@@ -1,0 +1,64 @@
+"""W4A8 prefill on fp8 tensor cores: the prepacked int4 weight written once per call as fp8
+values, then tileq's own fp8 GEMM with the weight's scales where the scheme applies them.
+
+The default W4A8 prefill path (``dequant.DequantLaunch``) converts the fp8 activations to bf16,
+writes the weight as bf16 (value times scale, rounded) and runs a bf16 cuBLAS product: half the
+tensor-core rate of fp8 and two bytes per weight written and read back. Here the weight's int4
+values go to the activations' fp8 type alone (-8..7 are exact in e4m3 and in e5m2: one byte per
+weight) and the scales stay in fp32 inside the GEMM, as the fused kernels keep them:
+
+- group scales ([K / group_k, N]): scheme bquant with b_scale groups of one column x group_k
+  (``sa[m] * sum_g sb[g, n] * sum_{k in g} x * v``);
+- per-channel or per-tensor scales: scheme rowcol (``sa[m] * sb[n] * sum_k x * v``).
+
+The activation scale is the per-token ([M]) or per-tensor one the call brought. Selected by
+``TILEQ_W4A8_PREFILL=fp8``; the default stays dequantize + bf16 cuBLAS until this path is timed
+on a GPU (``scripts/int4_bench.py`` times both: 'w4a8_prepacked' and 'w4a8_fp8_prefill').
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .dequant import dequantize_prepacked
+
+PREFILL_ENV = "TILEQ_W4A8_PREFILL"  # 'fp8' selects this path for W4A8 calls from DEQUANT_MIN_M tokens
+
+
+def selected() -> bool:
+    """Whether W4A8 calls from DEQUANT_MIN_M tokens take this path (``TILEQ_W4A8_PREFILL=fp8``);
+    any other value than 'fp8' or 'bf16' (the default) is an error, not a silent default."""
+    value = os.environ.get(PREFILL_ENV, "bf16")
+    if value not in ("fp8", "bf16"):
+        raise ValueError(f"{PREFILL_ENV}={value!r}: expected 'fp8' (fp8 GEMM) or 'bf16' (dequantize + bf16 cuBLAS)")
+    return value == "fp8"
+
+
+class Fp8PrefillLaunch:
+    """The W4A8 prefill path for one call signature, called like ``launch.Int4pLaunch``:
+    y = (x @ values(W)^T with the scales of ``scheme``) + bias, cast, through ``tileq.linear``."""
+
+    name = "dequant-fp8+tileq"
+
+    def __init__(self, n: int, k: int, w_kind: str, x_kind: str, group_k: int, out_dtype: torch.dtype,
+                 x_dtype: torch.dtype, backend: str | None = None):
+        if x_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or x_kind not in ("vector", "scalar"):
+            raise ValueError(f"Fp8PrefillLaunch: fp8 activations with a per-token or per-tensor scale, "
+                             f"not {x_dtype} / {x_kind}")
+        self.n, self.k, self.w_kind, self.x_kind = n, k, w_kind, x_kind
+        self.group_k, self.out_dtype, self.x_dtype, self.backend = group_k, out_dtype, x_dtype, backend
+        self.scheme = "bquant" if w_kind == "group" else "rowcol"
+
+    def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
+        from ..api import linear
+
+        values = dequantize_prepacked(wdata, self.n, self.k, None, "none", (0, 0), self.group_k, self.x_dtype)
+        if self.scheme == "bquant":
+            w_scale, group_n = sw, 1  # [K / group_k, N]: one column per group
+        else:
+            w_scale, group_n = sw.reshape(-1) if sw.numel() > 1 else sw.reshape(()), None
+        x_scale = sx.reshape(-1) if self.x_kind == "vector" else sx.reshape(())
+        return linear(x2, values, x_scale, w_scale, scheme=self.scheme, out_dtype=self.out_dtype, bias=bias,
+                      group_k=self.group_k, group_n=group_n, out=out, backend=self.backend)
