@@ -78,8 +78,9 @@ def main() -> int:
                    help="at M <= 16 also sweep the W4A8 (fp8 activations) decode configs, with and without "
                         "group scales one K tile ahead ('w4a8_prepacked_sweep')")
     p.add_argument("--prefill-split", action="store_true",
-                   help="where the Gluon prefill kernel is timed and its grid has fewer tiles than SMs, also "
-                        "time it split over K (prefill.split_for; built, not used by default)")
+                   help="where the Gluon prefill kernel is timed (forced at 16 < M < 256, or the default path "
+                        "from 256 where the plan does not split) and its grid has fewer tiles than SMs, also "
+                        "time it split over K (prefill.split_for)")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -174,7 +175,7 @@ def main() -> int:
             cfg = default_config(m, n, k) if args.heuristic else config_for(m, n, k)[0]
             given = cfg if args.heuristic and m < DEQUANT_MIN_M else None
             prefill_path = describe_prepacked(m, n, k, device=dev).split()[0]
-            decode_path = m < DEQUANT_MIN_M and "_decode__" in prefill_path
+            decode_path = m < DEQUANT_MIN_M and (given is not None or "_decode__" in prefill_path)
             record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if decode_path else prefill_path,
                    lambda: linear_prepacked(x, w_pp, None, sw4, config=given), ref16, b4)
             if args.small_m_prefill and 16 < m < DEQUANT_MIN_M and not decode_path:
@@ -182,8 +183,9 @@ def main() -> int:
                 record(s, name, m, n, k, "w4a16_decode", cfg.tag,
                        lambda: linear_prepacked(x, w_pp, None, sw4, config=cfg), ref16, b4)
             if (args.prefill_split and m >= DEQUANT_MIN_M and "__gluon_" in prefill_path
+                    and prefill.plan(m, n, k, sms)[1] == 1
                     and prefill.split_for(m, n, k, prefill.tokens_for(m, n, sms), sms) > 1):
-                # the default kernel split over K (built, opt-in: prefill.split_for)
+                # the default kernel split over K where the plan does not split (prefill.split_for)
                 t_ = prefill.tokens_for(m, n, sms)
                 gp = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
                                                 (sw4.stride(0), sw4.stride(1)), 128, False, dev, None, tokens=t_,
@@ -213,7 +215,7 @@ def main() -> int:
             record(s, name, m, n, k, "w4a8_pk", "", lambda: tileq.linear(xf8, w_pk, sx, sw4, scheme="bquant"),
                    ref8, b4)
             record(s, name, m, n, k, "w4a8_prepacked", config_for(m, n, k, "fp8")[0].tag if m < DEQUANT_MIN_M
-                   else "dequant+cublas",
+                   else describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev).split()[0],
                    lambda: linear_prepacked(xf8, w_pp, sx, sw4), ref8, b4)
             if m >= DEQUANT_MIN_M:  # W4A8 prefill on fp8 tensor cores (TILEQ_W4A8_PREFILL=fp8)
                 f8p = Fp8PrefillLaunch(n, k, "group", "vector", 128, torch.bfloat16, torch.float8_e4m3fn)
@@ -308,7 +310,7 @@ def summarize(rows) -> None:
          med(lambda *a: a[2] <= 16 and big(*a), 0)),
         ("  same, best swept config / int8", med(lambda *a: a[2] <= 16 and big(*a), 4)),
         ("  same, Gluon 16-token tiles (best split) / int8", med(lambda *a: a[2] <= 16 and big(*a), 7)),
-        ("W4A16 decode M 32-64: prepacked / int8 (target <= 0.75)", med(lambda *a: 32 <= a[2] <= 64, 0)),
+        ("W4A16 M 32-64 (the routed path): prepacked / int8 (target <= 0.75)", med(lambda *a: 32 <= a[2] <= 64, 0)),
         ("W4A16 prefill M>=1024: bf16 time / prepacked time (target >= 0.95)", med(lambda *a: a[2] >= 1024, 1)),
         ("W4A16 prefill M 128-512: bf16 / prepacked (target >= 1.0)", med(lambda *a: 128 <= a[2] <= 512, 1)),
         ("  dequant+cublas instead, M>=1024: bf16 / dequant", med(lambda *a: a[2] >= 1024, 5)),

@@ -172,6 +172,8 @@ def main() -> int:
     p.add_argument("--w4a8", action="store_true", help="the W4A8 rows and the rule's fp8 branch (M <= 16)")
     args = p.parse_args()
     t, meta = load(args.csv, args.sweep_only, "w4a8" if args.w4a8 else "w4a16")
+    if args.w4a8 and args.large_m:
+        p.error("--w4a8 replays the decode rule at M <= 16 only")
     if args.w4a8:
         small_m(t, meta, "fp8")
     else:

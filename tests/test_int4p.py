@@ -226,6 +226,28 @@ def _w4a8_scales(kind, n, k, group_k):
             "scalar": torch.tensor(0.015)}[kind]
 
 
+@pytest.mark.parametrize("fp8_prefill", ["bf16", "fp8"])
+def test_out_is_checked_on_every_path(fp8_prefill, monkeypatch):
+    """out= of the wrong dtype or shape is an error whichever path runs the call (here the W4A8
+    prefill paths); the right one is written in place."""
+    from tileq.errors import DTypeError, ShapeError
+    from tileq.int4p.dequant import DEQUANT_MIN_M
+
+    monkeypatch.setenv("TILEQ_W4A8_PREFILL", fp8_prefill)
+    m, n, k = DEQUANT_MIN_M, 24, 512
+    torch.manual_seed(2)
+    w = prepack_int4(torch.randint(-8, 8, (n, k), dtype=torch.int8)).to(DEV)
+    x = torch.randn(m, k).to(torch.float8_e4m3fn).to(DEV)
+    sx, sw = torch.ones(m, device=DEV), torch.ones(n, device=DEV)
+    with pytest.raises(DTypeError, match="out"):
+        linear_prepacked(x, w, sx, sw, out=torch.empty(m, n, device=DEV))
+    with pytest.raises(ShapeError, match="out"):
+        linear_prepacked(x, w, sx, sw, out=torch.empty(m, n + 1, dtype=torch.bfloat16, device=DEV))
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=DEV)
+    y = linear_prepacked(x, w, sx, sw, out=out)
+    assert y.data_ptr() == out.data_ptr() and torch.equal(y, linear_prepacked(x, w, sx, sw))
+
+
 @pytest.mark.parametrize("x_dtype", FP8)
 def test_dequantize_values_to_fp8_is_exact(x_dtype):
     """The values alone (w_kind 'none') in e4m3 and e5m2: -8..7 are exact in both."""

@@ -86,7 +86,9 @@ def dequantize_prepacked(wdata: torch.Tensor, n: int, k: int, w_scale: torch.Ten
     normalized it (``w_kind`` 'group' | 'vector' | 'scalar', its strides). ``w_kind`` 'none'
     (``w_scale`` None) writes the values alone, which fp8 ``dtype`` (e4m3 or e5m2) holds exactly
     (-8..7)."""
-    if dtype not in _OUT or (w_kind == "none") != (w_scale is None):
+    fp8 = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    if dtype not in _OUT or (w_kind == "none") != (w_scale is None) or (fp8 and w_kind != "none"):
+        # (fp8 holds the values exactly, not value x scale)
         raise ValueError(f"dequantize_prepacked: dtype {dtype} with w_kind {w_kind!r}")
     out = torch.empty(n, k, dtype=dtype, device=wdata.device)
     if n == 0 or k == 0:

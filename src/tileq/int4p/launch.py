@@ -105,8 +105,9 @@ def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT, x_typ
     return decode_rule(m, n, k, x_type, num_sms)[0]
 
 
-# Programs of the 16-token decode kernel one SM holds on sm_90 (bf16/fp16 activations; registers
-# and shared memory of the sm_90 build, scripts/sass_loop.py --prepacked): three stages take 80 KB
+# Programs of the 16-token decode kernel one SM holds on sm_90 (bf16/fp16 activations; the fp8
+# branch uses the same bands; registers and shared memory of the sm_90 build,
+# scripts/sass_loop.py --prepacked): three stages take 80 KB
 # of shared memory (two programs); two stages 48 KB and 168 registers (three, by registers); two
 # stages under a 128-register cap four (ptxas spills two values that the K loop reloads).
 PER_SM_S3, PER_SM_S2, PER_SM_CAPPED = 2, 3, 4
@@ -123,7 +124,8 @@ def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM
     stages under a 128-register cap (at M > 1 only without split-K); beyond that the cap at
     M = 1, three stages above. Every such config not capped at 128 registers loads the group
     scales one K tile ahead under a 168-register cap (``_scales_ahead``). fp8 activations (W4A8)
-    follow the M = 1 branches at every M up to 16: swept on an H200 (int4/w4a8-rule/, 18 weights
+    follow the M = 1 branches at every M up to 16 (the further split; the cap with split-K up to
+    4 programs per SM), except beyond 4 per SM, where M > 1 keeps three stages: swept on an H200 (int4/w4a8-rule/, 18 weights
     x M 1, 4, 16, 29 configs each), this rule ran 1.074x faster than three stages with the
     1.5-waves split (median of 54, none slower) and matched the fastest swept config (median);
     the 16-bit rule as it stands, 1.061x.
@@ -172,7 +174,7 @@ def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM
 
 
 def _scales_ahead(cfg: Int4pConfig, why: str) -> tuple[Int4pConfig, str]:
-    """16-token tiles with 16-bit activations not capped at 128 registers: group scales loaded one
+    """16-token tiles (16-bit or fp8 activations) not capped at 128 registers: group scales loaded one
     K tile ahead (``scale_ahead``) under a 168-register cap. Timed on an H200 (44 problems, M 1-16,
     bench/results/h200/int4/scale-ahead/): a config with them ran 1.06x faster than without
     (median of 716 pairs), and this rule came within 0.6% of the fastest swept config (median;
@@ -317,8 +319,19 @@ def linear_prepacked(x: torch.Tensor, w: PrepackedInt4, x_scale=None, w_scale=No
     if isinstance(prepared, torch.Tensor):  # nothing to launch (M, N or K is 0)
         return prepared
     launch, x2, sx, sw, b, lead = prepared
+    if out is not None:
+        _check_out(out, x2.shape[0], w.shape[0], launch.out_dtype, x.device)
     y = launch(x2, w.data, sx, sw, b, None if out is None else out.view(x2.shape[0], w.shape[0]))
     return y.view(*lead, w.shape[0])
+
+
+def _check_out(out: torch.Tensor, m: int, n: int, out_dtype: torch.dtype, device: torch.device) -> None:
+    """The same checks whichever path runs the call: every path writes [M, N] rows of N in place."""
+    if out.dtype != out_dtype:
+        raise DTypeError(expect("out", f"a {out_dtype} tensor (out_dtype)", out.dtype))
+    if out.device != device or out.numel() != m * n or out.shape[-1] != n or not out.is_contiguous():
+        raise ShapeError(expect("out", f"a contiguous tensor of {m} x {n} values on {device}",
+                                f"{tuple(out.shape)} on {out.device}"))
 
 
 def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
@@ -373,7 +386,8 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     # cuBLAS); below, the Gluon kernel where it serves and prefill.plan gives it the call (a
     # split over K, or the tiles to fill the SMs), else the decode kernel.
     dequant = config is None and m >= DEQUANT_MIN_M
-    gluon_plan = prefill.plan(m, n, k, _num_sms(x.device)) if config is None else None
+    gluon_plan = (prefill.plan(m, n, k, _num_sms(x.device)) if config is None and m >= prefill.MIN_M
+                  else None)  # (decode sizes skip the SM query on their per-call path)
     small_prefill = not dequant and gluon_plan is not None
     cfg = None if dequant or small_prefill else (config or config_for(m, n, k, x_type)[0])
     key = (m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,

@@ -4,8 +4,9 @@
 call (``unserved`` says why not), and the dequantize + cuBLAS path (``dequant.py``) otherwise:
 W4A16 (bf16 or fp16 activations without an activation scale), a 16-bit output, sm_90 compiled
 (not interpreted) with a Triton version the Gluon kernels were tested with, activations whose
-rows are 16-byte aligned, ``TILEQ_GLUON`` not 0. fp8 activations (W4A8) keep the dequantize path:
-the kernel's B operand comes from shared memory as TMA wrote it, with no room to convert.
+rows are 16-byte aligned, ``TILEQ_GLUON`` not 0. fp8 activations (W4A8) take a dequantize path
+(``dequant.py``, or ``fp8_prefill.py`` with ``TILEQ_W4A8_PREFILL=fp8``): this kernel's B operand
+comes from shared memory as TMA wrote it, with no room to convert.
 From ``MIN_M`` tokens below ``DEQUANT_MIN_M`` it takes the calls ``plan`` gives it (split over K
 on narrow weights, unsplit where the tiles fill the SMs); the decode kernel takes the others.
 """
