@@ -81,6 +81,12 @@ def main() -> int:
                    help="where the Gluon prefill kernel is timed (forced at 16 < M < 256, or the default path "
                         "from 256 where the plan does not split) and its grid has fewer tiles than SMs, also "
                         "time it split over K (prefill.split_for)")
+    p.add_argument("--split-sweep", action="store_true",
+                   help="where the plan's Gluon tiling has fewer tiles than SMs (M > 16), also time it split "
+                        "over K every legal way, 2-8 ('w4a16_gluon_split_sweep'): data for split_for's cost")
+    p.add_argument("--w4a8-via-bf16", action="store_true",
+                   help="at M <= 16 also time W4A8 as fp8 -> bf16 activations (a torch cast) and the W4A16 "
+                        "kernel with the per-token scale in its epilogue ('w4a8_via_bf16')")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -92,7 +98,8 @@ def main() -> int:
     from tileq.int4p import prefill, prepack_int4
     from tileq.int4p.dequant import DEQUANT_MIN_M, DequantLaunch
     from tileq.int4p.fp8_prefill import Fp8PrefillLaunch
-    from tileq.int4p.launch import Int4pConfig, config_for, default_config, describe_prepacked, linear_prepacked
+    from tileq.int4p.launch import (Int4pConfig, Int4pLaunch, config_for, default_config, describe_prepacked,
+                                    linear_prepacked)
     from tileq.quant import pack_int4
 
     dev = torch.device("cuda")
@@ -138,6 +145,17 @@ def main() -> int:
         add(dict(set=s, shape=name, m=m, n=n, k=k, impl=impl, config=cfg, ms=f"{t:.5f}",
                          tbps_weight=f"{wbytes / t / 1e9:.3f}", max_rel_err=f"{err:.2e}", note=note))
         return t
+
+    def lazy(build):
+        """A callable that builds its launch on the first call (inside record, so that an error
+        there is a row of the CSV, not the end of the run)."""
+        box = []
+
+        def run(*args):
+            if not box:
+                box.append(build())
+            return box[0](*args)
+        return run
 
     for s, name, n, k in shapes:
         g = torch.Generator(device=dev).manual_seed(n + k)
@@ -217,10 +235,37 @@ def main() -> int:
             record(s, name, m, n, k, "w4a8_prepacked", config_for(m, n, k, "fp8")[0].tag if m < DEQUANT_MIN_M
                    else describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev).split()[0],
                    lambda: linear_prepacked(xf8, w_pp, sx, sw4), ref8, b4)
+            # (the launches below are built on their first call, inside record: an error is a row)
             if m >= DEQUANT_MIN_M:  # W4A8 prefill on fp8 tensor cores (TILEQ_W4A8_PREFILL=fp8)
-                f8p = Fp8PrefillLaunch(n, k, "group", "vector", 128, torch.bfloat16, torch.float8_e4m3fn)
-                record(s, name, m, n, k, "w4a8_fp8_prefill", f8p.name,
+                f8p = lazy(lambda n=n, k=k: Fp8PrefillLaunch(n, k, "group", "vector", 128, torch.bfloat16,
+                                                             torch.float8_e4m3fn))
+                record(s, name, m, n, k, "w4a8_fp8_prefill", Fp8PrefillLaunch.name,
                        lambda f8p=f8p: f8p(xf8, w_pp.data, sx, sw4, None), ref8, b4)
+                f8c = lazy(lambda n=n, k=k: Fp8PrefillLaunch(n, k, "vector", "vector", 128, torch.bfloat16,
+                                                             torch.float8_e4m3fn))
+                record(s, name, m, n, k, "w4a8_fp8_prefill_channel", Fp8PrefillLaunch.name,
+                       lambda f8c=f8c: f8c(xf8, w_pp.data, sx, sw_ch, None),
+                       (xf8.float() * sx[:, None]) @ w_ch.t(), b4)
+            if args.w4a8_via_bf16 and m <= 16:
+                c16 = config_for(m, n, k)[0]
+                l16 = lazy(lambda m=m, n=n, k=k, c16=c16: Int4pLaunch(
+                    m, n, k, "bf16", torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), "vector", 1, 128,
+                    False, dev, c16))
+                record(s, name, m, n, k, "w4a8_via_bf16", c16.tag,
+                       lambda l16=l16: l16(xf8.to(torch.bfloat16), w_pp.data, sx, sw4, None), ref8, b4)
+            if args.split_sweep and m > 16:
+                plan_ = prefill.plan(m, n, k, sms)
+                tokens = plan_[0] if plan_ else (64 if m <= 64 else prefill.TOKENS)
+                if -(-m // tokens) * -(-n // 128) < sms:
+                    for split in range(2, prefill.MAX_SPLIT + 1):
+                        if -(-k // 512) < prefill.min_split_blocks(m) * split:
+                            break
+                        gp = lazy(lambda m=m, n=n, k=k, tokens=tokens, split=split: prefill.GluonPrefillLaunch(
+                            m, n, k, torch.bfloat16, torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), 128,
+                            False, dev, None, tokens=tokens, split=split))
+                        record(s, name, m, n, k, "w4a16_gluon_split_sweep",
+                               prefill.kernel_name("bf16", "group", tokens, split),
+                               lambda gp=gp: gp(x, w_pp.data, None, sw4, None), ref16, b4)
             if (m <= 16 or m in (32, 64)) and not args.no_sweep:
                 if m <= 16:
                     sweep = [Int4pConfig(16, sk, st, 4, reg) for sk in (1, 2, 4, 8)
@@ -295,7 +340,9 @@ def summarize(rows) -> None:
         ratio[(s, shape, m, n, k)] = (r_pp_i8, r_bf16, r_a8, r_a8f, div(best, g("int8_rowcol")),
                                       div(g("bf16_cublas"), g("w4a16_dequant")), div(best8, g("int8_rowcol")),
                                       div(g("w4a16_gluon_t16"), g("int8_rowcol")),
-                                      div(g("fp8_rowcol"), g("w4a8_fp8_prefill")))
+                                      div(g("fp8_rowcol"), g("w4a8_fp8_prefill")),
+                                      div(g("fp8_rowcol"), g("w4a8_fp8_prefill_channel")),
+                                      div(g("w4a8_via_bf16"), g("int8_rowcol")))
         f2 = lambda x: f"{x:6.2f}" if x else "     -"  # noqa: E731
         print(f"{shape:22} {m:5d} {fmt(g('bf16_cublas'))} {fmt(g('int8_rowcol'))} {fmt(g('w4a16_pk'))} "
               f"{fmt(g('w4a16_prepacked'))} {fmt(best)} {f2(r_pp_i8)} {f2(r_bf16)} {f2(r_pk)} {f2(r_a8)}   (us)")
@@ -319,6 +366,9 @@ def summarize(rows) -> None:
         ("  same, best swept W4A8 config / int8", med(lambda *a: a[2] <= 16 and big(*a), 6)),
         ("W4A8 prefill M>=128: fp8 rowcol time / prepacked (target >= 0.8)", med(lambda *a: a[2] >= 128, 3)),
         ("  same, values as fp8 + tileq's fp8 GEMM (TILEQ_W4A8_PREFILL=fp8)", med(lambda *a: a[2] >= 128, 8)),
+        ("  same with per-channel scales (fp8 rowcol GEMM)", med(lambda *a: a[2] >= 128, 9)),
+        ("W4A8 decode via bf16 activations + the W4A16 kernel, >= 25 MB / int8",
+         med(lambda *a: a[2] <= 16 and big(*a), 10)),
         ("  untuned shapes only, W4A16 decode M<=16 / int8", med(lambda *a: a[0] == "untuned" and a[2] <= 16, 0)),
         ("  fresh shapes only, W4A16 decode M<=16, >= 25 MB / int8",
          med(lambda *a: a[0] == "fresh" and a[2] <= 16 and big(*a), 0)),
