@@ -760,6 +760,18 @@ def _forced_prefill(m, n, k, gk, seed, tokens, split=1):
     return launch, v, w, ws, x, bias
 
 
+def _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches):
+    """One launch of a forced prefill kernel against the reference (group scales 1e-2, others
+    5e-3); its output."""
+    y = launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda())
+    torch.cuda.synchronize()
+    assert len(prefill_launches) == 1
+    want = _reference(x, v, ws, None, bias, max(gk, 128))
+    err = float((y.cpu().double() - want).abs().max() / want.abs().max())
+    assert err < (1e-2 if gk > 0 else 5e-3), err
+    return y
+
+
 @GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(17, 577, 1104), (64, 4000, 4096), (100, 384, 2560), (33, 1024, 512)])
@@ -771,12 +783,7 @@ def test_gpu_prefill_token_tiles_at_small_m(m, n, k, gk, tokens, prefill_launche
     K tails; group, per-channel and per-tensor scales; bias."""
     launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + tokens, tokens)
     assert launch.name.endswith(f"__gluon_w128t{tokens}k512_ws2x64_sm90")
-    y = launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda())
-    torch.cuda.synchronize()
-    assert len(prefill_launches) == 1
-    want = _reference(x, v, ws, None, bias, max(gk, 128))
-    err = float((y.cpu().double() - want).abs().max() / want.abs().max())
-    assert err < (1e-2 if gk > 0 else 5e-3), err
+    _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
 
 
 @GPU
@@ -789,12 +796,7 @@ def test_gpu_prefill_split_k(m, n, k, split, gk, prefill_launches):
     in order; K = 1104 in four ranges leaves the last one empty (its zeros written); odd N, K
     tails; group, per-channel and per-tensor scales."""
     launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + split, 64, split)
-    y = launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda())
-    torch.cuda.synchronize()
-    assert len(prefill_launches) == 1
-    want = _reference(x, v, ws, None, bias, max(gk, 128))
-    err = float((y.cpu().double() - want).abs().max() / want.abs().max())
-    assert err < (1e-2 if gk > 0 else 5e-3), err
+    y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
     assert torch.equal(launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda()), y)  # the same sums, in order
 
 

@@ -17,6 +17,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import triton
@@ -137,21 +138,11 @@ def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens:
                                          tma_store=split == 1))
 
 
-def _compile_int4p_prefill64(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
-    """The 64-token tile (calls of 33-255 tokens with enough weight rows: int4p.prefill.prefers)."""
-    return _compile_int4p_prefill(fam, arch, t0, tokens=64)
-
-
-def _compile_int4p_prefill_split(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
-    """The 64-token tile split over K two ways, fp32 partials (narrow weights: int4p.prefill.plan);
-    other splits of the same tile differ in one constant (the K range of an item) and compile on
-    first use."""
-    return _compile_int4p_prefill(fam, arch, t0, tokens=64, split=2)
-
-
-def _compile_int4p_prefill_split128(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
-    """The 128-token tile split over K two ways (the plan's split from 65 tokens)."""
-    return _compile_int4p_prefill(fam, arch, t0, tokens=128, split=2)
+# The int4 prefill kernel's instances built per family: (token tile, split over K) by impl name.
+# 64 tokens: calls of 33-64 tokens; split two ways: narrow weights (int4p.prefill.plan). Other
+# split counts differ in one constant (the K range of an item) and compile on first use.
+_INT4P_PREFILL_TILES = {"int4p_prefill": (128, 1), "int4p_prefill64": (64, 1),
+                        "int4p_prefill_split": (64, 2), "int4p_prefill_split128": (128, 2)}
 
 
 def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
@@ -184,9 +175,8 @@ def _compile_gluon_fast(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[B
 
 # The kernels built beside a family's portable Triton kernel, by ``compile_one``'s impl.
 _SPECIAL = {"gluon": _compile_gluon, "gluon_fast": _compile_gluon_fast, "int4p": _compile_int4p,
-            "int4p_prefill": _compile_int4p_prefill, "int4p_prefill64": _compile_int4p_prefill64,
-            "int4p_prefill_split": _compile_int4p_prefill_split,
-            "int4p_prefill_split128": _compile_int4p_prefill_split128}
+            **{impl: partial(_compile_int4p_prefill, tokens=tokens, split=split)
+               for impl, (tokens, split) in _INT4P_PREFILL_TILES.items()}}
 
 
 def _tool(name: str) -> str:
@@ -212,8 +202,7 @@ def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: boo
     """Compile one family (runs in a worker process): the portable Triton kernel, its swapped
     variant, the sm_90 Gluon kernel (``impl='gluon'``; 'gluon_fast': its fast_accum instance),
     the prepacked-int4 decode kernel
-    ('int4p') or the prepacked-int4 Gluon prefill kernel ('int4p_prefill': 128-token tiles,
-    'int4p_prefill64': 64, 'int4p_prefill_split' / '_split128': 64 / 128 split over K two ways)."""
+    ('int4p') or the prepacked-int4 Gluon prefill kernel (the impls of ``_INT4P_PREFILL_TILES``)."""
     from triton.backends.compiler import GPUTarget
 
     from ..kernels.gemm_kernel import _gemm_kernel
@@ -271,7 +260,7 @@ def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = Non
     work += [(n, False, "gluon_fast") for n in names if wants_gluon_fast_build(parse_family(n), arch)]
     work += [(n, False, "int4p") for n in names if wants_int4p_build(parse_family(n), arch)]
     work += [(n, False, impl) for n in names if wants_int4p_prefill_build(parse_family(n), arch)
-             for impl in ("int4p_prefill", "int4p_prefill64", "int4p_prefill_split", "int4p_prefill_split128")]
+             for impl in _INT4P_PREFILL_TILES]
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     jobs = jobs or max(1, os.cpu_count() or 1)
