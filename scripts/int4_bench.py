@@ -85,8 +85,9 @@ def main() -> int:
                    help="where the plan's Gluon tiling has fewer tiles than SMs (M > 16), also time it split "
                         "over K every legal way, 2-8 ('w4a16_gluon_split_sweep'): data for split_for's cost")
     p.add_argument("--w4a8-via-bf16", action="store_true",
-                   help="at M <= 16 also time W4A8 as fp8 -> bf16 activations (a torch cast) and the W4A16 "
-                        "kernel with the per-token scale in its epilogue ('w4a8_via_bf16')")
+                   help="on the decode kernel (M < 256) time both routes of W4A8: fp8 -> bf16 activations "
+                        "(a torch cast) and the W4A16 kernel with the per-token scale in its epilogue "
+                        "('w4a8_via_bf16'), and the fp8 activations converted inside the kernel ('w4a8_fp8_kernel')")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -232,9 +233,9 @@ def main() -> int:
                        ref16, b4)
             record(s, name, m, n, k, "w4a8_pk", "", lambda: tileq.linear(xf8, w_pk, sx, sw4, scheme="bquant"),
                    ref8, b4)
-            record(s, name, m, n, k, "w4a8_prepacked", config_for(m, n, k, "fp8")[0].tag if m < DEQUANT_MIN_M
-                   else describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev).split()[0],
-                   lambda: linear_prepacked(xf8, w_pp, sx, sw4), ref8, b4)
+            path8 = describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev)
+            record(s, name, m, n, k, "w4a8_prepacked", path8.split()[0], lambda: linear_prepacked(xf8, w_pp, sx, sw4),
+                   ref8, b4, note="cast to bf16" if "cast to bf16" in path8 else "")
             # (the launches below are built on their first call, inside record: an error is a row)
             if m >= DEQUANT_MIN_M:  # W4A8 prefill on fp8 tensor cores (TILEQ_W4A8_PREFILL=fp8)
                 f8p = lazy(lambda n=n, k=k: Fp8PrefillLaunch(n, k, "group", "vector", 128, torch.bfloat16,
@@ -246,13 +247,15 @@ def main() -> int:
                 record(s, name, m, n, k, "w4a8_fp8_prefill_channel", Fp8PrefillLaunch.name,
                        lambda f8c=f8c: f8c(xf8, w_pp.data, sx, sw_ch, None),
                        (xf8.float() * sx[:, None]) @ w_ch.t(), b4)
-            if args.w4a8_via_bf16 and m <= 16:
-                c16 = config_for(m, n, k)[0]
-                l16 = lazy(lambda m=m, n=n, k=k, c16=c16: Int4pLaunch(
-                    m, n, k, "bf16", torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), "vector", 1, 128,
-                    False, dev, c16))
-                record(s, name, m, n, k, "w4a8_via_bf16", c16.tag,
-                       lambda l16=l16: l16(xf8.to(torch.bfloat16), w_pp.data, sx, sw4, None), ref8, b4)
+            if args.w4a8_via_bf16 and m < DEQUANT_MIN_M and "__gluon_" not in path8:
+                # both decode-kernel routes of W4A8, whichever the default took: the fp8 activations
+                # cast to bf16 before the W4A16 kernel (its config), and converted inside the kernel
+                for impl, ct in (("w4a8_via_bf16", "bf16"), ("w4a8_fp8_kernel", "fp8")):
+                    c = config_for(m, n, k, ct)[0]
+                    lc = lazy(lambda m=m, n=n, k=k, c=c, ct=ct: Int4pLaunch(
+                        m, n, k, ct, torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), "vector", 1, 128,
+                        False, dev, c, cast_x=ct == "bf16"))
+                    record(s, name, m, n, k, impl, c.tag, lambda lc=lc: lc(xf8, w_pp.data, sx, sw4, None), ref8, b4)
             if args.split_sweep and m > 16:
                 plan_ = prefill.plan(m, n, k, sms)
                 tokens = plan_[0] if plan_ else (64 if m <= 64 else prefill.TOKENS)

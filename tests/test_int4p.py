@@ -13,7 +13,8 @@ import torch
 import tileq
 from tileq.errors import DTypeError, ShapeError
 from tileq.int4p import BLOCK_K, PrepackedInt4, prepack_int4, unprepack_int4
-from tileq.int4p.launch import Int4pConfig, default_config, linear_prepacked
+import tileq.int4p.launch as launch_mod
+from tileq.int4p.launch import Int4pConfig, default_config, describe_prepacked, linear_prepacked
 from tileq.int4p.layout import prepacked_values
 from tileq.quant import pack_int4, unpack_int4
 
@@ -124,6 +125,37 @@ def test_kernel_matches_reference(m, n, k, xt, gk, split):
     assert float((y16.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
 
 
+@pytest.mark.parametrize("xt", FP8)
+def test_w4a8_decode_casts_activations_on_large_weights(xt, monkeypatch):
+    """fp8 activations at decode sizes run the W4A16 kernel after an exact cast to bf16 where the
+    weight has W4A8_CAST_MIN_BYTES of int4 or more (M <= W4A8_CAST_MAX_M), the fp8 kernel
+    elsewhere; explain says which; results match the reference either way."""
+    big_n, big_k = 28672, 8192  # 117 MB of int4
+    assert "cast to bf16" in describe_prepacked(1, big_n, big_k, xt)
+    assert describe_prepacked(1, big_n, big_k, xt).startswith("bquant_bf16xi4p_rcr_decode__")
+    assert "cast to bf16" in describe_prepacked(launch_mod.W4A8_CAST_MAX_M, big_n, big_k, xt)
+    assert "cast" not in describe_prepacked(launch_mod.W4A8_CAST_MAX_M + 1, big_n, big_k, xt)
+    assert describe_prepacked(1, 4096, 4096, xt).startswith(f"bquant_{launch_mod._X_TYPES[xt]}xi4p_rcr_decode__")
+    assert "cast" not in describe_prepacked(1, big_n, big_k)  # bf16 activations: nothing to cast
+    cfg = Int4pConfig(16, 1, 2)
+    assert "cast" not in describe_prepacked(1, big_n, big_k, xt, config=cfg)  # a given config: as called
+    torch.manual_seed(7)
+    m, n, k = 3, 70, 1000
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to(DEV)
+    x = (torch.randn(m, k) * 40).to(xt)
+    xs, ws = torch.rand(m) + 0.5, torch.rand(-(-k // 128), n) + 0.5
+    want = _reference(x, v, ws, xs, None, 128)
+    results = {}
+    for threshold in (0, launch_mod.W4A8_CAST_MIN_BYTES):
+        monkeypatch.setattr(launch_mod, "W4A8_CAST_MIN_BYTES", threshold)
+        assert ("cast to bf16" in describe_prepacked(m, n, k, xt)) == (threshold == 0)
+        y = linear_prepacked(x.to(DEV), w, xs.to(DEV), ws.to(DEV), out_dtype=torch.float32)
+        assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 2e-6
+        results[threshold] = y
+    assert torch.equal(results[0], results[launch_mod.W4A8_CAST_MIN_BYTES])
+
+
 @pytest.mark.parametrize("m,n,k,gk,split", [(3, 70, 1000, 128, 2), (5, 130, 1536, 256, 1), (1, 64, 4096, 128, 2),
                                            (4, 66, 2500, 128, 1),
                                            (2, 72, 1024, 0, 1)])
@@ -191,7 +223,6 @@ def test_kernel_refusals():
 
 def test_dequantize_is_exact_and_prefill_takes_it():
     from tileq.int4p.dequant import DEQUANT_MIN_M, dequantize_prepacked
-    from tileq.int4p.launch import describe_prepacked
 
     torch.manual_seed(11)
     n, k = 37, 1100  # K not a multiple of 512: the last block is partial
@@ -291,7 +322,6 @@ def test_w4a8_prefill_path_is_chosen_by_the_environment(monkeypatch):
     """TILEQ_W4A8_PREFILL: 'bf16' (default) dequantize + bf16 cuBLAS, 'fp8' the fp8 GEMM (same
     answer, through linear_prepacked from DEQUANT_MIN_M tokens), anything else an error."""
     from tileq.int4p.dequant import DEQUANT_MIN_M
-    from tileq.int4p.launch import describe_prepacked
 
     f8 = torch.float8_e4m3fn
     monkeypatch.delenv("TILEQ_W4A8_PREFILL", raising=False)
@@ -509,7 +539,6 @@ def test_prefill_path_choice():
     """From DEQUANT_MIN_M tokens: the Gluon kernel for W4A16 on an sm_90 GPU, dequantize + cuBLAS
     otherwise, each with its reason."""
     from tileq.int4p import prefill
-    from tileq.int4p.launch import describe_prepacked
 
     assert describe_prepacked(1024, 5120, 5120).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
     assert describe_prepacked(1024, 5120, 5120, torch.float16).startswith("bquant_fp16xi4p_rcr_prefill__gluon_")
@@ -532,7 +561,6 @@ def test_prefill_kernel_below_dequant_min_m():
     kernel splits K, this one does not); the token tile with fewer waves (a 64-token tile at 0.8
     of a 128-token one's cost)."""
     from tileq.int4p import prefill
-    from tileq.int4p.launch import describe_prepacked
 
     assert not prefill.prefers(32, 34816, 132) and prefill.prefers(33, 34816, 132)
     assert prefill.prefers(48, 11008, 132) and not prefill.prefers(48, 10880, 132)  # 86 / 85 tiles
@@ -576,14 +604,16 @@ def test_prefill_plan_routes_narrow_weights_to_the_split():
 
 def test_prefill_split_choice_and_names():
     """The prefill kernel's split over K: only for grids of fewer tiles than SMs, the split with
-    the fewest waves per unit of K, at least two 512-wide K blocks per range (four above 128
-    tokens); its own name."""
+    the fewest K blocks in a row (waves x blocks per range), at least two 512-wide K blocks per
+    range (four above 128 tokens); its own name."""
     from tileq.int4p import prefill
 
     assert prefill.split_for(4096, 5120, 5120, 128, 132) == 1  # 1280 tiles
-    # 80 tiles on 132 SMs: 2 -> 160 items (2 waves, 1.0), 3 -> 240 (2 waves, 0.67), 5 -> 400 (4 waves, 0.8),
-    # 8 -> 640 (5 waves, 0.625); K = 17408 has 34 blocks
-    assert prefill.split_for(256, 5120, 17408, 128, 132) == 8
+    # 80 tiles on 132 SMs, K = 17408 has 34 blocks: 2 -> 160 items (2 waves x 17 blocks = 34),
+    # 3 -> 240 (2 x 12 = 24), 6 -> 480 (4 x 6 = 24), 8 -> 640 (5 x 5 = 25): 3 (the smaller of a tie)
+    assert prefill.split_for(256, 5120, 17408, 128, 132) == 3
+    # 56 tiles, 36 blocks: 2 -> 112 items (1 wave x 18), 7 -> 392 (3 waves x 6 = 18, one range empty)
+    assert prefill.split_for(48, 7168, 18432, 64, 132) == 2
     assert prefill.split_for(256, 5120, 2048, 128, 132) == 1  # 4 blocks: 2 ways gives 2 waves of half K
     assert prefill.split_for(128, 5120, 2048, 128, 132) == 2  # 40 tiles: 80 items, one wave
     assert prefill.split_for(128, 5120, 1024, 128, 132) == 1  # 2 blocks
@@ -845,7 +875,6 @@ def test_gpu_narrow_weights_take_the_split(m, prefill_launches):
     """1000 weight rows (8 tiles): linear_prepacked runs the Gluon kernel split over K (plan), with
     a bias, and matches the reference; a second call gives the same bits."""
     from tileq.int4p import prefill
-    from tileq.int4p.launch import describe_prepacked
 
     n, k = 1000, 3584 if m <= 128 else 9216
     tokens, split = prefill.plan(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
@@ -872,7 +901,7 @@ def test_gpu_w4a8_fp8_prefill(w_kind, monkeypatch):
     torch.manual_seed(13)
     m, n, k = 300, 1000, 3584
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
-    w = prepack_int4(v).cuda()
+    w = prepack_int4(v).to("cuda")
     sw = _w4a8_scales(w_kind, n, k, 128)
     x = (torch.randn(m, k) * 50).clamp(-400, 400).to(torch.float8_e4m3fn)
     sx = torch.rand(m) + 0.5
@@ -880,6 +909,31 @@ def test_gpu_w4a8_fp8_prefill(w_kind, monkeypatch):
     y = linear_prepacked(x.cuda(), w, sx.cuda(), sw.cuda(), bias=bias.cuda())
     want = _reference(x, v, sw, sx, bias, 128)
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("cast_min_bytes", [None, 0])
+def test_gpu_w4a8_decode_both_fp8_types_and_the_cast(cast_min_bytes, monkeypatch):
+    """W4A8 decode on the GPU with e4m3 then e5m2 activations of one shape (one config): each
+    matches its reference (the launch's pointer dtypes keep the two compiled kernels apart), on
+    the kernel's own fp8 conversion or, with the cast threshold at 0, cast to bf16 first."""
+    if cast_min_bytes is not None:
+        monkeypatch.setattr(launch_mod, "W4A8_CAST_MIN_BYTES", cast_min_bytes)
+    torch.manual_seed(17)
+    n, k = 1000, 3584
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to("cuda")
+    sw = _w4a8_scales("group", n, k, 128)
+    for m in (1, 16):
+        for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            x = (torch.randn(m, k) * 50).clamp(-400, 400).to(dtype)
+            sx = torch.rand(m) + 0.5
+            path = describe_prepacked(m, n, k, dtype, device=torch.device("cuda"))
+            assert ("cast to bf16" in path) == (cast_min_bytes == 0), path
+            y = linear_prepacked(x.cuda(), w, sx.cuda(), sw.cuda())
+            want = _reference(x, v, sw, sx, None, 128)
+            assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2, (m, dtype)
 
 
 @GPU

@@ -173,6 +173,25 @@ def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM
     return _scales_ahead(Int4pConfig(16, split, 3), f"{what}, over {PER_SM_CAPPED} per SM: three stages")
 
 
+# W4A8 decode on large weights: the fp8 activations cast to bf16 first (exact), then the W4A16
+# kernel. The kernel converts fp8 activations itself, but it must then write them back to shared
+# memory for the wgmma: eight barriers per K tile on the sm_90 build (scripts/sass_loop.py
+# --prepacked fp8e4nv: LDS 39, F2F 64, BAR 8 against none with bf16). The separate cast costs a
+# launch (2-4 us in a CUDA graph). H200, M = 1 (bench/results/h200/int4/w4a8-cast/): the cast
+# won on every weight from 44.6 MB of int4 (0.78-0.95x the time) and lost on every one up to
+# 33.9 MB (1.05-1.17x).
+W4A8_CAST_MIN_BYTES = 40_000_000
+W4A8_CAST_MAX_M = 16  # the tokens it was measured at
+
+
+def compute_type(m: int, n: int, k: int, x_type: str) -> str:
+    """The activation type the decode kernel runs for ``x_type``: fp8 cast to 'bf16' for large
+    weights at decode sizes (``W4A8_CAST_MIN_BYTES``), else ``x_type`` itself."""
+    if x_type in ("fp8", "bf8") and m <= W4A8_CAST_MAX_M and n * k // 2 >= W4A8_CAST_MIN_BYTES:
+        return "bf16"
+    return x_type
+
+
 def _scales_ahead(cfg: Int4pConfig, why: str) -> tuple[Int4pConfig, str]:
     """16-token tiles (16-bit or fp8 activations) not capped at 128 registers: group scales loaded one
     K tile ahead (``scale_ahead``) under a 168-register cap. Timed on an H200 (44 problems, M 1-16,
@@ -234,8 +253,10 @@ class Int4pLaunch:
     """One call signature bound to its kernel launch (and split-K reduction)."""
 
     def __init__(self, m, n, k, x_type, out_dtype, w_scale_kind, sw_strides, x_scale_kind, sx_stride,
-                 group_k, has_bias, device, cfg: Int4pConfig):
+                 group_k, has_bias, device, cfg: Int4pConfig, cast_x: bool = False):
+        # cast_x: the call's activations (fp8) are cast to x_type (bf16) before the kernel.
         self.m, self.n, self.out_dtype, self.device, self.cfg = m, n, out_dtype, device, cfg
+        self.cast_to = {v: k for k, v in _X_TYPES.items()}[x_type] if cast_x else None
         self.interpreted = interpreter_active()
         self.direct = device.type == "cuda" and not self.interpreted
         ct = "fp16" if x_type == "fp16" else "bf16"
@@ -249,8 +270,11 @@ class Int4pLaunch:
             consts["maxnreg"] = cfg.maxnreg
         self.name = kernel_name(x_type, w_scale_kind, cfg)
         target = torch.float32 if cfg.split_k > 1 else out_dtype
+        # The activations' dtype is part of the launch's identity: e4m3, e5m2 and bf16 activations
+        # share every constexpr (CT 'bf16') and would otherwise share one compiled kernel.
+        x_dtype = {v: k for k, v in _X_TYPES.items()}[x_type]
         self.main = KernelCall(_kernel_module, "_i4p_kernel", grid, ints, consts,
-                               (torch.int32, None, target, torch.float32, torch.float32, torch.float32))
+                               (torch.int32, x_dtype, target, torch.float32, torch.float32, torch.float32))
         self.reduce = None
         if cfg.split_k > 1:
             total = n * m
@@ -263,6 +287,8 @@ class Int4pLaunch:
         if out is None:
             out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
         direct = self.direct and direct_launch_enabled()
+        if self.cast_to is not None:
+            x2 = x2.to(self.cast_to)
         target = out
         if self.cfg.split_k > 1:
             numel = self.cfg.split_k * self.n * self.m
@@ -389,8 +415,10 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     gluon_plan = (prefill.plan(m, n, k, _num_sms(x.device)) if config is None and m >= prefill.MIN_M
                   else None)  # (decode sizes skip the SM query on their per-call path)
     small_prefill = not dequant and gluon_plan is not None
-    cfg = None if dequant or small_prefill else (config or config_for(m, n, k, x_type)[0])
-    key = (m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
+    # (a given config runs the kernel of the call's own activation type)
+    ct = x_type if config is not None else compute_type(m, n, k, x_type)
+    cfg = None if dequant or small_prefill else (config or config_for(m, n, k, ct)[0])
+    key = (m, n, k, x_type, ct, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
            x2.stride(0), x.device, cfg, interpreter_active(), os.environ.get(GLUON_ENV),
            os.environ.get(fp8_prefill.PREFILL_ENV))
     launch = _LAUNCHES.get(key)
@@ -409,9 +437,9 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
         elif dequant:
             launch = DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype, x.dtype)
         else:  # (a small-M call the prefill kernel does not serve takes the decode kernel)
-            cfg = cfg or config_for(m, n, k, x_type)[0]
-            launch = Int4pLaunch(m, n, k, x_type, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k,
-                                 b is not None, x.device, cfg)
+            cfg = cfg or config_for(m, n, k, ct)[0]
+            launch = Int4pLaunch(m, n, k, ct, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k,
+                                 b is not None, x.device, cfg, cast_x=ct != x_type)
         bounded_put(_LAUNCHES, key, launch, 1024)
     return launch, x2, sx, sw, b, lead
 
@@ -451,8 +479,13 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
         if m >= DEQUANT_MIN_M:
             return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "
                     f"not the Gluon prefill kernel: {why})")
-    cfg, source = (config, "given config") if config else config_for(m, n, k, _X_TYPES[x_dtype])
-    return f"{kernel_name(_X_TYPES[x_dtype], w_scale, cfg)} ({source})"
+    x_type = _X_TYPES[x_dtype]
+    ct = x_type if config else compute_type(m, n, k, x_type)
+    cfg, source = (config, "given config") if config else config_for(m, n, k, ct)
+    if ct != x_type:
+        source = (f"{x_type} activations cast to {ct} first: {n * k // 2 / 1e6:.1f} MB of int4 >= "
+                  f"{W4A8_CAST_MIN_BYTES / 1e6:.0f} MB at M <= {W4A8_CAST_MAX_M}; {source}")
+    return f"{kernel_name(ct, w_scale, cfg)} ({source})"
 
 
 class PrepackedCall:

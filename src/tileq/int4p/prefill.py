@@ -39,14 +39,24 @@ MAX_SPLIT = 8
 
 
 def split_for(m: int, n: int, k: int, tokens: int, num_sms: int) -> int:
-    """K ranges per tile for a grid of fewer tiles than SMs (1 otherwise): the split with the
-    fewest waves per unit of K (ties: the smaller split, whose partials cost less to write and
-    sum), each range at least ``min_split_blocks(m)`` 512-wide K blocks."""
+    """K ranges per tile for a grid of fewer tiles than SMs (1 otherwise): the split whose items
+    take the fewest K blocks one after another, waves x the blocks of one range (ties: the
+    smaller split, whose partials cost less to write and sum), each range at least
+    ``min_split_blocks(m)`` 512-wide K blocks.
+
+    A range holds ceil(blocks / split) blocks (the last range can be short or empty), so a
+    split that does not divide the blocks saves less than 1 / split. Costed as 1 / split, 7 ways
+    for DeepSeek-V3 down (36 blocks) at 48-128 tokens ran 1.06-1.13x slower than 2 ways, and 8
+    ways for Qwen3-14B down (34 blocks) at 160-256 tokens 1.08-1.16x slower than 3 ways (H200,
+    bench/results/h200/int4/split-cost/, every split timed in one run); this cost picks 2 and 3."""
     tiles = -(-m // tokens) * -(-n // 128)
     k_blocks = -(-k // 512)
     if tiles >= num_sms:
         return 1
-    cost = lambda s: -(-tiles * s // num_sms) / s  # noqa: E731  (waves x the share of K per item)
+
+    def cost(s):  # waves of the grid's items x the blocks of the longest range
+        return -(-tiles * s // num_sms) * -(-k_blocks // s)
+
     cands = [s for s in range(1, MAX_SPLIT + 1) if k_blocks >= min_split_blocks(m) * s]
     return min(cands, key=lambda s: (cost(s), s)) if cands else 1
 
