@@ -294,6 +294,72 @@ def test_dequantize_values_to_fp8_is_exact(x_dtype):
         dequantize_prepacked(w.data, n, k, torch.ones(n, device=DEV), "none", (0, 1), 128, x_dtype)
 
 
+def _bits(t):
+    """The raw bits of a tensor (signed zeros and every rounding compared)."""
+    return t.cpu().contiguous().view({1: torch.uint8, 2: torch.int16}[t.element_size()])
+
+
+def _same_rounding(got, want32, dtype):
+    """got (dtype) is want32 (fp32) rounded to dtype, bit for bit: to nearest even as the GPU
+    converts and torch does. Triton's interpreter converts fp32 to bf16 by truncation (its
+    software conversion); on a CPU a bf16 value may be that one instead."""
+    ok = _bits(got) == _bits(want32.to(dtype))
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        ok |= _bits(got) == (want32.contiguous().view(torch.int32) >> 16).to(torch.int16)
+    return bool(ok.all())
+
+
+_DEQUANT_CASES = [(torch.bfloat16, "group"), (torch.float16, "group"), (torch.bfloat16, "vector"),
+                  (torch.float16, "vector"), (torch.bfloat16, "scalar"), (torch.float16, "scalar"),
+                  (torch.bfloat16, "none"), (torch.float16, "none"), (torch.float8_e4m3fn, "none"),
+                  (torch.float8_e5m2, "none")]
+
+
+@pytest.mark.parametrize("n,k", [(37, 1000), (64, 640), (5, 130), (70, 1536), (1, 512)])
+@pytest.mark.parametrize("dtype,w_kind", _DEQUANT_CASES)
+def test_dequantize_matches_the_values_bit_for_bit(n, k, dtype, w_kind):
+    """dequantize_prepacked against v.float() * scale rounded to dtype, from the int4 values
+    themselves: every output type and scale kind, N not a multiple of the rows per program,
+    K not a multiple of 512 (the padding words are not written out, group scales past K are not
+    read) and more than one 512 block. Negative scales: zeros keep their sign."""
+    from tileq.int4p.dequant import dequantize_prepacked
+
+    torch.manual_seed(n * 7 + k)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    v[0, : min(k, 16)] = torch.arange(-8, 8)[: min(k, 16)].to(torch.int8)  # every value
+    w = prepack_int4(v).to(DEV)
+    gk = -(-k // 128)
+    ws = {"group": torch.randn(gk, n), "vector": torch.randn(n), "scalar": torch.randn(()), "none": None}[w_kind]
+    strides = {"group": (n, 1), "vector": (0, 1), "scalar": (0, 0), "none": (0, 0)}[w_kind]
+    full = {"group": lambda s: s.repeat_interleave(128, 0)[:k].t(), "vector": lambda s: s[:, None],
+            "scalar": lambda s: s, "none": lambda s: 1.0}[w_kind](ws)
+    want = v.float() * full
+    got = dequantize_prepacked(w.data, n, k, None if ws is None else ws.to(DEV), w_kind, strides, 128, dtype)
+    assert got.dtype == dtype and got.shape == (n, k)
+    assert _same_rounding(got, want, dtype), (got.cpu().float() - want).abs().max()
+
+
+@pytest.mark.parametrize("group_k", [128, 256, 384, 512, 1024, 64, 96])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_dequantize_group_scales_of_every_width(group_k, transposed):
+    """Group scales of any multiple of 128 (a group can start at every 128 of K, at every 256,
+    once per 512 block or less often; 64 and 96 too, which linear_prepacked refuses),
+    [K/group_k, N] contiguous or transposed, K ending inside a group; bit for bit."""
+    from tileq.int4p.dequant import dequantize_prepacked
+
+    torch.manual_seed(group_k)
+    n, k = 33, 1700
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to(DEV)
+    gk = -(-k // group_k)
+    ws = torch.rand(gk, n) + 0.25
+    sw = ws.t().contiguous().t() if transposed else ws
+    for dtype in (torch.bfloat16, torch.float16):
+        got = dequantize_prepacked(w.data, n, k, sw.to(DEV), "group", (sw.stride(0), sw.stride(1)), group_k, dtype)
+        want = v.float() * ws.repeat_interleave(group_k, 0)[:k].t()
+        assert _same_rounding(got, want, dtype), (group_k, dtype)
+
+
 @pytest.mark.parametrize("w_kind", ["group", "vector", "scalar"])
 @pytest.mark.parametrize("x_kind", ["vector", "scalar"])
 def test_w4a8_fp8_prefill_runs_tileqs_fp8_gemm(w_kind, x_kind):
@@ -696,6 +762,59 @@ def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split):
     assert ops["UTMALDG"] >= 2 and ops["UTMASTG"] == (2 if tma_store else 0), ops
     assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
     assert r["shared"] <= 232448
+
+
+@pytest.mark.parametrize("dtype,w_kind", [("bfloat16", "group"), ("float16", "vector"), ("float8_e4m3fn", "none"),
+                                          ("float8_e5m2", "none")])
+def test_sm90_build_of_the_dequantize_kernel(dtype, w_kind):
+    """The dequantize kernel compiled for sm_90 on the CPU (no interpreter), as launched for
+    aligned N and K: each thread loads its row's words 16 bytes at a time and stores 16 bytes
+    at a time, nothing goes through shared or local memory, and the conversion is what
+    dequant.py describes: per value one LOP3 and one FADD (and the scale's FMUL), one conversion
+    per pair to 16 bits; for fp8 one LOP3, one packed subtraction and one conversion per pair."""
+    import collections
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root / "src")
+    code = ("import collections, json, pathlib, re, subprocess, torch, triton\n"
+            "from tileq.int4p.dequant import compile_sm90\n"
+            f"k = compile_sm90(torch.{dtype}, {w_kind!r})\n"
+            f"p = pathlib.Path('/tmp/tileq-dequant-{dtype}-{w_kind}.cubin'); p.write_bytes(k.asm['cubin'])\n"
+            "b = pathlib.Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin'\n"
+            "sass = subprocess.run([str(b / 'nvdisasm'), '-c', str(p)], capture_output=True, text=True).stdout\n"
+            "use = subprocess.run([str(b / 'cuobjdump'), '-res-usage', str(p)], capture_output=True, text=True).stdout\n"
+            "ops = collections.Counter()\n"
+            "for ln in sass.splitlines():\n"
+            "    if re.match(r'\\s+/\\*[0-9a-f]{4}\\*/', ln):\n"
+            "        body = re.sub(r'^@!?U?P\\w+\\s+', '', ln.split('*/', 1)[1].strip())\n"
+            "        ops[body.split()[0].rstrip(';')] += 1\n"
+            "print(json.dumps(dict(ops=ops, usage=use, shared=k.metadata.shared, ptx=k.asm['ptx'])))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    ops = collections.Counter()
+    for op, count in r["ops"].items():
+        ops[op.split(".")[0]] += count
+    full = r["ops"]
+    values = {"bfloat16": 64, "float16": 64}.get(dtype, 128)  # per thread: ROWS x 512 / 256 threads
+    words = values // 8
+    # The words: 16-byte loads only (the scales' loads are scalar); 16-byte stores only.
+    assert full.get("LDG.E.128") == words // 4 and r["ptx"].count("ld.global.v4") == words // 4, full
+    assert ops["LDG"] - full["LDG.E.128"] == {"group": 4, "vector": 1, "none": 0}[w_kind], full
+    assert full.get("STG.E.128") == 8 and ops["STG"] == 8, full
+    assert not any(ops[o] for o in ("LDS", "STS", "LDSM", "STSM", "BAR", "LDL", "STL")), ops
+    assert r["shared"] == 0 and "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"], r["usage"]
+    if w_kind == "none":
+        assert ops["HADD2"] == values // 2 and ops["F2FP"] == values // 2 and ops["LOP3"] <= values // 2 + 8, ops
+    else:
+        assert ops["FADD"] == values and ops["FMUL"] == values and ops["F2FP"] == values // 2, ops
+        assert ops["LOP3"] <= values + 16 and ops["I2F"] + ops["I2FP"] == 0, ops
+    total = sum(c for o, c in ops.items() if o != "NOP")
+    assert total <= (2.5 if w_kind == "none" else 6.5) * values, (total, ops)
 
 
 GPU = pytest.mark.skipif(DEV != "cuda" or not torch.cuda.is_available()
