@@ -97,7 +97,7 @@ def main() -> int:
     import tileq
     from tileq.bench.timing import Timer, TimingConfig
     from tileq.int4p import prefill, prepack_int4
-    from tileq.int4p.dequant import DEQUANT_MIN_M, DequantLaunch
+    from tileq.int4p.dequant import DEQUANT_MIN_M, DequantLaunch, dequantize_prepacked
     from tileq.int4p.fp8_prefill import Fp8PrefillLaunch
     from tileq.int4p.launch import (Int4pConfig, Int4pLaunch, config_for, default_config, describe_prepacked,
                                     linear_prepacked)
@@ -231,6 +231,16 @@ def main() -> int:
                                    torch.bfloat16, torch.bfloat16)
                 record(s, name, m, n, k, "w4a16_dequant", dq.name, lambda: dq(x, w_pp.data, None, sw4, None),
                        ref16, b4)
+            if m == min([mm for mm in ms if mm >= DEQUANT_MIN_M], default=None):
+                # the dequantization alone, once per weight (rows of M = 0); its tbps_weight is its
+                # whole traffic: the int4 read and the 16-bit or fp8 weight written
+                st = (sw4.stride(0), sw4.stride(1))
+                record(s, name, 0, n, k, "dequant_bf16_group", "",
+                       lambda: dequantize_prepacked(w_pp.data, n, k, sw4, "group", st, 128, torch.bfloat16),
+                       w_deq, b4 + n * k * 2)
+                record(s, name, 0, n, k, "dequant_fp8_values", "",
+                       lambda: dequantize_prepacked(w_pp.data, n, k, None, "none", (0, 0), 128, torch.float8_e4m3fn),
+                       v.float(), b4 + n * k)
             record(s, name, m, n, k, "w4a8_pk", "", lambda: tileq.linear(xf8, w_pk, sx, sw4, scheme="bquant"),
                    ref8, b4)
             path8 = describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev)
@@ -322,7 +332,7 @@ def summarize(rows) -> None:
         if r["ms"]:
             key = (r["shape"], int(r["m"]), r["impl"])
             t[key] = min(t.get(key, 1e9), float(r["ms"]))
-    probs = sorted({(r["set"], r["shape"], int(r["m"]), int(r["n"]), int(r["k"])) for r in rows},
+    probs = sorted({(r["set"], r["shape"], int(r["m"]), int(r["n"]), int(r["k"])) for r in rows if int(r["m"])},
                    key=lambda p: (p[1], p[2]))
     print(f"{'shape':22} {'M':>5} {'bf16':>8} {'int8':>8} {'w4pk':>8} {'w4pp':>8} {'best':>8} {'pp/i8':>6} "
           f"{'bf16/pp':>7} {'pk/pp':>6} {'w4a8pp/i8':>9}")
@@ -345,7 +355,8 @@ def summarize(rows) -> None:
                                       div(g("w4a16_gluon_t16"), g("int8_rowcol")),
                                       div(g("fp8_rowcol"), g("w4a8_fp8_prefill")),
                                       div(g("fp8_rowcol"), g("w4a8_fp8_prefill_channel")),
-                                      div(g("w4a8_via_bf16"), g("int8_rowcol")))
+                                      div(g("w4a8_via_bf16"), g("int8_rowcol")),
+                                      div(g("w4a8_fp8_kernel"), g("int8_rowcol")))
         f2 = lambda x: f"{x:6.2f}" if x else "     -"  # noqa: E731
         print(f"{shape:22} {m:5d} {fmt(g('bf16_cublas'))} {fmt(g('int8_rowcol'))} {fmt(g('w4a16_pk'))} "
               f"{fmt(g('w4a16_prepacked'))} {fmt(best)} {f2(r_pp_i8)} {f2(r_bf16)} {f2(r_pk)} {f2(r_a8)}   (us)")
@@ -372,12 +383,18 @@ def summarize(rows) -> None:
         ("  same with per-channel scales (fp8 rowcol GEMM)", med(lambda *a: a[2] >= 128, 9)),
         ("W4A8 decode via bf16 activations + the W4A16 kernel, >= 25 MB / int8",
          med(lambda *a: a[2] <= 16 and big(*a), 10)),
+        ("W4A8 decode on the fp8 kernel (activations converted inside), >= 25 MB / int8",
+         med(lambda *a: a[2] <= 16 and big(*a), 11)),
         ("  untuned shapes only, W4A16 decode M<=16 / int8", med(lambda *a: a[0] == "untuned" and a[2] <= 16, 0)),
         ("  fresh shapes only, W4A16 decode M<=16, >= 25 MB / int8",
          med(lambda *a: a[0] == "fresh" and a[2] <= 16 and big(*a), 0)),
         ("  fresh shapes only, W4A8 decode M<=16, >= 25 MB / int8",
          med(lambda *a: a[0] == "fresh" and a[2] <= 16 and big(*a), 2)),
     ]
+    for impl in ("dequant_bf16_group", "dequant_fp8_values"):  # (rows of M = 0: the weight alone)
+        tb = [float(r["tbps_weight"]) for r in rows if r["impl"] == impl and r["ms"]]
+        if tb:
+            lines.append((f"{impl}: TB/s of int4 read + weight written", (statistics.median(tb), len(tb))))
     print()
     for label, (v, n) in lines:
         print(f"{label}: {'-' if v is None else f'{v:.3f}'} (median of {n})")
