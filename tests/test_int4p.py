@@ -127,15 +127,18 @@ def test_kernel_matches_reference(m, n, k, xt, gk, split):
 
 @pytest.mark.parametrize("xt", FP8)
 def test_w4a8_decode_casts_activations_on_large_weights(xt, monkeypatch):
-    """fp8 activations at decode sizes run the W4A16 kernel after an exact cast to bf16 where the
-    weight has W4A8_CAST_MIN_BYTES of int4 or more (M <= W4A8_CAST_MAX_M), the fp8 kernel
-    elsewhere; explain says which; results match the reference either way."""
+    """fp8 activations on the decode kernel run the W4A16 kernel after an exact cast to bf16
+    above W4A8_CAST_MAX_M tokens, and at fewer where the weight has W4A8_CAST_MIN_BYTES of int4
+    or more; else the fp8 kernel; explain says which; results match the reference either way."""
     big_n, big_k = 28672, 8192  # 117 MB of int4
-    assert "cast to bf16" in describe_prepacked(1, big_n, big_k, xt)
+    cap = launch_mod.W4A8_CAST_MAX_M
+    assert "cast to bf16 first: 117.4 MB" in describe_prepacked(1, big_n, big_k, xt)
     assert describe_prepacked(1, big_n, big_k, xt).startswith("bquant_bf16xi4p_rcr_decode__")
-    assert "cast to bf16" in describe_prepacked(launch_mod.W4A8_CAST_MAX_M, big_n, big_k, xt)
-    assert "cast" not in describe_prepacked(launch_mod.W4A8_CAST_MAX_M + 1, big_n, big_k, xt)
+    assert "cast to bf16" in describe_prepacked(cap, big_n, big_k, xt)
     assert describe_prepacked(1, 4096, 4096, xt).startswith(f"bquant_{launch_mod._X_TYPES[xt]}xi4p_rcr_decode__")
+    assert "cast" not in describe_prepacked(cap, 4096, 4096, xt)
+    for m in (cap + 1, 100, 255):  # every M the decode kernel takes above the cap
+        assert f"cast to bf16 first: M > {cap}" in describe_prepacked(m, 4096, 4096, xt)
     assert "cast" not in describe_prepacked(1, big_n, big_k)  # bf16 activations: nothing to cast
     cfg = Int4pConfig(16, 1, 2)
     assert "cast" not in describe_prepacked(1, big_n, big_k, xt, config=cfg)  # a given config: as called
@@ -385,12 +388,12 @@ def test_w4a8_fp8_prefill_runs_tileqs_fp8_gemm(w_kind, x_kind):
 
 
 def test_w4a8_prefill_path_is_chosen_by_the_environment(monkeypatch):
-    """TILEQ_W4A8_PREFILL: 'bf16' (default) dequantize + bf16 cuBLAS, 'fp8' the fp8 GEMM (same
+    """TILEQ_W4A8_PREFILL: 'fp8' (default) the fp8 GEMM, 'bf16' dequantize + bf16 cuBLAS (same
     answer, through linear_prepacked from DEQUANT_MIN_M tokens), anything else an error."""
     from tileq.int4p.dequant import DEQUANT_MIN_M
 
     f8 = torch.float8_e4m3fn
-    monkeypatch.delenv("TILEQ_W4A8_PREFILL", raising=False)
+    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "bf16")
     assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8).startswith("dequant+cublas")
     assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096).startswith("bquant_bf16xi4p_rcr_prefill__gluon")
     torch.manual_seed(9)
@@ -401,11 +404,16 @@ def test_w4a8_prefill_path_is_chosen_by_the_environment(monkeypatch):
     x = (torch.randn(m, k) * 50).clamp(-400, 400).to(f8)
     sx = torch.rand(m) + 0.5
     want = _reference(x, v, sw, sx, None, 128)
-    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp8")
+    y16 = linear_prepacked(x.to(DEV), w, sx.to(DEV), sw.to(DEV))
+    assert float((y16.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+    monkeypatch.delenv("TILEQ_W4A8_PREFILL")
     text = describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8)
     assert text.startswith("dequant-fp8+tileq") and "bquant GEMM" in text
+    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp8")
+    assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8) == text
     assert "rowcol GEMM" in describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8, w_scale="vector")
-    assert describe_prepacked(DEQUANT_MIN_M - 1, 4096, 4096, f8).startswith("bquant_fp8xi4p_rcr_decode__")
+    below = describe_prepacked(DEQUANT_MIN_M - 1, 4096, 4096, f8)
+    assert below.startswith("bquant_bf16xi4p_rcr_decode__") and "fp8 activations cast to bf16 first" in below
     y = linear_prepacked(x.to(DEV), w, sx.to(DEV), sw.to(DEV))
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp9")
@@ -562,8 +570,8 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
     assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s2_sk8_r128_swap_sm90" in out.stdout, out.stdout
     assert "registers capped at 128 (heuristic: 448 programs" in out.stdout, out.stdout
     out = explain("--a", "fp8", "--m", "1024", "--n", "5120", "--k", "17408")
-    assert out.returncode == 0 and "dequant+cublas" in out.stdout and "W4A16" in out.stdout
-    out = explain("--a", "bf16", "--m", "1024", "--n", "5120", "--k", "17408")
+    assert out.returncode == 0 and "dequant-fp8+tileq" in out.stdout and "bquant GEMM" in out.stdout, out.stdout
+    out = explain("--a", "bf16", "--m", "512", "--n", "5120", "--k", "17408")
     assert out.returncode == 0 and "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90" in out.stdout
     out = explain("--a", "int8", "--m", "1", "--n", "64", "--k", "128")
     assert out.returncode != 0 and "--prepacked: expected" in out.stderr
@@ -601,17 +609,20 @@ def test_tuned_table_configs_parse_and_serve_only_their_sizes():
 # ----------------------------------------------------------------------------- Gluon prefill
 
 
-def test_prefill_path_choice():
-    """From DEQUANT_MIN_M tokens: the Gluon kernel for W4A16 on an sm_90 GPU, dequantize + cuBLAS
-    otherwise, each with its reason."""
+def test_prefill_path_choice(monkeypatch):
+    """From DEQUANT_MIN_M tokens: the Gluon kernel for W4A16 on an sm_90 GPU (with group scales
+    below GROUP_SCALE_MAX_M), W4A8 the fp8 GEMM on the values, dequantize + cuBLAS otherwise,
+    each with its reason."""
     from tileq.int4p import prefill
 
-    assert describe_prepacked(1024, 5120, 5120).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
-    assert describe_prepacked(1024, 5120, 5120, torch.float16).startswith("bquant_fp16xi4p_rcr_prefill__gluon_")
+    assert describe_prepacked(512, 5120, 5120).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
+    assert describe_prepacked(512, 5120, 5120, torch.float16).startswith("bquant_fp16xi4p_rcr_prefill__gluon_")
+    assert describe_prepacked(512, 5120, 5120, torch.float8_e4m3fn).startswith("dequant-fp8+tileq")
+    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "bf16")
     for x_dtype, k, why in ((torch.float8_e4m3fn, 5120, "W4A16"), (torch.bfloat16, 1100, "multiple of 8")):
-        text = describe_prepacked(1024, 5120, k, x_dtype)
+        text = describe_prepacked(512, 5120, k, x_dtype)
         assert text.startswith("dequant+cublas") and why in text
-    assert "a compiled kernel on a GPU" in describe_prepacked(1024, 5120, 5120, device=torch.device("cpu"))
+    assert "a compiled kernel on a GPU" in describe_prepacked(512, 5120, 5120, device=torch.device("cpu"))
     cpu = torch.device("cpu")
     assert prefill.unserved(512, 5120, "bf16", "none", "group", torch.float32, cpu) == "bf16/fp16 outputs only"
     assert prefill.unserved(512, 5120, "bf16", "vector", "group", torch.bfloat16, cpu).endswith("(W4A16)")
@@ -643,7 +654,7 @@ def test_prefill_kernel_below_dequant_min_m():
     text = describe_prepacked(64, 5120, 17408)
     assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk3_ws2x64_sm90"), text
     assert "40 tiles of 64 tokens" in text and "split over K 3 ways" in text
-    assert describe_prepacked(48, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_fp8xi4p_rcr_decode__")
+    assert describe_prepacked(48, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_bf16xi4p_rcr_decode__")
     assert describe_prepacked(16, 34816, 5120).startswith("bquant_bf16xi4p_rcr_decode__")
 
 
@@ -699,7 +710,7 @@ def test_prefill_path_on_a_gpu(monkeypatch):
     monkeypatch.delenv("TILEQ_GLUON", raising=False)
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(plan, "_device_arch", lambda index: (ARCHS["sm_90"], 132, "H200"))
-    args = (1024, 5120, "bf16", "none", "group", torch.bfloat16, cuda)
+    args = (512, 5120, "bf16", "none", "group", torch.bfloat16, cuda)
     assert prefill.unserved(*args) is None
     monkeypatch.setenv("TILEQ_GLUON", "0")
     assert "TILEQ_GLUON=0" in prefill.unserved(*args)

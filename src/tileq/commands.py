@@ -177,7 +177,7 @@ def _explain_prepacked(args) -> int:
               f"{cfg.stages} stages, split-K {cfg.split_k}{cap} ({source})")
     print("executor: the kernels of tileq.int4p on an sm_90 GPU (Triton decode kernel; from "
           "256 tokens the Gluon prefill kernel, or dequantize + cuBLAS where it does not serve the call "
-          "(W4A8 with TILEQ_W4A8_PREFILL=fp8: the values as fp8, then tileq's fp8 GEMM); "
+          "(W4A8: the values as fp8, then tileq's fp8 GEMM; TILEQ_W4A8_PREFILL=bf16 dequantizes to bf16); "
           "from 33 tokens the Gluon kernel where int4p.prefill.plan gives it the call: split over K "
           "on narrow weights, unsplit where its tiles fill the SMs), "
           "or the reference executor on the unprepacked weight (backend='reference', CPU tensors)")

@@ -173,21 +173,23 @@ def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM
     return _scales_ahead(Int4pConfig(16, split, 3), f"{what}, over {PER_SM_CAPPED} per SM: three stages")
 
 
-# W4A8 decode on large weights: the fp8 activations cast to bf16 first (exact), then the W4A16
+# W4A8 on the decode kernel: the fp8 activations cast to bf16 first (exact), then the W4A16
 # kernel. The kernel converts fp8 activations itself, but it must then write them back to shared
 # memory for the wgmma: eight barriers per K tile on the sm_90 build (scripts/sass_loop.py
 # --prepacked fp8e4nv: LDS 39, F2F 64, BAR 8 against none with bf16). The separate cast costs a
-# launch (2-4 us in a CUDA graph). H200, M = 1 (bench/results/h200/int4/w4a8-cast/): the cast
-# won on every weight from 44.6 MB of int4 (0.78-0.95x the time) and lost on every one up to
-# 33.9 MB (1.05-1.17x).
+# launch (2-4 us in a CUDA graph). H200, two runs (bench/results/h200/int4/split-cost/,
+# int4/fp8-prefill/), 18 weights: at M = 1 and 16 the cast won on every weight from 44.6 MB of
+# int4 (0.77-0.98x the time) and lost on every one up to 33.9 MB (1.05-1.20x); at M = 48 and 128
+# it won on all 18 (0.68-0.96x, median 0.78 / 0.73).
 W4A8_CAST_MIN_BYTES = 40_000_000
-W4A8_CAST_MAX_M = 16  # the tokens it was measured at
+W4A8_CAST_MAX_M = 16  # the decode sizes where the weight's size decides; above, always cast
 
 
 def compute_type(m: int, n: int, k: int, x_type: str) -> str:
-    """The activation type the decode kernel runs for ``x_type``: fp8 cast to 'bf16' for large
-    weights at decode sizes (``W4A8_CAST_MIN_BYTES``), else ``x_type`` itself."""
-    if x_type in ("fp8", "bf8") and m <= W4A8_CAST_MAX_M and n * k // 2 >= W4A8_CAST_MIN_BYTES:
+    """The activation type the decode kernel runs for ``x_type``: fp8 cast to 'bf16' above
+    ``W4A8_CAST_MAX_M`` tokens, or at fewer for weights of ``W4A8_CAST_MIN_BYTES`` of int4 and
+    more; else ``x_type`` itself."""
+    if x_type in ("fp8", "bf8") and (m > W4A8_CAST_MAX_M or n * k // 2 >= W4A8_CAST_MIN_BYTES):
         return "bf16"
     return x_type
 
@@ -474,17 +476,19 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
                     f"prefill kernel, {t}-token x 128-row tiles, int4 converted in registers)")
         if m >= DEQUANT_MIN_M and x_kind != "none" and fp8_prefill.selected():
             return (f"{fp8_prefill.Fp8PrefillLaunch.name} (M >= {DEQUANT_MIN_M}, "
-                    f"{fp8_prefill.PREFILL_ENV}=fp8: W's int4 values written as {x_type}, then tileq's fp8 "
+                    f"W4A8: W's int4 values written as {x_type}, then tileq's fp8 "
                     f"{'bquant' if w_scale == 'group' else 'rowcol'} GEMM with its scales)")
         if m >= DEQUANT_MIN_M:
+            also = f"; {fp8_prefill.PREFILL_ENV}=bf16" if x_kind != "none" else ""
             return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "
-                    f"not the Gluon prefill kernel: {why})")
+                    f"not the Gluon prefill kernel: {why}{also})")
     x_type = _X_TYPES[x_dtype]
     ct = x_type if config else compute_type(m, n, k, x_type)
     cfg, source = (config, "given config") if config else config_for(m, n, k, ct)
     if ct != x_type:
-        source = (f"{x_type} activations cast to {ct} first: {n * k // 2 / 1e6:.1f} MB of int4 >= "
-                  f"{W4A8_CAST_MIN_BYTES / 1e6:.0f} MB at M <= {W4A8_CAST_MAX_M}; {source}")
+        why = (f"M > {W4A8_CAST_MAX_M}" if m > W4A8_CAST_MAX_M else
+               f"{n * k // 2 / 1e6:.1f} MB of int4 >= {W4A8_CAST_MIN_BYTES / 1e6:.0f} MB")
+        source = f"{x_type} activations cast to {ct} first: {why}; {source}"
     return f"{kernel_name(ct, w_scale, cfg)} ({source})"
 
 

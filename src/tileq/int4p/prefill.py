@@ -5,7 +5,7 @@ call (``unserved`` says why not), and the dequantize + cuBLAS path (``dequant.py
 W4A16 (bf16 or fp16 activations without an activation scale), a 16-bit output, sm_90 compiled
 (not interpreted) with a Triton version the Gluon kernels were tested with, activations whose
 rows are 16-byte aligned, ``TILEQ_GLUON`` not 0. fp8 activations (W4A8) take a dequantize path
-(``dequant.py``, or ``fp8_prefill.py`` with ``TILEQ_W4A8_PREFILL=fp8``): this kernel's B operand
+(``fp8_prefill.py``, or ``dequant.py`` with ``TILEQ_W4A8_PREFILL=bf16``): this kernel's B operand
 comes from shared memory as TMA wrote it, with no room to convert.
 From ``MIN_M`` tokens below ``DEQUANT_MIN_M`` it takes the calls ``plan`` gives it (split over K
 on narrow weights, unsplit where the tiles fill the SMs); the decode kernel takes the others.
@@ -134,11 +134,13 @@ def tokens_for(m: int, n: int | None = None, num_sms: int = 132) -> int:
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
 
 # With group scales the kernel multiplies every converted value by its scale (a packed multiply
-# per two weights); from 2048 tokens dequantize + cuBLAS was faster (H200, 2026-12-01, three
-# weights: 0.78-0.85x bf16 cuBLAS's speed against 0.89-0.92x at M = 4096; at M = 1024
-# 0.63-0.82x against 0.70-0.71x, at 256 0.63-0.67x against 0.39-0.45x). Per-channel and
-# per-tensor scales (applied in the epilogue) match it at 4096 and beat it below.
-GROUP_SCALE_MAX_M = 2048
+# per two weights); from 1024 tokens dequantize + cuBLAS is faster. H200, 18 weights, both paths
+# in one run (bench/results/h200/int4/fp8-prefill/, the dequantization at 3.4 TB/s): at M = 1024
+# this kernel took 1.074x dequantize + cuBLAS's time (median; 0.93-1.39x: faster only on the three
+# weights of 34816 rows and more, by 1-7%), at 256 0.70x (0.62-1.08x). (With the earlier dequantization at
+# about half that rate the crossing was at 2048.) Per-channel and per-tensor scales (applied in
+# the epilogue) match it at 4096 and beat it below.
+GROUP_SCALE_MAX_M = 1024
 
 _CT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _GL = {}
