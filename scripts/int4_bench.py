@@ -88,6 +88,10 @@ def main() -> int:
                    help="on the decode kernel (M < 256) time both routes of W4A8: fp8 -> bf16 activations "
                         "(a torch cast) and the W4A16 kernel with the per-token scale in its epilogue "
                         "('w4a8_via_bf16'), and the fp8 activations converted inside the kernel ('w4a8_fp8_kernel')")
+    p.add_argument("--w4a8-gluon", action="store_true",
+                   help="from 33 tokens also time W4A8 on the Gluon prefill kernel (activations cast to bf16), "
+                        "forced at the plan's tiling: group scales ('w4a8_gluon'), per-channel from 256 "
+                        "('w4a8_gluon_channel')")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -257,7 +261,22 @@ def main() -> int:
                 record(s, name, m, n, k, "w4a8_fp8_prefill_channel", Fp8PrefillLaunch.name,
                        lambda f8c=f8c: f8c(xf8, w_pp.data, sx, sw_ch, None),
                        (xf8.float() * sx[:, None]) @ w_ch.t(), b4)
-            if args.w4a8_via_bf16 and m < DEQUANT_MIN_M and "__gluon_" not in path8:
+            if args.w4a8_gluon and m >= prefill.MIN_M:
+                # the Gluon prefill kernel on W4A8 (activations cast to bf16, token scales in the
+                # epilogue), forced at the plan's tiling (from DEQUANT_MIN_M also where it does not
+                # serve group scales), group scales; per-channel from DEQUANT_MIN_M
+                tiling = prefill.plan(m, n, k, sms) or (prefill.tokens_for(m, n, sms), 1)
+                variants = [("w4a8_gluon", "group", sw4, ref8)]
+                if m >= DEQUANT_MIN_M:
+                    variants.append(("w4a8_gluon_channel", "vector", sw_ch, (xf8.float() * sx[:, None]) @ w_ch.t()))
+                for impl, wk, sw_, want in variants:
+                    st = (sw_.stride(0), sw_.stride(1)) if wk == "group" else (0, 1)
+                    g8 = lazy(lambda m=m, n=n, k=k, wk=wk, st=st, tiling=tiling: prefill.GluonPrefillLaunch(
+                        m, n, k, torch.float8_e4m3fn, torch.bfloat16, wk, st, 128, False, dev, None,
+                        tokens=tiling[0], split=tiling[1], x_kind="vector", sx_stride=1))
+                    record(s, name, m, n, k, impl, prefill.kernel_name("bf16", wk, *tiling),
+                           lambda g8=g8, sw_=sw_: g8(xf8, w_pp.data, sx, sw_, None), want, b4)
+            if args.w4a8_via_bf16 and m < DEQUANT_MIN_M:
                 # both decode-kernel routes of W4A8, whichever the default took: the fp8 activations
                 # cast to bf16 before the W4A16 kernel (its config), and converted inside the kernel
                 for impl, ct in (("w4a8_via_bf16", "bf16"), ("w4a8_fp8_kernel", "fp8")):

@@ -137,8 +137,9 @@ def test_w4a8_decode_casts_activations_on_large_weights(xt, monkeypatch):
     assert "cast to bf16" in describe_prepacked(cap, big_n, big_k, xt)
     assert describe_prepacked(1, 4096, 4096, xt).startswith(f"bquant_{launch_mod._X_TYPES[xt]}xi4p_rcr_decode__")
     assert "cast" not in describe_prepacked(cap, 4096, 4096, xt)
-    for m in (cap + 1, 100, 255):  # every M the decode kernel takes above the cap
+    for m in (cap + 1, 32):  # M the decode kernel takes above the cap (from 33 the Gluon kernel here)
         assert f"cast to bf16 first: M > {cap}" in describe_prepacked(m, 4096, 4096, xt)
+    assert describe_prepacked(100, 4096, 4096, xt).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
     assert "cast" not in describe_prepacked(1, big_n, big_k)  # bf16 activations: nothing to cast
     cfg = Int4pConfig(16, 1, 2)
     assert "cast" not in describe_prepacked(1, big_n, big_k, xt, config=cfg)  # a given config: as called
@@ -392,9 +393,12 @@ def test_w4a8_prefill_path_is_chosen_by_the_environment(monkeypatch):
     answer, through linear_prepacked from DEQUANT_MIN_M tokens), anything else an error."""
     from tileq.int4p.dequant import DEQUANT_MIN_M
 
+    from tileq.int4p.prefill import W4A8_MAX_M
+
     f8 = torch.float8_e4m3fn
+    big = W4A8_MAX_M  # (below it an sm_90 GPU runs the Gluon kernel on the activations cast to bf16)
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", "bf16")
-    assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8).startswith("dequant+cublas")
+    assert describe_prepacked(big, 4096, 4096, f8, w_scale="vector").startswith("dequant+cublas")
     assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096).startswith("bquant_bf16xi4p_rcr_prefill__gluon")
     torch.manual_seed(9)
     m, n, k = DEQUANT_MIN_M + 1, 24, 512
@@ -407,12 +411,15 @@ def test_w4a8_prefill_path_is_chosen_by_the_environment(monkeypatch):
     y16 = linear_prepacked(x.to(DEV), w, sx.to(DEV), sw.to(DEV))
     assert float((y16.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
     monkeypatch.delenv("TILEQ_W4A8_PREFILL")
-    text = describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8)
+    text = describe_prepacked(big, 4096, 4096, f8)
     assert text.startswith("dequant-fp8+tileq") and "bquant GEMM" in text
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp8")
-    assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8) == text
-    assert "rowcol GEMM" in describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8, w_scale="vector")
-    below = describe_prepacked(DEQUANT_MIN_M - 1, 4096, 4096, f8)
+    assert describe_prepacked(big, 4096, 4096, f8) == text
+    assert "rowcol GEMM" in describe_prepacked(big, 4096, 4096, f8, w_scale="vector")
+    # (on the CPU the Gluon kernel serves nothing: from DEQUANT_MIN_M tokens the fp8 GEMM)
+    assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8, device=torch.device("cpu")).startswith(
+        "dequant-fp8+tileq")
+    below = describe_prepacked(32, 4096, 4096, f8)
     assert below.startswith("bquant_bf16xi4p_rcr_decode__") and "fp8 activations cast to bf16 first" in below
     y = linear_prepacked(x.to(DEV), w, sx.to(DEV), sw.to(DEV))
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
@@ -617,15 +624,19 @@ def test_prefill_path_choice(monkeypatch):
 
     assert describe_prepacked(512, 5120, 5120).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
     assert describe_prepacked(512, 5120, 5120, torch.float16).startswith("bquant_fp16xi4p_rcr_prefill__gluon_")
-    assert describe_prepacked(512, 5120, 5120, torch.float8_e4m3fn).startswith("dequant-fp8+tileq")
+    w4a8 = describe_prepacked(512, 5120, 5120, torch.float8_e4m3fn)
+    assert w4a8.startswith("bquant_bf16xi4p_rcr_prefill__gluon_") and "fp8 activations cast to bf16 first" in w4a8
+    big8 = prefill.W4A8_MAX_M
+    assert describe_prepacked(big8, 5120, 5120, torch.float8_e4m3fn, w_scale="vector").startswith("dequant-fp8+tileq")
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", "bf16")
-    for x_dtype, k, why in ((torch.float8_e4m3fn, 5120, "W4A16"), (torch.bfloat16, 1100, "multiple of 8")):
+    for x_dtype, k, why in ((torch.float8_e4m3fn, 1100, "multiple of 8"), (torch.bfloat16, 1100, "multiple of 8")):
         text = describe_prepacked(512, 5120, k, x_dtype)
         assert text.startswith("dequant+cublas") and why in text
     assert "a compiled kernel on a GPU" in describe_prepacked(512, 5120, 5120, device=torch.device("cpu"))
     cpu = torch.device("cpu")
     assert prefill.unserved(512, 5120, "bf16", "none", "group", torch.float32, cpu) == "bf16/fp16 outputs only"
-    assert prefill.unserved(512, 5120, "bf16", "vector", "group", torch.bfloat16, cpu).endswith("(W4A16)")
+    assert "(W4A16)" in prefill.unserved(512, 5120, "bf16", "vector", "group", torch.bfloat16, cpu)
+    assert "(W4A8)" in prefill.unserved(512, 5120, "fp8", "none", "group", torch.bfloat16, cpu)
     # Group scales: dequantize + cuBLAS from GROUP_SCALE_MAX_M tokens; per-channel: the kernel.
     big = prefill.GROUP_SCALE_MAX_M
     assert "measured faster" in describe_prepacked(big, 5120, 5120)
@@ -654,7 +665,9 @@ def test_prefill_kernel_below_dequant_min_m():
     text = describe_prepacked(64, 5120, 17408)
     assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk3_ws2x64_sm90"), text
     assert "40 tiles of 64 tokens" in text and "split over K 3 ways" in text
-    assert describe_prepacked(48, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_bf16xi4p_rcr_decode__")
+    # W4A8 follows the same choice, its activations cast to bf16
+    assert describe_prepacked(48, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
+    assert describe_prepacked(32, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_bf16xi4p_rcr_decode__")
     assert describe_prepacked(16, 34816, 5120).startswith("bquant_bf16xi4p_rcr_decode__")
 
 
@@ -719,7 +732,7 @@ def test_prefill_path_on_a_gpu(monkeypatch):
     assert prefill.unserved(*args) == "Gluon kernels are sm_90 only, this is sm_89"
 
 
-def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1):
+def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none"):
     import json
     import sys
     from pathlib import Path
@@ -729,7 +742,7 @@ def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1):
     env["PYTHONPATH"] = str(root / "src")
     code = ("import json, sys, subprocess, re, pathlib, triton\n"
             "from tileq.int4p.prefill import compile_sm90\n"
-            f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split})\n"
+            f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r})\n"
             "p = pathlib.Path('/tmp/tileq-i4p-prefill.cubin'); p.write_bytes(k.asm['cubin'])\n"
             "b = pathlib.Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin'\n"
             "sass = subprocess.run([str(b / 'nvdisasm'), '-c', str(p)], capture_output=True, text=True).stdout\n"
@@ -743,18 +756,21 @@ def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("ct,w_kind,bias,tma_store,tokens,split", [
-    ("bf16", "group", True, True, 128, 1), ("fp16", "vector", False, True, 128, 1), ("bf16", "group", False, False, 128, 1),
-    ("bf16", "group", True, True, 64, 1), ("fp16", "vector", False, False, 64, 1),
-    ("bf16", "group", True, False, 64, 3), ("fp16", "scalar", False, False, 128, 2),  # fp32 partials
-    ("bf16", "group", False, True, 16, 1), ("bf16", "group", True, False, 16, 3)])  # 16-token tiles (decode)
-def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split):
-    """The Gluon prefill kernel compiled for sm_90 on the CPU (128- and 64-token tiles): per
+@pytest.mark.parametrize("ct,w_kind,bias,tma_store,tokens,split,x_scale", [
+    ("bf16", "group", True, True, 128, 1, "none"), ("fp16", "vector", False, True, 128, 1, "none"),
+    ("bf16", "group", False, False, 128, 1, "none"),
+    ("bf16", "group", True, True, 64, 1, "none"), ("fp16", "vector", False, False, 64, 1, "none"),
+    ("bf16", "group", True, False, 64, 3, "none"), ("fp16", "scalar", False, False, 128, 2, "none"),  # fp32 partials
+    ("bf16", "group", False, True, 16, 1, "none"), ("bf16", "group", True, False, 16, 3, "none"),  # 16-token tiles
+    ("bf16", "group", True, True, 128, 1, "vector"), ("bf16", "vector", False, False, 64, 2, "scalar")])  # W4A8
+def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale):
+    """The Gluon prefill kernel compiled for sm_90 on the CPU (128- and 64-token tiles, W4A8's
+    token scales in the epilogue): per
     consumer and 512 of K, 32 m64n{BT}k16 wgmmas with the converted weights as register operands (the words reach them
     with no layout conversion: the only shared loads are the words' 16 and the only shared
     stores the epilogue's), 128 packed subtractions (and 128 packed scale multiplies for group
     scales), no spills and no serialized wgmmas (ptxas waits only where the code does)."""
-    r = _prefill_build(ct, w_kind, bias, tma_store, tokens, split)
+    r = _prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale)
     ops = r["ops"]
     assert ops["HGMMA"] == 2 * 32, ops
     # The only layout conversions are renamings asserted trivial when the kernel is traced: the
@@ -1022,14 +1038,50 @@ def test_gpu_narrow_weights_take_the_split(m, prefill_launches):
 
 @GPU
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,xt,x_kind,w_kind", [
+    (40, 1000, 3584, torch.float8_e4m3fn, "vector", "group"),  # split over K, 64-token tiles
+    (100, 1000, 3584, torch.float8_e5m2, "vector", "vector"),  # split, 128-token tiles
+    (300, 4000, 1104, torch.float8_e4m3fn, "vector", "group"),  # unsplit, a K tail
+    (513, 577, 2560, torch.float8_e4m3fn, "scalar", "scalar"),  # per-tensor scales, masked stores
+    (48, 34816, 1024, torch.float8_e4m3fn, "vector", "group")])  # the unsplit 64-token tiling (prefers)
+def test_gpu_w4a8_takes_the_prefill_kernel(m, n, k, xt, x_kind, w_kind, prefill_launches):
+    """W4A8 from 33 tokens to W4A8_MAX_M: linear_prepacked runs the Gluon kernel on the
+    activations cast to bf16, the token scales and a bias in its epilogue (one launch of it,
+    describe says so), and matches the reference; a second call gives the same bits."""
+    from tileq.int4p import prefill
+
+    assert prefill.MIN_M <= m < prefill.W4A8_MAX_M
+    assert "activations cast to bf16 first" in describe_prepacked(m, n, k, xt, w_scale=w_kind,
+                                                                   device=torch.device("cuda"))
+    torch.manual_seed(m + n)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to("cuda")
+    sw = _w4a8_scales(w_kind, n, k, 128)
+    x = (torch.randn(m, k) * 50).clamp(-400, 400).to(xt)
+    sx = torch.rand(m) + 0.5 if x_kind == "vector" else torch.tensor(0.75)
+    bias = torch.randn(n)
+    y = linear_prepacked(x.cuda(), w, sx.cuda(), sw.cuda(), bias=bias.cuda())
+    torch.cuda.synchronize()
+    assert len(prefill_launches) == 1
+    want = _reference(x, v, sw, sx, bias, 128)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+    assert torch.equal(linear_prepacked(x.cuda(), w, sx.cuda(), sw.cuda(), bias=bias.cuda()), y)
+
+
+@GPU
+@pytest.mark.gpu
 @pytest.mark.parametrize("w_kind", ["group", "vector"])
 def test_gpu_w4a8_fp8_prefill(w_kind, monkeypatch):
-    """TILEQ_W4A8_PREFILL=fp8 on the GPU: linear_prepacked at 300 tokens writes the values as fp8
-    and runs tileq's fp8 GEMM (bquant with one-column groups, or rowcol), bias, odd N; matches
-    the reference."""
+    """W4A8 on the GPU from W4A8_MAX_M tokens (TILEQ_W4A8_PREFILL=fp8, the default):
+    linear_prepacked writes the values as fp8 and runs tileq's fp8 GEMM (bquant with one-column
+    groups, or rowcol), bias, odd N; matches the reference."""
+    from tileq.int4p import prefill
+
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp8")
+    assert "dequant-fp8+tileq" in describe_prepacked(prefill.W4A8_MAX_M, 1000, 3584, torch.float8_e4m3fn,
+                                                     w_scale=w_kind, device=torch.device("cuda"))
     torch.manual_seed(13)
-    m, n, k = 300, 1000, 3584
+    m, n, k = prefill.W4A8_MAX_M + 1, 1000, 3584  # (below, the Gluon kernel takes W4A8)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
     w = prepack_int4(v).to("cuda")
     sw = _w4a8_scales(w_kind, n, k, 128)
@@ -1180,7 +1232,8 @@ def test_prefill_launcher_descriptors(monkeypatch):
     assert (w_desc.shape, w_desc.strides, w_desc.block_shape) == ([n, 3 * 64], [192, 1], [128, 32])
     assert (x_desc.shape, x_desc.strides, x_desc.block_shape) == ([m, k], [k, 1], [128, 64])
     assert c_desc is None and kwargs["TMA_STORE"] is False  # 577 bf16 = 1154-byte rows
-    assert grid == (min(132, 3 * 5),) and args[6:] == (m, n, k, n, n, 1)
+    assert args[6] is None and kwargs["X_SCALE"] == "none"  # (W4A16: no token scales)
+    assert grid == (min(132, 3 * 5),) and args[7:] == (m, n, k, n, n, 1, 0)
     assert (kwargs["W_SCALE"], kwargs["GROUP_K"], kwargs["BT"], kwargs["WS"], kwargs["XS"]) == ("group", 128, 128, 2, 8)
     assert kwargs["maxnreg"] == 168 and "mul.rn.bf16x2" in kwargs["ASM0"]
     n2 = 576  # 16-byte rows: TMA stores through a [128, 64] box

@@ -433,7 +433,8 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
             launch = prefill.GluonPrefillLaunch(m, n, k, x.dtype, out_dtype, w_kind, sw_strides, group_k,
                                                 b is not None, x.device,
                                                 DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype,
-                                                              x.dtype), tokens=tokens, split=split)
+                                                              x.dtype), tokens=tokens, split=split,
+                                                x_kind=x_kind, sx_stride=sx_stride)
         elif dequant and x_kind != "none" and fp8_prefill.selected():
             launch = fp8_prefill.Fp8PrefillLaunch(n, k, w_kind, x_kind, group_k, out_dtype, x.dtype)
         elif dequant:
@@ -452,8 +453,8 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
     """What ``linear_prepacked`` runs for these sizes: the decode kernel's name (its config in the
     tag) and where the config came from (tuned table, or the heuristic and its reason), or from
     ``prefill.MIN_M`` tokens the sm_90 Gluon prefill kernel where it serves the call on ``device``
-    (W4A16; without a device, on an sm_90 GPU), from ``DEQUANT_MIN_M`` tokens dequantize + cuBLAS
-    where it does not."""
+    (without a device, on an sm_90 GPU), from ``DEQUANT_MIN_M`` tokens the fp8 GEMM on the values
+    (W4A8) or dequantize + cuBLAS where it does not."""
     sms = _num_sms(device) if device is not None else NUM_SMS_DEFAULT
     gluon_plan = prefill.plan(m, n, k, sms) if config is None else None
     if config is None and (m >= DEQUANT_MIN_M or gluon_plan is not None):
@@ -472,8 +473,11 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
                 when = f"M >= {DEQUANT_MIN_M}"
             else:
                 when = f"M >= {prefill.MIN_M} with {-(-m // 64) * -(-n // 128)} tiles of 64 tokens for {sms} SMs"
-            return (f"{prefill.kernel_name(x_type, w_scale, t, split)} ({when}: the sm_90 Gluon "
-                    f"prefill kernel, {t}-token x 128-row tiles, int4 converted in registers)")
+            cast = ""
+            if x_kind != "none":
+                cast = f"; {x_type} activations cast to bf16 first, their scale in the epilogue"
+            return (f"{prefill.kernel_name('bf16' if cast else x_type, w_scale, t, split)} ({when}: the sm_90 "
+                    f"Gluon prefill kernel, {t}-token x 128-row tiles, int4 converted in registers{cast})")
         if m >= DEQUANT_MIN_M and x_kind != "none" and fp8_prefill.selected():
             return (f"{fp8_prefill.Fp8PrefillLaunch.name} (M >= {DEQUANT_MIN_M}, "
                     f"W4A8: W's int4 values written as {x_type}, then tileq's fp8 "

@@ -143,16 +143,27 @@ CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
 GROUP_SCALE_MAX_M = 1024
 
 _CT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _GL = {}
 _KERNEL = TableKernel(_GL, "kernel", __name__)  # the kernel, once _gl() has imported it
+
+
+# W4A8 (fp8 activations with a per-token or per-tensor scale) runs this kernel with the activations
+# cast to bf16 below W4A8_MAX_M tokens; from there the fp8 GEMM on the int4 values
+# (``fp8_prefill.py``).
+W4A8_MAX_M = 1024
 
 
 def _problem_reason(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, m: int, w_kind: str) -> str | None:
     if w_kind == "group" and m >= GROUP_SCALE_MAX_M:
         return (f"with group scales, dequantize + cuBLAS from {GROUP_SCALE_MAX_M} tokens "
                 f"(measured faster)")
-    if x_type not in ("bf16", "fp16") or x_kind != "none":
-        return "bf16/fp16 activations without an activation scale only (W4A16)"
+    w4a8 = x_type in ("fp8", "bf8") and x_kind in ("vector", "scalar")
+    if not w4a8 and (x_type not in ("bf16", "fp16") or x_kind != "none"):
+        return ("bf16/fp16 activations without an activation scale (W4A16) or fp8 ones with a per-token "
+                "or per-tensor scale (W4A8) only")
+    if w4a8 and m >= W4A8_MAX_M:
+        return f"W4A8 from {W4A8_MAX_M} tokens: the fp8 GEMM on the int4 values (measured faster)"
     if out_dtype not in _CT:
         return "bf16/fp16 outputs only"
     if k % 8:
@@ -219,7 +230,7 @@ def layouts(ct: str, tokens: int = TOKENS):
 
 
 def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bool, tokens: int = TOKENS,
-               split: int = 1) -> dict:
+               split: int = 1, x_scale: str = "none") -> dict:
     from .prefill_kernel import asm_for
 
     if tokens not in TOKEN_TILES:
@@ -227,7 +238,8 @@ def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bo
     if not 1 <= split <= MAX_SPLIT or (split > 1 and tma_store):
         raise ValueError(f"split {split}: expected 1-{MAX_SPLIT}, with fp32 partials (no TMA store) above 1")
     grouped = w_kind == "group"
-    return dict(CT=ct, W_SCALE=w_kind, GROUP_K=group_k, HAS_BIAS=has_bias, TMA_STORE=tma_store, SPLIT=split,
+    return dict(CT=ct, W_SCALE=w_kind, X_SCALE=x_scale, GROUP_K=group_k, HAS_BIAS=has_bias, TMA_STORE=tma_store,
+                SPLIT=split,
                 BT=tokens, GROUP_M=GROUP_M, WS=W_SLOTS, XS=X_SLOTS,
                 ASM0=asm_for(ct, 0, grouped), ASM1=asm_for(ct, 1, grouped), ASM2=asm_for(ct, 2, grouped),
                 ASM3=asm_for(ct, 3, grouped), CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
@@ -237,18 +249,20 @@ class GluonPrefillLaunch:
     """The prefill path for one call signature, called like ``launch.Int4pLaunch``."""
 
     def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback,
-                 tokens: int | None = None, split: int = 1):
+                 tokens: int | None = None, split: int = 1, x_kind: str = "none", sx_stride: int = 0):
         from ..kernels import gemm_kernel
         from ..kernels.gluon.launch import _num_sms
 
         self.fallback = fallback  # for operands TMA cannot read (base pointers not 16-byte aligned)
         self.m, self.n, self.k, self.out_dtype, self.device = m, n, k, out_dtype, device
-        self.ct = _CT[x_dtype]
+        # fp8 activations (W4A8) are cast to bf16 (exact) before the kernel, their scale in its epilogue
+        self.cast_to = torch.bfloat16 if x_dtype in _FP8 else None
+        self.ct = _CT[self.cast_to or x_dtype]
         self.tokens = tokens or tokens_for(m, n, _num_sms(device))
         self.split = split
         self.name = kernel_name(self.ct, w_kind, self.tokens, split)
         self.direct = device.type == "cuda"
-        ints = (m, n, k, n, sw_strides[0], sw_strides[1])
+        ints = (m, n, k, n, sw_strides[0], sw_strides[1], sx_stride)
         options = dict(num_warps=4, maxnreg=MAXNREG)
         items = -(-m // self.tokens) * -(-n // 128) * split
         grid = (max(1, min(_num_sms(device), items)),)
@@ -257,9 +271,10 @@ class GluonPrefillLaunch:
         # over K, every item writes an fp32 partial into a [split, M, N] workspace, summed in
         # order by the split-K reduction of the portable kernels.
         self.calls = {tma: KernelCall(_KERNEL, "_i4p_prefill_kernel", grid, ints,
-                                      dict(constexprs(self.ct, w_kind, group_k, has_bias, tma, self.tokens, split),
-                                           **options),
-                                      (x_dtype, out_dtype if split == 1 else torch.float32, has_bias, tma))
+                                      dict(constexprs(self.ct, w_kind, group_k, has_bias, tma, self.tokens, split,
+                                                      x_kind), **options),
+                                      (self.cast_to or x_dtype, out_dtype if split == 1 else torch.float32, has_bias,
+                                       tma, x_kind))
                       for tma in ((True, False) if split == 1 else (False,))}
         self.reduce = None
         if split > 1:
@@ -270,6 +285,8 @@ class GluonPrefillLaunch:
         self.layouts = None
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
+        if self.cast_to is not None:
+            x2 = x2.to(self.cast_to)  # (a new tensor: 16-byte aligned, rows of stride K)
         if (x2.data_ptr() | wdata.data_ptr()) & 15:
             return self.fallback(x2, wdata, sx, sw, bias, out)
         if out is None:
@@ -286,12 +303,12 @@ class GluonPrefillLaunch:
         if self.split > 1:
             numel = self.split * self.m * self.n
             ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
-            self.calls[False]((w_desc, x_desc, None, ws, sw, bias), direct)
+            self.calls[False]((w_desc, x_desc, None, ws, sw, bias, sx), direct)
             self.reduce((ws, out), direct)
             return out
         tma_store = (self.n * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0 and out.is_contiguous()
         c_desc = td(out, [self.m, self.n], [self.n, 1], [self.tokens, 64], c_l) if tma_store else None
-        self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias), direct)
+        self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias, sx), direct)
         return out
 
 
@@ -305,7 +322,7 @@ def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS, split: int = 1) 
 
 
 def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True,
-                 tokens: int = TOKENS, split: int = 1):
+                 tokens: int = TOKENS, split: int = 1, x_scale: str = "none"):
     """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -315,15 +332,17 @@ def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = Fals
     sig = {"w_desc": f"tensordesc<i32[128, 32],{w_l!r}>", "x_desc": f"tensordesc<{ct}[{tokens}, 64],{x_l!r}>",
            "c_desc": f"tensordesc<{ct}[{tokens}, 64],{c_l!r}>" if tma_store else "constexpr",
            "c_ptr": f"*{ct}" if split == 1 else "*fp32", "sw_ptr": "*fp32",
-           "bias_ptr": "*fp32" if has_bias else "constexpr"}
-    for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n"):
+           "bias_ptr": "*fp32" if has_bias else "constexpr", "sx_ptr": "*fp32" if x_scale != "none" else "constexpr"}
+    for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n", "stride_sx"):
         sig[name] = "i32"
-    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store, tokens, split)
+    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store, tokens, split, x_scale)
     for name in consts:
         sig[name] = "constexpr"
     if not tma_store:
         consts["c_desc"] = None
     if not has_bias:
         consts["bias_ptr"] = None
+    if x_scale == "none":
+        consts["sx_ptr"] = None
     src = GluonASTSource(fn=_gl()["kernel"], signature=sig, constexprs=consts, attrs={})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=MAXNREG))

@@ -1,7 +1,9 @@
 """sm_90 prefill kernel on prepacked int4 weights (layout i4p1), in Gluon: W4A16 at large M.
 
 C[M, N] = epilogue(X[M, K] @ W[N, K]^T) for 16-bit activations X and an int4 weight W with group
-(a multiple of 128 along K), per-channel or per-tensor scales. It computes the transposed product
+(a multiple of 128 along K), per-channel or per-tensor scales; W4A8 calls come with their fp8
+activations cast to bf16 (exact) and their per-token or per-tensor scale (X_SCALE), applied first
+in the epilogue. It computes the transposed product
 C^T = W X^T tile by tile (swap-AB, as the decode kernel ``kernel.py`` does): the weight is the
 wgmma's A operand, converted from int4 in registers, the activations the B operand from shared
 memory. A tile is 128 weight rows x BT tokens:
@@ -21,7 +23,7 @@ memory. A tile is 128 weight rows x BT tokens:
   the dequantized weights of the dequantize + cuBLAS path are; a second accumulator for exact
   promotion does not fit the registers), per-channel and per-tensor scales wait for the
   epilogue (exact);
-- the grid is persistent with a grouped tile order; the epilogue (weight scale, bias, cast) is
+- the grid is persistent with a grouped tile order; the epilogue (token scale, weight scale, bias, cast) is
   stored transposed through shared memory by TMA, or with masked stores when C's rows are not
   16-byte aligned.
 
@@ -152,8 +154,9 @@ def _producer(w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty
 
 @gluon.jit
 def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
-              bias_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n,
-              HALF: gl.constexpr, CT: gl.constexpr, W_SCALE: gl.constexpr, GROUP_K: gl.constexpr,
+              bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx,
+              HALF: gl.constexpr, CT: gl.constexpr, W_SCALE: gl.constexpr, X_SCALE: gl.constexpr,
+              GROUP_K: gl.constexpr,
               HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr,
               GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
               ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr,
@@ -240,8 +243,13 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
                 mbarrier.arrive(x_empty.index(s1), count=1)
                 xi += 2
 
-        # ---- epilogue: acc [weight rows, tokens] -> * weight scale -> + bias -> cast ----
+        # ---- epilogue: acc [weight rows, tokens] -> * token scale -> * weight scale -> + bias -> cast ----
         y = acc
+        if X_SCALE == "vector":  # (W4A8: the activations' per-token scales; split over K, each partial)
+            toks_s = off_t + gl.arange(0, BT, layout=cols_l)
+            y = y * gl.load(sx_ptr + toks_s * stride_sx, mask=toks_s < M, other=0.0)[None, :]
+        elif X_SCALE == "scalar":
+            y = y * gl.load(sx_ptr)
         if W_SCALE == "vector":
             y = y * gl.load(sw_ptr + rows * stride_sw_n, mask=row_ok, other=0.0)[:, None]
         elif W_SCALE == "scalar":
@@ -273,12 +281,12 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
 
 @gluon.jit
 def _i4p_prefill_kernel(
-    w_desc, x_desc, c_desc, c_ptr, sw_ptr, bias_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n,
+    w_desc, x_desc, c_desc, c_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx,
     CT: gl.constexpr, W_SCALE: gl.constexpr, GROUP_K: gl.constexpr, HAS_BIAS: gl.constexpr,
     TMA_STORE: gl.constexpr, BT: gl.constexpr, GROUP_M: gl.constexpr, WS: gl.constexpr,
     XS: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr,
     ASM3: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    SPLIT: gl.constexpr = 1,
+    SPLIT: gl.constexpr = 1, X_SCALE: gl.constexpr = "none",
 ):
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [2 * WS, BLOCK_W, 32], w_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [XS, BT, 64], x_desc.layout)
@@ -302,10 +310,12 @@ def _i4p_prefill_kernel(
 
     gl.warp_specialize([
         (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
-                     bias_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, 0, CT, W_SCALE, GROUP_K,
+                     bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 0, CT, W_SCALE,
+                     X_SCALE, GROUP_K,
                      HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3, SPLIT)),
         (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
-                     bias_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, 1, CT, W_SCALE, GROUP_K,
+                     bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 1, CT, W_SCALE,
+                     X_SCALE, GROUP_K,
                      HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3, SPLIT)),
         (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, BT,
                      GROUP_M, WS, XS, SPLIT)),
