@@ -732,7 +732,10 @@ def test_prefill_path_on_a_gpu(monkeypatch):
     assert prefill.unserved(*args) == "Gluon kernels are sm_90 only, this is sm_89"
 
 
-def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none"):
+def _sm90_build(compile_line: str, name: str) -> dict:
+    """Compile a kernel for sm_90 in a fresh process without the interpreter (``compile_line``
+    binds ``k`` to Triton's compiled kernel): its SASS (nvdisasm), resource usage (cuobjdump),
+    shared memory, PTX and TTGIR."""
     import json
     import sys
     from pathlib import Path
@@ -740,20 +743,28 @@ def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="no
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root / "src")
-    code = ("import json, sys, subprocess, re, pathlib, triton\n"
-            "from tileq.int4p.prefill import compile_sm90\n"
-            f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r})\n"
-            "p = pathlib.Path('/tmp/tileq-i4p-prefill.cubin'); p.write_bytes(k.asm['cubin'])\n"
+    code = ("import json, pathlib, subprocess, torch, triton\n"
+            f"{compile_line}\n"
+            f"p = pathlib.Path('/tmp/tileq-{name}.cubin'); p.write_bytes(k.asm['cubin'])\n"
             "b = pathlib.Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin'\n"
             "sass = subprocess.run([str(b / 'nvdisasm'), '-c', str(p)], capture_output=True, text=True).stdout\n"
             "use = subprocess.run([str(b / 'cuobjdump'), '-res-usage', str(p)], capture_output=True, text=True).stdout\n"
-            "ops = {o: len(re.findall(r'\\b' + o + r'\\b', sass)) for o in "
-            "('HGMMA', 'LDS', 'STS', 'LDL', 'STL', 'HMUL2', 'HADD2', 'PRMT', 'SHFL', 'UTMALDG', 'UTMASTG')}\n"
-            "ops['DEPBAR'] = sass.count('WARPGROUP.DEPBAR')\n"
-            "print(json.dumps(dict(ops=ops, usage=use, ttgir=k.asm['ttgir'], shared=k.metadata.shared)))\n")
+            "print(json.dumps(dict(sass=sass, usage=use, shared=k.metadata.shared, ptx=k.asm['ptx'], "
+            "ttgir=k.asm['ttgir'])))\n")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none"):
+    r = _sm90_build("from tileq.int4p.prefill import compile_sm90\n"
+                    f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r})",
+                    "i4p-prefill")
+    sass = r["sass"]
+    r["ops"] = {o: len(re.findall(r"\b" + o + r"\b", sass)) for o in
+                ("HGMMA", "LDS", "STS", "LDL", "STL", "HMUL2", "HADD2", "PRMT", "SHFL", "UTMALDG", "UTMASTG")}
+    r["ops"]["DEPBAR"] = sass.count("WARPGROUP.DEPBAR")
+    return r
 
 
 @pytest.mark.parametrize("ct,w_kind,bias,tma_store,tokens,split,x_scale", [
@@ -800,33 +811,17 @@ def test_sm90_build_of_the_dequantize_kernel(dtype, w_kind):
     dequant.py describes: per value one LOP3 and one FADD (and the scale's FMUL), one conversion
     per pair to 16 bits; for fp8 one LOP3, one packed subtraction and one conversion per pair."""
     import collections
-    import json
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(root / "src")
-    code = ("import collections, json, pathlib, re, subprocess, torch, triton\n"
-            "from tileq.int4p.dequant import compile_sm90\n"
-            f"k = compile_sm90(torch.{dtype}, {w_kind!r})\n"
-            f"p = pathlib.Path('/tmp/tileq-dequant-{dtype}-{w_kind}.cubin'); p.write_bytes(k.asm['cubin'])\n"
-            "b = pathlib.Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin'\n"
-            "sass = subprocess.run([str(b / 'nvdisasm'), '-c', str(p)], capture_output=True, text=True).stdout\n"
-            "use = subprocess.run([str(b / 'cuobjdump'), '-res-usage', str(p)], capture_output=True, text=True).stdout\n"
-            "ops = collections.Counter()\n"
-            "for ln in sass.splitlines():\n"
-            "    if re.match(r'\\s+/\\*[0-9a-f]{4}\\*/', ln):\n"
-            "        body = re.sub(r'^@!?U?P\\w+\\s+', '', ln.split('*/', 1)[1].strip())\n"
-            "        ops[body.split()[0].rstrip(';')] += 1\n"
-            "print(json.dumps(dict(ops=ops, usage=use, shared=k.metadata.shared, ptx=k.asm['ptx'])))\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = _sm90_build(f"from tileq.int4p.dequant import compile_sm90\nk = compile_sm90(torch.{dtype}, {w_kind!r})",
+                    f"dequant-{dtype}-{w_kind}")
+    full = collections.Counter()  # opcode with its modifiers -> count
+    for ln in r["sass"].splitlines():
+        if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln):
+            body = re.sub(r"^@!?U?P\w+\s+", "", ln.split("*/", 1)[1].strip())
+            full[body.split()[0].rstrip(";")] += 1
     ops = collections.Counter()
-    for op, count in r["ops"].items():
+    for op, count in full.items():
         ops[op.split(".")[0]] += count
-    full = r["ops"]
     values = {"bfloat16": 64, "float16": 64}.get(dtype, 128)  # per thread: ROWS x 512 / 256 threads
     words = values // 8
     # The words: 16-byte loads only (the scales' loads are scalar); 16-byte stores only.

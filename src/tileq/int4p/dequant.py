@@ -1,13 +1,15 @@
 """Prefill on prepacked int4 weights: dequantize the weight to bf16/fp16 once per call, then run
-the matrix product on cuBLAS.
+the matrix product on cuBLAS; and the dequantize kernel itself, which ``fp8_prefill.py`` also
+uses (the int4 values alone as fp8).
 
-At prefill sizes the fused kernel (``kernel.py``) converts every weight once per 16-32 tokens
-and runs at about a third of bf16 cuBLAS's speed (bench/results/h200/int4.md). Writing the
-dequantized weight (2 bytes per value) and reading it back costs about as much as one bf16
-product at M of a few hundred tokens, and nothing at M in the thousands, so above
+Writing the dequantized weight (2 bytes per value) and reading it back costs about as much as one
+bf16 product at M of a few hundred tokens, and little at M in the thousands. From
 ``DEQUANT_MIN_M`` tokens ``linear_prepacked`` takes this path (named ``dequant+cublas`` in
-``describe_prepacked``). The dequantized weight lives only for the call (from torch's caching
-allocator): N x K x 2 bytes, 356 MB for a 34816 x 5120 weight.
+``describe_prepacked``) where neither the Gluon prefill kernel (``prefill.py``) nor the W4A8 fp8
+GEMM takes the call: W4A16 with group scales from ``prefill.GROUP_SCALE_MAX_M`` tokens (measured
+faster there), GPUs other than sm_90, the interpreter, ``TILEQ_W4A8_PREFILL=bf16``. The kernel
+moves 3.4 TB/s (int4 read + bf16 written) on an H200. The dequantized weight lives only for the
+call (from torch's caching allocator): N x K x 2 bytes, 356 MB for a 34816 x 5120 weight.
 
 Precision: each weight becomes v * scale rounded to the 16-bit type (the fused kernel keeps v
 exact and scales each 128-wide partial sum in fp32), products accumulate in fp32 in cuBLAS,
