@@ -88,6 +88,9 @@ def main() -> int:
                    help="on the decode kernel (M < 256) time both routes of W4A8: fp8 -> bf16 activations "
                         "(a torch cast) and the W4A16 kernel with the per-token scale in its epilogue "
                         "('w4a8_via_bf16'), and the fp8 activations converted inside the kernel ('w4a8_fp8_kernel')")
+    p.add_argument("--t256", action="store_true",
+                   help="from 256 tokens also time W4A16 on the Gluon kernel with 256-token tiles, group "
+                        "('w4a16_gluon_t256') and per-channel scales ('w4a16_gluon_t256_channel')")
     p.add_argument("--w4a8-gluon", action="store_true",
                    help="from 33 tokens also time W4A8 on the Gluon prefill kernel (activations cast to bf16), "
                         "forced at the plan's tiling: group scales ('w4a8_gluon'), per-channel from 256 "
@@ -215,8 +218,17 @@ def main() -> int:
                                                 split=prefill.split_for(m, n, k, t_, sms))
                 record(s, name, m, n, k, "w4a16_gluon_split", gp.name,
                        lambda gp=gp: gp(x, w_pp.data, None, sw4, None), ref16, b4)
-            if m >= DEQUANT_MIN_M and "__gluon_" in prefill_path:  # per-channel scales
-                record(s, name, m, n, k, "w4a16_prepacked_channel", prefill_path,
+            if args.t256 and m >= DEQUANT_MIN_M:
+                for impl, wk, sw_, want in (("w4a16_gluon_t256", "group", sw4, ref16),
+                                            ("w4a16_gluon_t256_channel", "vector", sw_ch, x.float() @ w_ch.t())):
+                    st = (sw_.stride(0), sw_.stride(1)) if wk == "group" else (0, 1)
+                    g256 = lazy(lambda m=m, n=n, k=k, wk=wk, st=st: prefill.GluonPrefillLaunch(
+                        m, n, k, torch.bfloat16, torch.bfloat16, wk, st, 128, False, dev, None, tokens=256))
+                    record(s, name, m, n, k, impl, prefill.kernel_name("bf16", wk, 256),
+                           lambda g256=g256, sw_=sw_: g256(x, w_pp.data, None, sw_, None), want, b4)
+            if m >= DEQUANT_MIN_M:  # per-channel scales, the path they take
+                record(s, name, m, n, k, "w4a16_prepacked_channel",
+                       describe_prepacked(m, n, k, w_scale="vector", device=dev).split()[0],
                        lambda: linear_prepacked(x, w_pp, None, sw_ch), x.float() @ w_ch.t(), b4)
             if args.small_m_prefill and 16 < m < DEQUANT_MIN_M and "__gluon_" in describe_prepacked(
                     DEQUANT_MIN_M, n, k, device=dev):  # the Gluon prefill kernel below its range

@@ -773,7 +773,8 @@ def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="no
     ("bf16", "group", True, True, 64, 1, "none"), ("fp16", "vector", False, False, 64, 1, "none"),
     ("bf16", "group", True, False, 64, 3, "none"), ("fp16", "scalar", False, False, 128, 2, "none"),  # fp32 partials
     ("bf16", "group", False, True, 16, 1, "none"), ("bf16", "group", True, False, 16, 3, "none"),  # 16-token tiles
-    ("bf16", "group", True, True, 128, 1, "vector"), ("bf16", "vector", False, False, 64, 2, "scalar")])  # W4A8
+    ("bf16", "group", True, True, 128, 1, "vector"), ("bf16", "vector", False, False, 64, 2, "scalar"),  # W4A8
+    ("bf16", "group", True, False, 256, 1, "none"), ("fp16", "vector", False, False, 256, 1, "none")])  # 256
 def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale):
     """The Gluon prefill kernel compiled for sm_90 on the CPU (128- and 64-token tiles, W4A8's
     token scales in the epilogue): per
@@ -947,13 +948,25 @@ def _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(17, 577, 1104), (64, 4000, 4096), (100, 384, 2560), (33, 1024, 512)])
 @pytest.mark.parametrize("gk", [128, 0, -1])
-@pytest.mark.parametrize("tokens", [16, 64, 128])
+@pytest.mark.parametrize("tokens", [16, 64, 128, 256])
 def test_gpu_prefill_token_tiles_at_small_m(m, n, k, gk, tokens, prefill_launches):
     """Both token tiles of the Gluon prefill kernel at M below its default range (64: M = 100 in
     two tiles, the second mostly past M; 128: one tile mostly past M), odd N (577: masked stores),
     K tails; group, per-channel and per-tensor scales; bias."""
     launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + tokens, tokens)
     assert launch.name.endswith(f"__gluon_w128t{tokens}k512_ws2x64_sm90")
+    _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(300, 577, 1104), (1000, 4000, 4096), (2049, 1024, 5120)])
+@pytest.mark.parametrize("gk", [128, 0])
+def test_gpu_prefill_256_token_tiles(m, n, k, gk, prefill_launches):
+    """256-token tiles (masked stores) at prefill sizes: odd M and N, K tails; group and
+    per-channel scales; bias."""
+    launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k, 256)
+    assert launch.name.endswith("__gluon_w128t256k512_ws2x64_sm90") and True not in launch.calls
     _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
 
 

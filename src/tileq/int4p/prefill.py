@@ -23,9 +23,13 @@ from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
 from .dequant import DEQUANT_MIN_M
 
 TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x BT tokens
-TOKEN_TILES = (16, 64, 128)  # 64 tokens for calls of up to 64 (``tokens_for``); 16: decode, not routed (slower)
+# 64 tokens for calls of up to 64 (``tokens_for``); 16: decode, not routed (slower); 256: built for
+# large M (its conversion per weight spread over twice the tokens), not routed until measured
+TOKEN_TILES = (16, 64, 128, 256)
 W_SLOTS = 2  # ring slots of 2 x [128, 32] words (one 512-wide K block each)
-X_SLOTS = 8  # ring slots of [BT, 64] activations (two per 128-wide slice)
+X_SLOTS = 8  # ring slots of [BT, 64] activations (two per 128-wide slice) ...
+X_SLOTS_256 = 4  # ... and for 256-token tiles (32 KB each: 197 KB of shared memory in all)
+TMA_STORE_MAX_TOKENS = 128  # 256-token tiles store with masked stores (the TMA staging needs 64 KB more)
 GROUP_M = 8
 CONFIG_TAG = f"gluon_w128t{TOKENS}k512_ws2x64"  # the kernel name's config part (128-token tiles)
 
@@ -242,10 +246,15 @@ def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bo
         raise ValueError(f"token tile {tokens}: expected one of {TOKEN_TILES}")
     if not 1 <= split <= MAX_SPLIT or (split > 1 and tma_store):
         raise ValueError(f"split {split}: expected 1-{MAX_SPLIT}, with fp32 partials (no TMA store) above 1")
+    if tma_store and tokens > TMA_STORE_MAX_TOKENS:
+        raise ValueError(f"token tile {tokens}: no TMA store above {TMA_STORE_MAX_TOKENS} tokens")
+    if x_scale != "none" and tokens > TMA_STORE_MAX_TOKENS:
+        # (the sm_90 build of a 256-token tile with token scales spilled 200 B)
+        raise ValueError(f"token tile {tokens}: no activation scale above {TMA_STORE_MAX_TOKENS} tokens")
     grouped = w_kind == "group"
     return dict(CT=ct, W_SCALE=w_kind, X_SCALE=x_scale, GROUP_K=group_k, HAS_BIAS=has_bias, TMA_STORE=tma_store,
                 SPLIT=split,
-                BT=tokens, GROUP_M=GROUP_M, WS=W_SLOTS, XS=X_SLOTS,
+                BT=tokens, GROUP_M=GROUP_M, WS=W_SLOTS, XS=X_SLOTS if tokens <= 128 else X_SLOTS_256,
                 ASM0=asm_for(ct, 0, grouped), ASM1=asm_for(ct, 1, grouped), ASM2=asm_for(ct, 2, grouped),
                 ASM3=asm_for(ct, 3, grouped), CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
 
@@ -280,7 +289,7 @@ class GluonPrefillLaunch:
                                                       x_kind), **options),
                                       (self.cast_to or x_dtype, out_dtype if split == 1 else torch.float32, has_bias,
                                        tma, x_kind))
-                      for tma in ((True, False) if split == 1 else (False,))}
+                      for tma in ((True, False) if split == 1 and self.tokens <= TMA_STORE_MAX_TOKENS else (False,))}
         self.reduce = None
         if split > 1:
             total = m * n
@@ -311,7 +320,8 @@ class GluonPrefillLaunch:
             self.calls[False]((w_desc, x_desc, None, ws, sw, bias, sx), direct)
             self.reduce((ws, out), direct)
             return out
-        tma_store = (self.n * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0 and out.is_contiguous()
+        tma_store = (True in self.calls and (self.n * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
+                     and out.is_contiguous())
         c_desc = td(out, [self.m, self.n], [self.n, 1], [self.tokens, 64], c_l) if tma_store else None
         self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias, sx), direct)
         return out
