@@ -148,7 +148,8 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     int4p_prefill = [f.name for f in catalog() if wants_int4p_prefill_build(f, sm90)]
     assert int4p_prefill == ["bquant_bf16xi4_rcr_prefill", "bquant_fp16xi4_rcr_prefill"]
     expected = (len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon) + len(gluon_fast)
-                + len(int4p) + 4 * len(int4p_prefill))  # (the prefill kernel's 64- and 128-token tiles, split or not)
+                + len(int4p) + 5 * len(int4p_prefill))  # (the prefill kernel's 64- and 128-token tiles, split or
+    # not, and its 256-token tiles)
     assert len(kernels) == expected and all(k["ok"] for k in kernels)
     built_gluon = [k for k in kernels if "__gluon_" in k["name"] and "xi4p_" not in k["name"]]
     assert sorted(k["family"] for k in built_gluon if not k["name"].endswith("_fa_sm90")) == sorted(gluon)
@@ -157,14 +158,16 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert all(k["mma"] == "wgmma" and not k["spills"] for k in built_gluon)
     # The prepacked-int4 kernel: its own names (xi4p), wgmma, no spills.
     built_int4p = [k for k in kernels if "xi4p_" in k["name"]]
-    assert sorted(k["family"] for k in built_int4p) == sorted(int4p + 4 * int4p_prefill)
+    assert sorted(k["family"] for k in built_int4p) == sorted(int4p + 5 * int4p_prefill)
     assert sorted(k["name"] for k in built_int4p if "_prefill__gluon_" in k["name"]) == [
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_sk2_ws2x64_sm90",
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90",
+        "bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90",
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk2_ws2x64_sm90",
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_sm90",
         "bquant_fp16xi4p_rcr_prefill__gluon_w128t128k512_sk2_ws2x64_sm90",
         "bquant_fp16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90",
+        "bquant_fp16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90",
         "bquant_fp16xi4p_rcr_prefill__gluon_w128t64k512_sk2_ws2x64_sm90",
         "bquant_fp16xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_sm90"]
     assert all(k["mma"] == "wgmma" and not k["spills"] for k in built_int4p)

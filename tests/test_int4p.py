@@ -643,6 +643,27 @@ def test_prefill_path_choice(monkeypatch):
     assert describe_prepacked(big, 5120, 5120, w_scale="vector").startswith("rowcol_bf16xi4p_rcr_prefill__gluon_")
 
 
+def test_256_token_tiles_from_1024_tokens(monkeypatch):
+    """From T256_MIN_M tokens the 256-token tile where its waves cost less (TILE256_COST of a
+    128-token tile's); with group scales only below GROUP_T256_MAX_M (dequantize + cuBLAS
+    otherwise); never with a TMA store or an activation scale."""
+    from tileq.int4p import prefill
+
+    assert prefill.tokens_for(1023, 8192) == 128 and prefill.tokens_for(1024, 8192) == 256  # 4 waves against 2
+    assert prefill.tokens_for(1024, 5120) == 128  # 3 waves against 2 (x 1.7)
+    assert prefill.tokens_for(4096, 5120) == 256 and prefill.tokens_for(4096) == 128
+    text = describe_prepacked(1024, 8192, 28672)  # Llama-70B down, group scales
+    assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90"), text
+    assert describe_prepacked(1024, 5120, 5120).startswith("dequant+cublas")
+    assert describe_prepacked(prefill.GROUP_T256_MAX_M, 8192, 28672).startswith("dequant+cublas")
+    chan = describe_prepacked(4096, 5120, 5120, w_scale="vector")
+    assert chan.startswith("rowcol_bf16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90"), chan
+    with pytest.raises(ValueError, match="no TMA store"):
+        prefill.constexprs("bf16", "group", 128, False, True, 256)
+    with pytest.raises(ValueError, match="no activation scale"):
+        prefill.constexprs("bf16", "group", 128, False, False, 256, 1, "vector")
+
+
 def test_prefill_kernel_below_dequant_min_m():
     """Below DEQUANT_MIN_M tokens the Gluon kernel takes a call from MIN_M (33) tokens when its
     64-token tiling has the tiles to fill the SMs (0.65 x SMs, 0.5 x from 128 tokens: the decode
@@ -688,7 +709,7 @@ def test_prefill_plan_routes_narrow_weights_to_the_split():
     assert prefill.plan(256, 3584, 18944, 132) == (128, 7)  # 56 tiles, 37 blocks
     assert prefill.plan(256, 4608, 3584, 132) == (128, 1)  # 7 blocks: under four per range above 128 tokens
     assert prefill.plan(256, 7168, 18432, 132) == (128, 1)  # 112 tiles: over 0.65 x SMs
-    assert prefill.plan(4096, 5120, 5120, 132) == (128, 1)
+    assert prefill.plan(4096, 5120, 5120, 132) == (256, 1) and prefill.plan(512, 5120, 5120, 132) == (128, 1)
     assert prefill.plan(48, 5120, 17408, 100) == (64, 5) and prefill.plan(48, 11008, 4096, 200) == (64, 2)
 
 

@@ -130,19 +130,21 @@ def _attempt(name: str, family: str, config: str, t0: float, build) -> tuple[Bui
 def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens: int = 128, split: int = 1
                            ) -> tuple[BuildResult, object]:
     from ..int4p.launch import W_SCALE_OF_SCHEME
-    from ..int4p.prefill import compile_sm90, config_tag, kernel_name
+    from ..int4p.prefill import TMA_STORE_MAX_TOKENS, compile_sm90, config_tag, kernel_name
 
     w_kind = W_SCALE_OF_SCHEME[fam.scheme.value]
     return _attempt(kernel_name(fam.a.value, w_kind, tokens, split), fam.name, config_tag(tokens, split), t0,
                     lambda: compile_sm90(fam.a.value, w_kind, tokens=tokens, split=split,
-                                         tma_store=split == 1))
+                                         tma_store=split == 1 and tokens <= TMA_STORE_MAX_TOKENS))
 
 
 # The int4 prefill kernel's instances built per family: (token tile, split over K) by impl name.
-# 64 tokens: calls of 33-64 tokens; split two ways: narrow weights (int4p.prefill.plan). Other
-# split counts differ in one constant (the K range of an item) and compile on first use.
+# 64 tokens: calls of 33-64 tokens; split two ways: narrow weights (int4p.prefill.plan); 256 tokens:
+# from 1024 (masked stores). Other split counts differ in one constant (the K range of an item) and
+# compile on first use.
 _INT4P_PREFILL_TILES = {"int4p_prefill": (128, 1), "int4p_prefill64": (64, 1),
-                        "int4p_prefill_split": (64, 2), "int4p_prefill_split128": (128, 2)}
+                        "int4p_prefill_split": (64, 2), "int4p_prefill_split128": (128, 2),
+                        "int4p_prefill256": (256, 1)}
 
 
 def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:

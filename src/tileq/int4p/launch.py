@@ -426,8 +426,8 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     launch = _LAUNCHES.get(key)
     if launch is None:
         # (the key holds what unserved() reads: the device, the interpreter, TILEQ_GLUON)
-        served = (dequant or small_prefill) and prefill.unserved(m, k, x_type, x_kind, w_kind, out_dtype,
-                                                                 x.device) is None
+        served = (dequant or small_prefill) and prefill.unserved(
+            m, k, x_type, x_kind, w_kind, out_dtype, x.device, gluon_plan[0] if gluon_plan else None) is None
         if served:
             tokens, split = gluon_plan
             launch = prefill.GluonPrefillLaunch(m, n, k, x.dtype, out_dtype, w_kind, sw_strides, group_k,
@@ -461,8 +461,9 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
         x_type = _X_TYPES[x_dtype]
         out = x_dtype if x_type in ("bf16", "fp16") else torch.bfloat16
         x_kind = "none" if x_type in ("bf16", "fp16") else "vector"
-        why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device)
-               if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale))
+        tokens = gluon_plan[0] if gluon_plan else None
+        why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device, tokens)
+               if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale, tokens))
         if why is None:
             t, split = gluon_plan
             tiles = -(-m // t) * -(-n // 128)

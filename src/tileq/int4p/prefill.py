@@ -23,8 +23,8 @@ from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
 from .dequant import DEQUANT_MIN_M
 
 TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x BT tokens
-# 64 tokens for calls of up to 64 (``tokens_for``); 16: decode, not routed (slower); 256: built for
-# large M (its conversion per weight spread over twice the tokens), not routed until measured
+# 64 tokens for calls of up to 64 (``tokens_for``); 16: decode, not routed (slower); 256: from
+# T256_MIN_M tokens where its waves cost less (each weight converted once per 256 tokens)
 TOKEN_TILES = (16, 64, 128, 256)
 W_SLOTS = 2  # ring slots of 2 x [128, 32] words (one 512-wide K block each)
 X_SLOTS = 8  # ring slots of [BT, 64] activations (two per 128-wide slice) ...
@@ -123,16 +123,27 @@ def prefers(m: int, n: int, num_sms: int) -> bool:
 
 def tokens_for(m: int, n: int | None = None, num_sms: int = 132) -> int:
     """The token tile of a call: 64 tokens up to M = 64 (a 128-token tile would be half padding;
-    each weight is converted once per token tile); from DEQUANT_MIN_M tokens 128; between, the
-    one with fewer waves of the persistent grid, a 64-token tile costing TILE64_COST of a
-    128-token one (128 without ``n``)."""
+    each weight is converted once per token tile); between 65 and DEQUANT_MIN_M - 1 the one of
+    64 and 128 with the cheaper waves of the persistent grid, a 64-token tile costing TILE64_COST
+    of a 128-token one; from DEQUANT_MIN_M 128, and from T256_MIN_M 256 where its waves cost less
+    (a 256-token tile at TILE256_COST); 128 without ``n``."""
     if m <= 64:
         return 64
-    if n is None or m >= DEQUANT_MIN_M:
+    if n is None or DEQUANT_MIN_M <= m < T256_MIN_M:
         return TOKENS
     rows = -(-n // 128)
     waves = lambda t: -(-(-(-m // t) * rows) // num_sms)  # noqa: E731
+    if m >= T256_MIN_M:
+        return 256 if TILE256_COST * waves(256) < waves(TOKENS) else TOKENS
     return 64 if TILE64_COST * waves(64) < waves(TOKENS) else TOKENS
+
+
+# 256-token tiles (masked stores, four activation slots). Measured on an H200 (11 weights at M 1024
+# and 4096, bench/results/h200/int4/t256/): per-channel scales, against 128-token tiles, 0.85-0.96x
+# the time where this wave cost picks them and 1.14-1.26x where it does not (M = 1024 on N of
+# 5120-6144: 2 waves against 3); a 256-token tile ran at 1.7x a 128-token one's time.
+T256_MIN_M = 1024
+TILE256_COST = 1.7
 
 
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
@@ -145,6 +156,11 @@ CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
 # about half that rate the crossing was at 2048.) Per-channel and per-tensor scales (applied in
 # the epilogue) match it at 4096 and beat it below.
 GROUP_SCALE_MAX_M = 1024
+# ... except 256-token tiles (where ``tokens_for`` picks them) below GROUP_T256_MAX_M: at M = 1024 they
+# took 0.84-1.00x dequantize + cuBLAS's time on the 8 of 11 weights where the wave cost picks them
+# (median 0.88; the three it passes over ran 1.19-1.39x); at 4096 1.05x (median)
+# (bench/results/h200/int4/t256/).
+GROUP_T256_MAX_M = 2048
 
 _CT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -162,10 +178,11 @@ _KERNEL = TableKernel(_GL, "kernel", __name__)  # the kernel, once _gl() has imp
 W4A8_MAX_M = {"group": 512, "vector": 256, "scalar": 256}
 
 
-def _problem_reason(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, m: int, w_kind: str) -> str | None:
-    if w_kind == "group" and m >= GROUP_SCALE_MAX_M:
-        return (f"with group scales, dequantize + cuBLAS from {GROUP_SCALE_MAX_M} tokens "
-                f"(measured faster)")
+def _problem_reason(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, m: int, w_kind: str,
+                    tokens: int | None = None) -> str | None:
+    if w_kind == "group" and m >= GROUP_SCALE_MAX_M and not (tokens == 256 and m < GROUP_T256_MAX_M):
+        return (f"with group scales, dequantize + cuBLAS from {GROUP_SCALE_MAX_M} tokens (measured faster; "
+                f"256-token tiles below {GROUP_T256_MAX_M} where their waves cost less)")
     w4a8 = x_type in ("fp8", "bf8") and x_kind in ("vector", "scalar")
     if not w4a8 and (x_type not in ("bf16", "fp16") or x_kind != "none"):
         return ("bf16/fp16 activations without an activation scale (W4A16) or fp8 ones with a per-token "
@@ -188,11 +205,12 @@ def _version_reason() -> str | None:
 
 
 def unserved(m: int, k: int, x_type: str, x_kind: str, w_kind: str, out_dtype: torch.dtype,
-             device: torch.device) -> str | None:
-    """Why the Gluon prefill kernel does not serve (or is not chosen for) a call, or None."""
+             device: torch.device, tokens: int | None = None) -> str | None:
+    """Why the Gluon prefill kernel does not serve (or is not chosen for) a call with the plan's
+    token tile ``tokens``, or None."""
     from .._runtime import interpreter_active
 
-    why = _problem_reason(x_type, x_kind, out_dtype, k, m, w_kind)
+    why = _problem_reason(x_type, x_kind, out_dtype, k, m, w_kind, tokens)
     if why is not None:
         return why
     if device.type != "cuda" or interpreter_active():
@@ -209,12 +227,12 @@ def unserved(m: int, k: int, x_type: str, x_kind: str, w_kind: str, out_dtype: t
     return why
 
 
-def unserved_on_sm90(m: int, k: int, x_type: str, w_kind: str) -> str | None:
+def unserved_on_sm90(m: int, k: int, x_type: str, w_kind: str, tokens: int | None = None) -> str | None:
     """``unserved`` for a described call (no tensors) on an sm_90 GPU with the default switch:
     activations of ``x_type`` without a scale, the output in their type."""
     out = torch.bfloat16 if x_type == "bf16" else torch.float16
     x_kind = "none" if x_type in ("bf16", "fp16") else "vector"
-    return _problem_reason(x_type, x_kind, out, k, m, w_kind) or _version_reason()
+    return _problem_reason(x_type, x_kind, out, k, m, w_kind, tokens) or _version_reason()
 
 
 def _gl():
