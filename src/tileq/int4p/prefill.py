@@ -139,7 +139,7 @@ def tokens_for(m: int, n: int | None = None, num_sms: int = 132) -> int:
 
 
 # 256-token tiles (masked stores, four activation slots). Measured on an H200 (11 weights at M 1024
-# and 4096, bench/results/h200/int4/t256/): per-channel scales, against 128-token tiles, 0.85-0.96x
+# and 4096, bench/results/h200/int4/t256/): per-channel scales, against 128-token tiles, 0.85-1.00x
 # the time where this wave cost picks them and 1.14-1.26x where it does not (M = 1024 on N of
 # 5120-6144: 2 waves against 3); a 256-token tile ran at 1.7x a 128-token one's time.
 T256_MIN_M = 1024
@@ -158,7 +158,7 @@ CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
 GROUP_SCALE_MAX_M = 1024
 # ... except 256-token tiles (where ``tokens_for`` picks them) below GROUP_T256_MAX_M: at M = 1024 they
 # took 0.84-1.00x dequantize + cuBLAS's time on the 8 of 11 weights where the wave cost picks them
-# (median 0.88; the three it passes over ran 1.19-1.39x); at 4096 1.05x (median)
+# (median 0.89; the three it passes over ran 1.19-1.39x); at 4096 1.05x (median)
 # (bench/results/h200/int4/t256/).
 GROUP_T256_MAX_M = 2048
 
