@@ -153,7 +153,7 @@ _PREPACKED_X = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.floa
 
 def _explain_prepacked(args) -> int:
     from .errors import UnsupportedError, expect
-    from .int4p.launch import W_SCALE_OF_SCHEME, config_for, describe_prepacked
+    from .int4p.launch import W_SCALE_OF_SCHEME, compute_type, config_for, describe_prepacked
 
     if args.b not in ("int4", "i4") or args.layout != "rcr" or args.a not in _PREPACKED_X:
         raise UnsupportedError(expect("--prepacked", "--b int4, --layout rcr and --a bf16, fp16, fp8 or bf8 "
@@ -170,16 +170,19 @@ def _explain_prepacked(args) -> int:
     decode = "_decode__" in path
     print(f"runs    : {path.split(' (', 1)[0] if decode else path}")
     if decode:  # the decode kernel: its config and where it came from (the prefill paths have theirs in the name)
-        cfg, source = config_for(args.m, args.n, args.k, args.a)
+        ct = compute_type(args.m, args.n, args.k, args.a)  # (fp8 activations may be cast to bf16 first)
+        cfg = config_for(args.m, args.n, args.k, ct)[0]
+        source = path.split(" (", 1)[1][:-1]
         cap = f", registers capped at {cfg.maxnreg}" if cfg.maxnreg else ""
         cap += ", group scales loaded one K tile ahead" if cfg.scale_ahead else ""
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
               f"{cfg.stages} stages, split-K {cfg.split_k}{cap} ({source})")
     print("executor: the kernels of tileq.int4p on an sm_90 GPU (Triton decode kernel; from "
-          "256 tokens the Gluon prefill kernel, or dequantize + cuBLAS where it does not serve the call "
-          "(W4A8: the values as fp8, then tileq's fp8 GEMM; TILEQ_W4A8_PREFILL=bf16 dequantizes to bf16); "
-          "from 33 tokens the Gluon kernel where int4p.prefill.plan gives it the call: split over K "
-          "on narrow weights, unsplit where its tiles fill the SMs), "
+          "33 tokens the Gluon prefill kernel where int4p.prefill.plan gives it the call: split over K "
+          "on narrow weights, unsplit where its tiles fill the SMs, always from 256 tokens where it "
+          "serves the call (W4A8 below 512 tokens with group scales, 256 otherwise, on activations "
+          "cast to bf16); else W4A8 the values as fp8 and tileq's fp8 GEMM (TILEQ_W4A8_PREFILL=bf16: "
+          "dequantize to bf16), W4A16 dequantize + cuBLAS), "
           "or the reference executor on the unprepacked weight (backend='reference', CPU tensors)")
     return 0
 

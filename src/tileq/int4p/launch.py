@@ -482,7 +482,8 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
         if m >= DEQUANT_MIN_M and x_kind != "none" and fp8_prefill.selected():
             return (f"{fp8_prefill.Fp8PrefillLaunch.name} (M >= {DEQUANT_MIN_M}, "
                     f"W4A8: W's int4 values written as {x_type}, then tileq's fp8 "
-                    f"{'bquant' if w_scale == 'group' else 'rowcol'} GEMM with its scales)")
+                    f"{'bquant' if w_scale == 'group' else 'rowcol'} GEMM with its scales; "
+                    f"not the Gluon prefill kernel: {why})")
         if m >= DEQUANT_MIN_M:
             also = f"; {fp8_prefill.PREFILL_ENV}=bf16" if x_kind != "none" else ""
             return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "
