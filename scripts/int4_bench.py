@@ -263,7 +263,7 @@ def main() -> int:
             record(s, name, m, n, k, "w4a8_prepacked", path8.split()[0], lambda: linear_prepacked(xf8, w_pp, sx, sw4),
                    ref8, b4, note="cast to bf16" if "cast to bf16" in path8 else "")
             # (the launches below are built on their first call, inside record: an error is a row)
-            if m >= DEQUANT_MIN_M:  # W4A8 prefill on fp8 tensor cores (TILEQ_W4A8_PREFILL=fp8)
+            if m >= DEQUANT_MIN_M:  # W4A8 on the fp8 GEMM path, forced (the default from W4A8_MAX_M)
                 f8p = lazy(lambda n=n, k=k: Fp8PrefillLaunch(n, k, "group", "vector", 128, torch.bfloat16,
                                                              torch.float8_e4m3fn))
                 record(s, name, m, n, k, "w4a8_fp8_prefill", Fp8PrefillLaunch.name,
@@ -410,7 +410,7 @@ def summarize(rows) -> None:
         ("W4A8 decode M<=16, >= 25 MB: prepacked / int8 (target <= 0.6)", med(lambda *a: a[2] <= 16 and big(*a), 2)),
         ("  same, best swept W4A8 config / int8", med(lambda *a: a[2] <= 16 and big(*a), 6)),
         ("W4A8 prefill M>=128: fp8 rowcol time / prepacked (target >= 0.8)", med(lambda *a: a[2] >= 128, 3)),
-        ("  same, values as fp8 + tileq's fp8 GEMM (TILEQ_W4A8_PREFILL=fp8)", med(lambda *a: a[2] >= 128, 8)),
+        ("  same, values as fp8 + tileq's fp8 GEMM (forced at every prefill M)", med(lambda *a: a[2] >= 128, 8)),
         ("  same with per-channel scales (fp8 rowcol GEMM)", med(lambda *a: a[2] >= 128, 9)),
         ("W4A8 decode via bf16 activations + the W4A16 kernel, >= 25 MB / int8",
          med(lambda *a: a[2] <= 16 and big(*a), 10)),
