@@ -654,6 +654,7 @@ def test_256_token_tiles_from_1024_tokens(monkeypatch):
     assert prefill.tokens_for(4096, 5120) == 256 and prefill.tokens_for(4096) == 128
     text = describe_prepacked(1024, 8192, 28672)  # Llama-70B down, group scales
     assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90"), text
+    assert "2 waves of 256-token tiles (x 1.7) against 4 of 128-token ones" in text, text
     assert describe_prepacked(1024, 5120, 5120).startswith("dequant+cublas")
     assert describe_prepacked(prefill.GROUP_T256_MAX_M, 8192, 28672).startswith("dequant+cublas")
     chan = describe_prepacked(4096, 5120, 5120, w_scale="vector")

@@ -470,6 +470,10 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
             if split > 1:
                 when = (f"{tiles} tiles of {t} tokens for {sms} SMs, at most {prefill.SPLIT_FILL} x SMs: "
                         f"split over K {split} ways")
+            elif m >= DEQUANT_MIN_M and t == 256:
+                waves = lambda tok: -(-(-(-m // tok) * -(-n // 128)) // sms)  # noqa: E731
+                when = (f"M >= {prefill.T256_MIN_M}: {waves(256)} waves of 256-token tiles (x {prefill.TILE256_COST}) "
+                        f"against {waves(128)} of 128-token ones")
             elif m >= DEQUANT_MIN_M:
                 when = f"M >= {DEQUANT_MIN_M}"
             else:
