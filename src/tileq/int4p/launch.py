@@ -30,6 +30,7 @@ from .layout import BLOCK_K, PrepackedInt4
 
 _X_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8",
             torch.float8_e5m2: "bf8"}
+_DTYPE_OF = {v: k for k, v in _X_TYPES.items()}
 _OUT = (torch.bfloat16, torch.float16, torch.float32)
 NUM_SMS_DEFAULT = 132
 ROWS = 64  # weight rows per program (kernel.BN)
@@ -258,7 +259,7 @@ class Int4pLaunch:
                  group_k, has_bias, device, cfg: Int4pConfig, cast_x: bool = False):
         # cast_x: the call's activations (fp8) are cast to x_type (bf16) before the kernel.
         self.m, self.n, self.out_dtype, self.device, self.cfg = m, n, out_dtype, device, cfg
-        self.cast_to = {v: k for k, v in _X_TYPES.items()}[x_type] if cast_x else None
+        self.cast_to = _DTYPE_OF[x_type] if cast_x else None
         self.interpreted = interpreter_active()
         self.direct = device.type == "cuda" and not self.interpreted
         ct = "fp16" if x_type == "fp16" else "bf16"
@@ -274,9 +275,8 @@ class Int4pLaunch:
         target = torch.float32 if cfg.split_k > 1 else out_dtype
         # The activations' dtype is part of the launch's identity: e4m3, e5m2 and bf16 activations
         # share every constexpr (CT 'bf16') and would otherwise share one compiled kernel.
-        x_dtype = {v: k for k, v in _X_TYPES.items()}[x_type]
         self.main = KernelCall(_kernel_module, "_i4p_kernel", grid, ints, consts,
-                               (torch.int32, x_dtype, target, torch.float32, torch.float32, torch.float32))
+                               (torch.int32, _DTYPE_OF[x_type], target, torch.float32, torch.float32, torch.float32))
         self.reduce = None
         if cfg.split_k > 1:
             total = n * m
@@ -471,9 +471,8 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
                 when = (f"{tiles} tiles of {t} tokens for {sms} SMs, at most {prefill.SPLIT_FILL} x SMs: "
                         f"split over K {split} ways")
             elif m >= DEQUANT_MIN_M and t == 256:
-                waves = lambda tok: -(-(-(-m // tok) * -(-n // 128)) // sms)  # noqa: E731
-                when = (f"M >= {prefill.T256_MIN_M}: {waves(256)} waves of 256-token tiles (x {prefill.TILE256_COST}) "
-                        f"against {waves(128)} of 128-token ones")
+                when = (f"M >= {prefill.T256_MIN_M}: {prefill.waves(m, n, 256, sms)} waves of 256-token tiles "
+                        f"(x {prefill.TILE256_COST}) against {prefill.waves(m, n, 128, sms)} of 128-token ones")
             elif m >= DEQUANT_MIN_M:
                 when = f"M >= {DEQUANT_MIN_M}"
             else:

@@ -131,11 +131,14 @@ def tokens_for(m: int, n: int | None = None, num_sms: int = 132) -> int:
         return 64
     if n is None or DEQUANT_MIN_M <= m < T256_MIN_M:
         return TOKENS
-    rows = -(-n // 128)
-    waves = lambda t: -(-(-(-m // t) * rows) // num_sms)  # noqa: E731
     if m >= T256_MIN_M:
-        return 256 if TILE256_COST * waves(256) < waves(TOKENS) else TOKENS
-    return 64 if TILE64_COST * waves(64) < waves(TOKENS) else TOKENS
+        return 256 if TILE256_COST * waves(m, n, 256, num_sms) < waves(m, n, TOKENS, num_sms) else TOKENS
+    return 64 if TILE64_COST * waves(m, n, 64, num_sms) < waves(m, n, TOKENS, num_sms) else TOKENS
+
+
+def waves(m: int, n: int, tokens: int, num_sms: int) -> int:
+    """Waves of the persistent grid for tiles of ``tokens`` tokens x 128 weight rows."""
+    return -(-(-(-m // tokens) * -(-n // 128)) // num_sms)
 
 
 # 256-token tiles (masked stores, four activation slots). Measured on an H200 (11 weights at M 1024
