@@ -300,7 +300,7 @@ def main() -> int:
             if args.split_sweep and m > 16:
                 plan_ = prefill.plan(m, n, k, sms)
                 tokens = plan_[0] if plan_ else (64 if m <= 64 else prefill.TOKENS)
-                if -(-m // tokens) * -(-n // 128) < sms:
+                if prefill.tiles(m, n, tokens) < sms:
                     for split in range(2, prefill.MAX_SPLIT + 1):
                         if -(-k // 512) < prefill.min_split_blocks(m) * split:
                             break

@@ -466,7 +466,7 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
                if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale, tokens))
         if why is None:
             t, split = gluon_plan
-            tiles = -(-m // t) * -(-n // 128)
+            tiles = prefill.tiles(m, n, t)
             if split > 1:
                 when = (f"{tiles} tiles of {t} tokens for {sms} SMs, at most {prefill.SPLIT_FILL} x SMs: "
                         f"split over K {split} ways")
@@ -476,7 +476,7 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
             elif m >= DEQUANT_MIN_M:
                 when = f"M >= {DEQUANT_MIN_M}"
             else:
-                when = f"M >= {prefill.MIN_M} with {-(-m // 64) * -(-n // 128)} tiles of 64 tokens for {sms} SMs"
+                when = f"M >= {prefill.MIN_M} with {prefill.tiles(m, n, 64)} tiles of 64 tokens for {sms} SMs"
             cast = ""
             if x_kind != "none":
                 cast = f"; {x_type} activations cast to bf16 first, their scale in the epilogue"

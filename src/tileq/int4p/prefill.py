@@ -31,7 +31,11 @@ X_SLOTS = 8  # ring slots of [BT, 64] activations (two per 128-wide slice) ...
 X_SLOTS_256 = 4  # ... and for 256-token tiles (32 KB each: 197 KB of shared memory in all)
 TMA_STORE_MAX_TOKENS = 128  # 256-token tiles store with masked stores (the TMA staging needs 64 KB more)
 GROUP_M = 8
-CONFIG_TAG = f"gluon_w128t{TOKENS}k512_ws2x64"  # the kernel name's config part (128-token tiles)
+
+
+def tiles(m: int, n: int, tokens: int) -> int:
+    """Tiles of ``tokens`` tokens x 128 weight rows in an M x N output."""
+    return -(-m // tokens) * -(-n // 128)
 
 
 def config_tag(tokens: int = TOKENS, split: int = 1) -> str:
@@ -53,13 +57,13 @@ def split_for(m: int, n: int, k: int, tokens: int, num_sms: int) -> int:
     for DeepSeek-V3 down (36 blocks) at 48-128 tokens ran 1.06-1.13x slower than 2 ways, and 8
     ways for Qwen3-14B down (34 blocks) at 160-256 tokens 1.08-1.16x slower than 3 ways (H200,
     bench/results/h200/int4/split-cost/, every split timed in one run); this cost picks 2 and 3."""
-    tiles = -(-m // tokens) * -(-n // 128)
+    count = tiles(m, n, tokens)
     k_blocks = -(-k // 512)
-    if tiles >= num_sms:
+    if count >= num_sms:
         return 1
 
     def cost(s):  # waves of the grid's items x the blocks of the longest range
-        return -(-tiles * s // num_sms) * -(-k_blocks // s)
+        return -(-count * s // num_sms) * -(-k_blocks // s)
 
     cands = [s for s in range(1, MAX_SPLIT + 1) if k_blocks >= min_split_blocks(m) * s]
     return min(cands, key=lambda s: (cost(s), s)) if cands else 1
@@ -90,7 +94,7 @@ def plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int] | None:
     if m < MIN_M:
         return None
     tokens = 64 if m <= 64 else TOKENS
-    if -(-m // tokens) * -(-n // 128) <= SPLIT_FILL * num_sms:
+    if tiles(m, n, tokens) <= SPLIT_FILL * num_sms:
         split = split_for(m, n, k, tokens, num_sms)
         if split > 1:
             return tokens, split
@@ -117,8 +121,7 @@ def prefers(m: int, n: int, num_sms: int) -> bool:
     """Whether a call of M < DEQUANT_MIN_M tokens takes this kernel (where it serves) rather than
     the decode kernel: from MIN_M tokens, with at least SMALL_M_FILL(_128) x SMs tiles of 128
     weight rows x 64 tokens."""
-    tiles = -(-m // 64) * -(-n // 128)
-    return m >= MIN_M and tiles >= (SMALL_M_FILL_128 if m >= 128 else SMALL_M_FILL) * num_sms
+    return m >= MIN_M and tiles(m, n, 64) >= (SMALL_M_FILL_128 if m >= 128 else SMALL_M_FILL) * num_sms
 
 
 def tokens_for(m: int, n: int | None = None, num_sms: int = 132) -> int:
@@ -138,7 +141,7 @@ def tokens_for(m: int, n: int | None = None, num_sms: int = 132) -> int:
 
 def waves(m: int, n: int, tokens: int, num_sms: int) -> int:
     """Waves of the persistent grid for tiles of ``tokens`` tokens x 128 weight rows."""
-    return -(-(-(-m // tokens) * -(-n // 128)) // num_sms)
+    return -(-tiles(m, n, tokens) // num_sms)
 
 
 # 256-token tiles (masked stores, four activation slots). Measured on an H200 (11 weights at M 1024
@@ -299,7 +302,7 @@ class GluonPrefillLaunch:
         self.direct = device.type == "cuda"
         ints = (m, n, k, n, sw_strides[0], sw_strides[1], sx_stride)
         options = dict(num_warps=4, maxnreg=MAXNREG)
-        items = -(-m // self.tokens) * -(-n // 128) * split
+        items = tiles(m, n, self.tokens) * split
         grid = (max(1, min(_num_sms(device), items)),)
         # The first launch of each output path goes through Triton's JIT launch, later ones
         # straight to the compiled kernel (whose launcher encodes the TMA descriptors). Split
