@@ -277,7 +277,7 @@ def main() -> int:
                 # the Gluon prefill kernel on W4A8 (activations cast to bf16, token scales in the
                 # epilogue), forced at the plan's tiling (from DEQUANT_MIN_M also where it does not
                 # serve group scales), group scales; per-channel from DEQUANT_MIN_M
-                tiling = prefill.plan(m, n, k, sms) or (prefill.tokens_for(m, n, sms), 1)
+                tiling = prefill.plan(m, n, k, sms, True) or (prefill.tokens_for(m, n, sms, True), 1)
                 variants = [("w4a8_gluon", "group", sw4, ref8)]
                 if m >= DEQUANT_MIN_M:
                     variants.append(("w4a8_gluon_channel", "vector", sw_ch, (xf8.float() * sx[:, None]) @ w_ch.t()))

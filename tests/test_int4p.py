@@ -579,7 +579,8 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
     out = explain("--a", "fp8", "--m", "1024", "--n", "5120", "--k", "17408")
     assert out.returncode == 0 and "dequant-fp8+tileq" in out.stdout and "bquant GEMM" in out.stdout, out.stdout
     out = explain("--a", "bf16", "--m", "512", "--n", "5120", "--k", "17408")
-    assert out.returncode == 0 and "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90" in out.stdout
+    assert out.returncode == 0 and "bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90" in out.stdout
+    assert "1 waves of 256-token tiles (x 1.7) against 2 of 128-token ones" in out.stdout, out.stdout
     out = explain("--a", "int8", "--m", "1", "--n", "64", "--k", "128")
     assert out.returncode != 0 and "--prepacked: expected" in out.stderr
 
@@ -643,14 +644,22 @@ def test_prefill_path_choice(monkeypatch):
     assert describe_prepacked(big, 5120, 5120, w_scale="vector").startswith("rowcol_bf16xi4p_rcr_prefill__gluon_")
 
 
-def test_256_token_tiles_from_1024_tokens(monkeypatch):
-    """From T256_MIN_M tokens the 256-token tile where its waves cost less (TILE256_COST of a
+def test_256_token_tiles_from_256_tokens(monkeypatch):
+    """From T256_MIN_M (256) tokens the 256-token tile where its waves cost less (TILE256_COST of a
     128-token tile's); with group scales only below GROUP_T256_MAX_M (dequantize + cuBLAS
     otherwise); never with a TMA store or an activation scale."""
     from tileq.int4p import prefill
 
-    assert prefill.tokens_for(1023, 8192) == 128 and prefill.tokens_for(1024, 8192) == 256  # 4 waves against 2
+    assert prefill.T256_MIN_M == 256
+    assert prefill.tokens_for(255, 8192) == 128 and prefill.tokens_for(1024, 8192) == 256  # 4 waves against 2
     assert prefill.tokens_for(1024, 5120) == 128  # 3 waves against 2 (x 1.7)
+    assert prefill.tokens_for(256, 8192) == 128  # 1 wave either way
+    assert prefill.tokens_for(512, 5120) == 256 and prefill.tokens_for(512, 4096) == 128  # 160 / 128 tiles of 128
+    # an activation scale (W4A8) keeps 128-token tiles: the 256-token build with one spilled
+    assert prefill.tokens_for(512, 5120, 132, x_scale=True) == 128
+    assert prefill.plan(512, 5120, 5120, 132, x_scale=True) == (128, 1)
+    w4a8 = describe_prepacked(256, 34816, 5120, torch.float8_e4m3fn)
+    assert w4a8.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90"), w4a8
     assert prefill.tokens_for(4096, 5120) == 256 and prefill.tokens_for(4096) == 128
     text = describe_prepacked(1024, 8192, 28672)  # Llama-70B down, group scales
     assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90"), text
@@ -710,7 +719,8 @@ def test_prefill_plan_routes_narrow_weights_to_the_split():
     assert prefill.plan(256, 3584, 18944, 132) == (128, 7)  # 56 tiles, 37 blocks
     assert prefill.plan(256, 4608, 3584, 132) == (128, 1)  # 7 blocks: under four per range above 128 tokens
     assert prefill.plan(256, 7168, 18432, 132) == (128, 1)  # 112 tiles: over 0.65 x SMs
-    assert prefill.plan(4096, 5120, 5120, 132) == (256, 1) and prefill.plan(512, 5120, 5120, 132) == (128, 1)
+    assert prefill.plan(4096, 5120, 5120, 132) == (256, 1) and prefill.plan(512, 5120, 5120, 132) == (256, 1)
+    assert prefill.plan(512, 4096, 5120, 132) == (128, 1)
     assert prefill.plan(48, 5120, 17408, 100) == (64, 5) and prefill.plan(48, 11008, 4096, 200) == (64, 2)
 
 

@@ -414,8 +414,8 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     # cuBLAS); below, the Gluon kernel where it serves and prefill.plan gives it the call (a
     # split over K, or the tiles to fill the SMs), else the decode kernel.
     dequant = config is None and m >= DEQUANT_MIN_M
-    gluon_plan = (prefill.plan(m, n, k, _num_sms(x.device)) if config is None and m >= prefill.MIN_M
-                  else None)  # (decode sizes skip the SM query on their per-call path)
+    gluon_plan = (prefill.plan(m, n, k, _num_sms(x.device), x_kind != "none")
+                  if config is None and m >= prefill.MIN_M else None)  # (decode sizes skip the SM query on their per-call path)
     small_prefill = not dequant and gluon_plan is not None
     # (a given config runs the kernel of the call's own activation type)
     ct = x_type if config is not None else compute_type(m, n, k, x_type)
@@ -456,11 +456,11 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
     (without a device, on an sm_90 GPU), from ``DEQUANT_MIN_M`` tokens the fp8 GEMM on the values
     (W4A8) or dequantize + cuBLAS where it does not."""
     sms = _num_sms(device) if device is not None else NUM_SMS_DEFAULT
-    gluon_plan = prefill.plan(m, n, k, sms) if config is None else None
+    x_type = _X_TYPES[x_dtype]
+    x_kind = "none" if x_type in ("bf16", "fp16") else "vector"
+    gluon_plan = prefill.plan(m, n, k, sms, x_kind != "none") if config is None else None
     if config is None and (m >= DEQUANT_MIN_M or gluon_plan is not None):
-        x_type = _X_TYPES[x_dtype]
         out = x_dtype if x_type in ("bf16", "fp16") else torch.bfloat16
-        x_kind = "none" if x_type in ("bf16", "fp16") else "vector"
         tokens = gluon_plan[0] if gluon_plan else None
         why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device, tokens)
                if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale, tokens))
@@ -491,7 +491,6 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
             also = f"; {fp8_prefill.PREFILL_ENV}=bf16" if x_kind != "none" else ""
             return (f"dequant+cublas (M >= {DEQUANT_MIN_M}: W dequantized to 16 bits, then a cuBLAS product; "
                     f"not the Gluon prefill kernel: {why}{also})")
-    x_type = _X_TYPES[x_dtype]
     ct = x_type if config else compute_type(m, n, k, x_type)
     cfg, source = (config, "given config") if config else config_for(m, n, k, ct)
     if ct != x_type:

@@ -87,10 +87,11 @@ def min_split_blocks(m: int) -> int:
 SPLIT_FILL = 0.65
 
 
-def plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int] | None:
+def plan(m: int, n: int, k: int, num_sms: int, x_scale: bool = False) -> tuple[int, int] | None:
     """(token tile, split over K) of this kernel for a call of ``m`` tokens, or None where the
     decode kernel takes it (below MIN_M tokens; below DEQUANT_MIN_M without a split and without
-    the tiles ``prefers`` asks for). Whether the kernel serves the call is ``unserved``'s answer."""
+    the tiles ``prefers`` asks for). ``x_scale``: the call brings an activation scale (W4A8),
+    which 256-token tiles do not take. Whether the kernel serves the call is ``unserved``'s answer."""
     if m < MIN_M:
         return None
     tokens = 64 if m <= 64 else TOKENS
@@ -99,7 +100,7 @@ def plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int] | None:
         if split > 1:
             return tokens, split
     if m >= DEQUANT_MIN_M or prefers(m, n, num_sms):
-        return tokens_for(m, n, num_sms), 1
+        return tokens_for(m, n, num_sms, x_scale), 1
     return None
 
 
@@ -124,18 +125,21 @@ def prefers(m: int, n: int, num_sms: int) -> bool:
     return m >= MIN_M and tiles(m, n, 64) >= (SMALL_M_FILL_128 if m >= 128 else SMALL_M_FILL) * num_sms
 
 
-def tokens_for(m: int, n: int | None = None, num_sms: int = 132) -> int:
+def tokens_for(m: int, n: int | None = None, num_sms: int = 132, x_scale: bool = False) -> int:
     """The token tile of a call: 64 tokens up to M = 64 (a 128-token tile would be half padding;
-    each weight is converted once per token tile); between 65 and DEQUANT_MIN_M - 1 the one of
-    64 and 128 with the cheaper waves of the persistent grid, a 64-token tile costing TILE64_COST
-    of a 128-token one; from DEQUANT_MIN_M 128, and from T256_MIN_M 256 where its waves cost less
-    (a 256-token tile at TILE256_COST); 128 without ``n``."""
+    each weight is converted once per token tile); below DEQUANT_MIN_M the one of 64 and 128
+    with the cheaper waves of the persistent grid, a 64-token tile costing TILE64_COST of a
+    128-token one; from T256_MIN_M 256 where its waves cost less (a 256-token tile at
+    TILE256_COST) and the call has no activation scale (``x_scale``), else 128; 128 without ``n``."""
     if m <= 64:
         return 64
-    if n is None or DEQUANT_MIN_M <= m < T256_MIN_M:
+    if n is None:
         return TOKENS
     if m >= T256_MIN_M:
-        return 256 if TILE256_COST * waves(m, n, 256, num_sms) < waves(m, n, TOKENS, num_sms) else TOKENS
+        cheaper = TILE256_COST * waves(m, n, 256, num_sms) < waves(m, n, TOKENS, num_sms)
+        return 256 if cheaper and not x_scale else TOKENS
+    if m >= DEQUANT_MIN_M:
+        return TOKENS
     return 64 if TILE64_COST * waves(m, n, 64, num_sms) < waves(m, n, TOKENS, num_sms) else TOKENS
 
 
@@ -147,8 +151,13 @@ def waves(m: int, n: int, tokens: int, num_sms: int) -> int:
 # 256-token tiles (masked stores, four activation slots). Measured on an H200 (11 weights at M 1024
 # and 4096, bench/results/h200/int4/t256/): per-channel scales, against 128-token tiles, 0.85-1.00x
 # the time where this wave cost picks them and 1.14-1.26x where it does not (M = 1024 on N of
-# 5120-6144: 2 waves against 3); a 256-token tile ran at 1.7x a 128-token one's time.
-T256_MIN_M = 1024
+# 5120-6144: 2 waves against 3); a 256-token tile ran at 1.7x a 128-token one's time. From 256
+# tokens since the run of bench/results/h200/int4/round6/ (18 weights, 256-token tiles forced at
+# M 256-4096 beside the default path): at M = 512 the rule picks them for 14 of 18 weights, 1.12x
+# faster than 128-token tiles with group scales (median of 18, up to 1.31x, none slower) and
+# 1.02x per-channel (0.94-1.18x: three wide weights lose 3-7%); at M = 256 for 4 of 18, up to
+# 1.22x, none slower by more than 3%.
+T256_MIN_M = DEQUANT_MIN_M
 TILE256_COST = 1.7
 
 
