@@ -116,9 +116,10 @@ def _variants(text: str) -> list:
         if item == "plan":
             out.append(None)
             continue
-        if item in ("plan:nu", "plan:ep", "plan:ne") or item.startswith("plan:g"):  # the planner's
+        if item in ("plan:nu", "plan:ep", "plan:ne", "plan:ns") or item.startswith("plan:g"):  # the planner's
             # config, group scales not unrolled (one step ahead) / the epilogue's vectors loaded at
-            # the start of each tile / after the main loop / GROUP_M = N (the tile order's row groups)
+            # the start of each tile / after the main loop / not swapped (one-column b_scale groups:
+            # 128 x 64 tiles) / GROUP_M = N (the tile order's row groups)
             out.append(("plan", item[5:]))
             continue
         parts = [-1 if v == "a" else int(v) for v in item.split(":")]
@@ -238,7 +239,7 @@ def main() -> int:
                 plan_v = plan_g
                 if variant is not None and variant[0] == "plan":
                     change = ({"nu": dict(scale_unroll=False), "ep": dict(epi_preload=True),
-                               "ne": dict(epi_preload=False)}.get(variant[1])
+                               "ne": dict(epi_preload=False), "ns": dict(swap_ab=False)}.get(variant[1])
                               or dict(group_m=int(variant[1][1:])))
                     plan_v = replace(plan_g, gluon=replace(plan_g.gluon, **change))
                 elif variant is not None:

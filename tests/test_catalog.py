@@ -136,7 +136,7 @@ def test_build_whole_catalog_for_sm90(tmp_path):
                      "aquant_fp8xfp8_rcr_preshufflequant", "aquant_bf8xbf8_rcr_prefill",
                      "aquant_bf8xbf8_rcr_preshufflequant", "bquant_fp8xfp8_rcr_prefill",
                      "abquant_fp8xfp8_rcr_prefill",
-                     "abquant_bf8xbf8_rcr_prefill"]  # (bquant: b_scale groups of one column, 128 x 64)
+                     "abquant_bf8xbf8_rcr_prefill"]  # (bquant: b_scale groups of one column, swapped)
     # fast_accum runs another Gluon kernel (the wgmma accumulates over all of K) for fp8 tensor
     # and rowcol; group scales keep the promoted one, int8 has no fast mode.
     gluon_fast = [f.name for f in catalog() if wants_gluon_fast_build(f, sm90)]

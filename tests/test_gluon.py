@@ -25,7 +25,7 @@ from tileq.catalog.names import parse_family
 from tileq.errors import UnsupportedError
 from tileq.kernels import select
 from tileq.kernels.gluon.config import GluonConfig, gluon_config, smem_bytes
-from tileq.problem import ScaleLayout
+from tileq.problem import ScaleKind, ScaleLayout
 from tileq.testing import KernelRecorder, check_close, make_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,12 +106,12 @@ def test_accumulation_mode(family, fast, want):
      "group_k = 128 only (one K tile per group), this is group_k=64"),
     (dict(family="bquant_fp8xfp8_rcr_prefill", group_n=64), "prefill", "sm_90", False, "1",
      "b_scale groups of one column or of 128 (128 x 128 weight blocks) only, this is group_n=64"),
-    # served, but off by default: not faster than the portable kernel on an H200
-    (dict(family="bquant_fp8xfp8_rcr_prefill"), "prefill", "sm_90", False, None,
-     "the Gluon sm_90 kernel serves this problem but is off by default for b_scale groups of one column "
-     "(correct on an H200, no faster than the portable kernel there: 0.93-1.01x): TILEQ_GLUON=1 opts in"),
+    # served, but off by default: not faster than the portable kernel on an H200 (unswapped: A
+    # groups too)
     (dict(family="abquant_fp8xfp8_rcr_prefill", group_n=1), "prefill", "sm_90", False, None,
-     "off by default for b_scale groups of one column"),
+     "the Gluon sm_90 kernel serves this problem but is off by default for b_scale groups of one column "
+     "with a_scale groups (correct on an H200, no faster than the portable kernel there: 0.93-1.01x): "
+     "TILEQ_GLUON=1 opts in"),
     (dict(k=0), "prefill", "sm_90", False, "1", "K = 0"),
     (dict(family="rowcol_i8xi8_rcr_prefill", m=127), "prefill", "sm_90", False, None,
      "the Gluon sm_90 kernel serves this problem but runs int8 by default from M = 128 only"),
@@ -121,6 +121,17 @@ def test_triton_chosen_and_why(spec_kw, pipeline, arch, interpreted, env, reason
     impl = _impl(_spec(**spec_kw), pipeline, arch, interpreted, env)
     assert impl.name == "triton"
     assert reason in impl.reason
+
+
+def test_one_column_b_groups_run_swapped_by_default():
+    """bquant with one-column b_scale groups (W4A8's int4 values with group scales): the Gluon
+    kernel by default, swapped."""
+    from tileq.plan import _plan_cached
+
+    spec = _spec("bquant_fp8xfp8_rcr_prefill", m=1024, group_n=1)
+    assert _impl(spec, env=None).name == "gluon"
+    plan = _plan_cached(spec, "triton", False, "sm_90", 132, False, None, None, None)
+    assert plan.impl == "gluon" and plan.gluon.swap_ab and "swapped" in plan.gluon_reason
 
 
 def test_untested_triton_version(monkeypatch):
@@ -192,7 +203,7 @@ def test_choose_tiles_says_why():
 
 
 def test_launch_config_narrows_masked_stores_and_acc_in():
-    from tileq.kernels.gluon.config import choose_tiles, launch_config
+    from tileq.kernels.gluon.config import choose_tiles, kernel_spec, launch_config
 
     wide = GluonConfig(block_n=256, stages=4, overlap=True)
     spec = _spec("abquant_fp8xfp8_rcr_prefill")
@@ -207,13 +218,24 @@ def test_launch_config_narrows_masked_stores_and_acc_in():
     assert launch_config(GluonConfig(epi_preload=True), spec, True).epi_preload
     assert not launch_config(GluonConfig(epi_preload=True), spec, False).epi_preload
     assert GluonConfig(epi_preload=True).tag == "m128n128k128_s6_ep_ws2x64"
-    # b_scale groups of one column: 128 x 64 tiles whatever was forced (128 x 128 spilled).
+    # b_scale groups of one column, unswapped: 128 x 64 tiles whatever was forced (128 x 128
+    # spilled). The planner swaps bquant's (the groups on the tile's rows): the tiles of the
+    # problem swapped, not narrowed; abquant's (A groups too) stay unswapped.
     cols = _spec("bquant_fp8xfp8_rcr_prefill", group_n=1)
     assert launch_config(wide, cols, True) == GluonConfig(block_n=64, stages=8)
     assert launch_config(GluonConfig(split_k=3), cols, False) == GluonConfig(block_n=64, stages=8, split_k=3)
+    swapped_wide = GluonConfig(block_n=256, stages=4, overlap=True, swap_ab=True)
+    assert launch_config(swapped_wide, cols, True) == swapped_wide
+    assert swapped_wide.tag == "m128n256k128_s4_ov_swap_ws2x64" and "written transposed" in swapped_wide.describe()
     for m in (128, 1024, 8192):
         cfg, why = choose_tiles(replace(cols, m=m), 132)
-        assert cfg == GluonConfig(block_n=64, stages=8) and "b_scale groups of one column" in why
+        want, want_why = choose_tiles(kernel_spec(replace(cols, m=m), GluonConfig(swap_ab=True)), 132)
+        assert cfg == replace(want, swap_ab=True) and why == f"swapped (b_scale groups of one column on the tile's rows): {want_why}"
+    wide_swapped, _ = choose_tiles(replace(cols, m=8192, n=5120, k=5120), 132)
+    assert wide_swapped.block_n == 256 and wide_swapped.swap_ab  # group scales per row: the wide tile
+    both = _spec("abquant_fp8xfp8_rcr_prefill", group_n=1)
+    cfg, why = choose_tiles(replace(both, m=1024), 132)
+    assert not cfg.swap_ab and cfg.block_n == 64 and "b_scale groups of one column" in why
     # Ring slots capped by what shared memory holds beside this output's staging buffers.
     fp32 = replace(_spec(), out_dtype=torch.float32)
     assert launch_config(GluonConfig(stages=6), fp32, True) == GluonConfig(stages=5)
@@ -393,8 +415,14 @@ BUILDS = [  # family, output dtype, bias, TMA store, M, split-K, spec / forced c
     ("rowcol_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(epi_preload=True)),
     ("rowcol_fp8xfp8_rcr_prefill", "float32", True, True, 4096, 1, dict(epi_preload=True)),
     ("rowcol_i8xi8_rcr_prefill", "bfloat16", True, False, 4096, 1, dict(epi_preload=True)),  # masked: not preloaded
-    # b_scale groups of one column: 128 x 64 tiles (a [64] column-scale vector per parity)
+    # b_scale groups of one column: bquant swapped (the groups on the tile's rows, each tile
+    # stored transposed; with a bias 128 x 128), abquant 128 x 64 tiles (a [64] column-scale
+    # vector per parity), and bquant unswapped when forced
     ("bquant_fp8xfp8_rcr_prefill", "bfloat16", True, True, 4096, 1, dict(group_n=1)),
+    ("bquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096, 1, dict(group_n=1)),  # 128 x 256 ov
+    ("bquant_fp8xfp8_rcr_prefill", "bfloat16", True, False, 4096, 1, dict(group_n=1)),
+    ("bquant_fp8xfp8_rcr_prefill", "float32", True, False, 512, 3, dict(group_n=1, has_acc=True)),
+    ("bquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096, 1, dict(group_n=1, swap_ab=False)),
     ("abquant_fp8xfp8_rcr_prefill", "float32", True, False, 4096, 1, dict(group_n=1)),
     ("abquant_fp8xfp8_rcr_prefill", "bfloat16", True, True, 256, 3, dict(group_n=1)),
     ("abquant_fp8xfp8_rcr_prefill", "bfloat16", False, True, 4096, 1, dict(group_n=1, scale_unroll=False)),
@@ -576,6 +604,57 @@ def test_launcher_descriptors_and_constexprs(gluon_plan_for):
     _, args, kwargs = rec.calls[-1]
     assert kwargs["TMA_STORE"] is True and args[3] is out
     assert (args[2].shape, args[2].strides, args[2].block_shape) == ([300, 577], [584, 1], [64, 64])
+
+
+def test_launcher_swaps_one_column_b_groups(gluon_plan_for):
+    """bquant with one-column b_scale groups runs swapped: the weight [N, K] on the kernel's A
+    side with b_scale [Gk, N] read per row and group, the activations on its B side with their
+    per-row a_scale as the kernel's column vector, M and N exchanged, TRANS_C, C's TMA box
+    transposed ([BN, 64] of the row-major [M, N] output)."""
+    from tileq.kernels.launch import make_launch
+
+    rec, make = gluon_plan_for
+    spec = _spec("bquant_fp8xfp8_rcr_prefill", m=300, n=576, k=1024, group_n=1)
+    _, problem, plan = make(spec)
+    assert plan.gluon.swap_ab and plan.gluon.tag.endswith("_swap_ws2x64")
+    launch = make_launch(problem, plan)
+    launch(problem.a, problem.b, problem.a_scale, problem.b_scale, None, None, None)
+    (grid, args, kwargs), = rec.calls
+    a_desc, b_desc, c_desc, out = args[:4]
+    assert kwargs["TRANS_C"] is True and kwargs["A_SCALE"] == "group" and kwargs["B_SCALE"] == "vector"
+    assert a_desc.base.data_ptr() == problem.b.data_ptr() and b_desc.base.data_ptr() == problem.a.data_ptr()
+    assert (a_desc.shape, a_desc.block_shape) == ([576, 1024], [128, 128])
+    assert (b_desc.shape, b_desc.block_shape) == ([300, 1024], [plan.gluon.block_n, 128])
+    assert (c_desc.shape, c_desc.block_shape) == ([300, 576], [plan.gluon.sub_n, 64]) and out.shape == (300, 576)
+    assert args[5] is problem.b_scale and args[6] is problem.a_scale  # the kernel's A scale, B scale
+    sb = problem.b_scale  # [Gk, N]: the kernel reads it per row n (stride 1 here) and group g
+    assert args[9:] == (576, 300, 1024, 576, 0, sb.stride(1), sb.stride(0), 0, problem.a_scale.stride(0))
+    # abquant's A groups stay on the rows: not swapped (128 x 64 tiles)
+    _, problem2, plan2 = make(_spec("abquant_fp8xfp8_rcr_prefill", m=300, n=576, k=1024, group_n=1))
+    assert not plan2.gluon.swap_ab
+
+
+@needs_interpreter
+def test_split_reduce_transposed(gluon_plan_for):
+    """A swapped split-K launch: the reduction writes C^T's split tiles transposed into C."""
+    from tileq.kernels.gluon.launch import GluonLaunch
+
+    rec, make = gluon_plan_for
+    out = torch.zeros(300, 576, dtype=torch.bfloat16)
+    _, problem, plan = make(_spec("bquant_fp8xfp8_rcr_prefill", m=300, n=576, k=1024, group_n=1), out=out)
+    plan = replace(plan, gluon=GluonConfig(split_k=2, swap_ab=True))
+
+    def fill(grid, args, kwargs):  # block [BM, BN] of C^T: value = row index within the block
+        ws = args[4].view(-1, 2, 128, 128)
+        ws[:] = torch.arange(128, dtype=torch.float32).view(1, 1, 128, 1) / 64
+
+    rec.on_call = fill
+    GluonLaunch(problem, plan, None)(problem.a, problem.b, problem.a_scale, problem.b_scale, None, None, out)
+    (grid, args, kwargs), = rec.calls
+    assert kwargs["SPLIT_K"] == 2 and kwargs["TRANS_C"] is True and args[9:11] == (576, 300)
+    # 5 x 3 tiles of C^T (576 x 300), fewer than the SMs: all split; C[m, n] = 2 * (n % 128) / 64
+    want = (2 * (torch.arange(576) % 128).float() / 64).expand(300, 576)
+    assert torch.equal(out.float(), want.to(torch.bfloat16).float())
 
 
 @needs_interpreter
@@ -917,6 +996,33 @@ def test_gpu_per_column_b_groups(cfg, family, kw, m, n, k, gluon_on, forced_gluo
         forced_gluon_config(cfg)
     _run(_spec(family, m, n, k, **kw), pad=(-k) % 16, seed=m + n + k)
     assert len(gluon_on) == 1
+
+
+@gpu
+@pytest.mark.parametrize("cfg", [None, GluonConfig(swap_ab=True), GluonConfig(split_k=3, swap_ab=True),
+                                 GluonConfig(block_n=256, stages=4, overlap=True, swap_ab=True),
+                                 GluonConfig(block_n=64, stages=8, swap_ab=True)],
+                         ids=lambda c: c.tag if c else "plan")
+@pytest.mark.parametrize("kw", [
+    dict(), dict(has_bias=True), dict(out_dtype=torch.float32, has_bias=True), dict(has_acc=True),
+    dict(a_scale_kind=ScaleKind.SCALAR), dict(a_scale_kind=ScaleKind.NONE, has_bias=True),
+], ids=lambda kw: "-".join(f"{k}={getattr(v, 'value', v)}" for k, v in kw.items()) or "plain")
+@pytest.mark.parametrize("m,n,k", [(65, 577, 859), (300, 5120, 1040), (1500, 4000, 2048)])
+def test_gpu_swapped_column_groups(cfg, kw, m, n, k, gluon_on, forced_gluon_config):
+    """bquant with one-column b_scale groups, swapped (the weight on the kernel's A side, each
+    C^T tile written transposed): every config the plan or a user can give it, odd M and N (the
+    transposed TMA box clipped at both edges, masked stores at N = 577), K tails, split tiles
+    (the transposed reduction), a bias along the tile's rows, acc_in read transposed, an fp32
+    output, per-tensor and no activation scales; an out= view whose rows are longer than N."""
+    if cfg is not None:
+        forced_gluon_config(cfg)
+    spec = _spec("bquant_fp8xfp8_rcr_prefill", m, n, k, group_n=1, **kw)
+    prepare = (_acc_like_product,) if spec.has_acc else ()
+    _run(spec, pad=(-k) % 16, seed=m + n + k, prepare=prepare)
+    if m == 300 and not spec.has_acc:
+        wide = torch.full((m, n + 8), float("nan"), dtype=spec.out_dtype, device="cuda")
+        _run(spec, seed=m + k, out=wide[:, :n])
+    assert len(gluon_on) >= 1
 
 
 @gpu

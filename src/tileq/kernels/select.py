@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ..dtypes import OperandType, mma_types
 from ..errors import UnsupportedError, expect
 from ..problem import ProblemSpec, ScaleKind, Scheme
-from .gluon.config import per_column_b_groups
+from .gluon.config import per_column_b_groups, swap_for
 
 if TYPE_CHECKING:  # no runtime import: catalog.config imports this module
     from ..catalog.config import TileConfig
@@ -140,7 +140,9 @@ GLUON_INT8_MIN_M = 128
 # problems, bench/results/h200/gluon/final/) against the Triton kernel's 0.75-0.87x. acc_in was
 # not timed: its main loop is the timed one's, plus one read of the acc_in tile per tile.
 # The e5m2 (bf8) pairs pass the same GPU tests but were not timed: opt-in. b_scale groups of one
-# column pass them too and ran at 0.93-1.01x the Triton kernel's speed (gluon/final2/): opt-in.
+# column pass them too; unswapped (128 x 64 tiles) they ran at 0.93-1.01x the Triton kernel's
+# speed (gluon/final2/): opt-in where a_scale has groups too (abquant); bquant's run swapped
+# (``gluon.config.swap_for``), on by default.
 GLUON_ENV = "TILEQ_GLUON"
 
 _GLUON_ON = "sm_90 warp-specialized kernel (TMA producer warp + 2 consumer warpgroups)"
@@ -217,10 +219,10 @@ def implementation(spec: ProblemSpec, pipeline: str, arch_name: str | None, inte
     if switch is None and not (GLUON_DEFAULT_ON and (spec.a_type, spec.b_type) in GLUON_DEFAULT_PAIRS):
         return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but is off by "
                                         f"default for {spec.a_type}x{spec.b_type}: {GLUON_ENV}=1 opts in")
-    if switch is None and per_column_b_groups(spec):
+    if switch is None and per_column_b_groups(spec) and not swap_for(spec):
         return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but is off by default for "
-                                        f"b_scale groups of one column (correct on an H200, no faster than the portable "
-                                        f"kernel there: 0.93-1.01x): "
+                                        f"b_scale groups of one column with a_scale groups (correct on an H200, no "
+                                        f"faster than the portable kernel there: 0.93-1.01x): "
                                         f"{GLUON_ENV}=1 opts in")
     if switch is None and spec.integer_mainloop and spec.m < GLUON_INT8_MIN_M:
         return Implementation("triton", f"the Gluon sm_90 kernel serves this problem but runs int8 by default "

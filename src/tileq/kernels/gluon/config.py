@@ -80,6 +80,9 @@ class GluonConfig:
     # epilogue does not wait for them with the tensor cores idle. The planner sets it where it
     # was timed faster (``choose_tiles``).
     epi_preload: bool = False
+    # swap-AB (``swap_for``): the kernel's A is the weight [N, K], its B the activations; it
+    # computes C^T tile by tile and writes each tile transposed (TRANS_C).
+    swap_ab: bool = False
     # setmaxnreg budgets per thread. The kernel runs 12 warps (4 + 4 + the producer's warpgroup,
     # which Triton pads to 4 warps) under maxnreg = 168, i.e. 168 x 384 = 64512 of the 65536
     # registers: 232 x 128 for each consumer warpgroup and 40 x 128 for the producer's (the
@@ -113,8 +116,9 @@ class GluonConfig:
         unroll = "" if self.scale_unroll else "_nu"
         pre = "_ep" if self.epi_preload else ""
         grp = f"_g{self.group_m}" if self.group_m != 8 else ""
+        swap = "_swap" if self.swap_ab else ""
         return (f"m{self.block_m}n{self.block_n}k{self.block_k}_s{self.stages}{epi}{ovl}{split}{unroll}{pre}"
-                f"{grp}_ws2x64")
+                f"{grp}{swap}_ws2x64")
 
     def describe(self, accumulation: str = "promoted") -> str:
         """``accumulation``: ``accumulation(spec)``."""
@@ -128,6 +132,9 @@ class GluonConfig:
             ovl += f"; the last wave's tiles split {self.split_k} ways over K (fp32 partials, summed in order)"
         if self.epi_preload:
             ovl += "; the epilogue's scale and bias vectors loaded at the start of each tile"
+        if self.swap_ab:
+            ovl += ("; swapped: computes C^T (the weight's rows on the tile's 128 rows, the tokens on its "
+                    "columns), each tile written transposed")
         return (f"BM={self.block_m} BN={self.block_n}{subs} BK={self.block_k} stages={self.stages} "
                 f"GROUP_M={self.group_m}; persistent; 1 TMA producer warp (setmaxnreg "
                 f"{self.producer_regs}) + 2 consumer warpgroups x 64 rows (setmaxnreg {self.consumer_regs}; "
@@ -205,12 +212,33 @@ def per_column_b_groups(spec: ProblemSpec) -> bool:
     return spec.b_scale_kind is ScaleKind.GROUP and spec.group_n == 1
 
 
+def swap_for(spec: ProblemSpec) -> bool:
+    """Whether the kernel runs the problem swapped (C^T = B^T A^T, ``GluonConfig.swap_ab``):
+    b_scale groups of one column without A groups (bquant with group_n = 1, e.g. W4A8's int4
+    values with their per-row group scales). Swapped, those scales are per row of the tile: two
+    registers per thread and K step in the wgmma accumulator's layout, against a [SUB_N] vector
+    per K step unswapped (which held the unswapped kernel to 128 x 64 tiles)."""
+    return per_column_b_groups(spec) and spec.a_scale_kind is not ScaleKind.GROUP
+
+
+def kernel_spec(spec: ProblemSpec, cfg: GluonConfig) -> ProblemSpec:
+    """The problem as the kernel sees it: swapped (``cfg.swap_ab``), M and N, the operand types
+    and the scale kinds trade places (the weight's column groups become row groups, per row and K
+    group); both operands stay K-major (rcr)."""
+    if not cfg.swap_ab:
+        return spec
+    return replace(spec, m=spec.n, n=spec.m, a_type=spec.b_type, b_type=spec.a_type,
+                   a_scale_kind=spec.b_scale_kind, b_scale_kind=spec.a_scale_kind, group_n=1)
+
+
 def acc_in_config(cfg: GluonConfig, out_dtype: torch.dtype) -> GluonConfig:
-    """The config of a call with acc_in: 128 x 128 (or 64) tiles without the overlapped loop.
-    Loading the acc_in tile next to two 128-column accumulators (and the overlapped loop's
-    in-flight partial sum) spilled registers: 520 B with a bias at 128 x 256 overlapped, 104-712 B
-    for int8 and fast_accum at 128 x 256, 24 B at 128 x 128 overlapped with masked stores (sm_90
-    build, 2026-12-01); every 128 x 128 and 128 x 64 config without overlap builds clean."""
+    """The config of a call with acc_in, or swapped with a bias: 128 x 128 (or 64) tiles without
+    the overlapped loop. Loading the acc_in tile next to two 128-column accumulators (and the
+    overlapped loop's in-flight partial sum) spilled registers: 520 B with a bias at 128 x 256
+    overlapped, 104-712 B for int8 and fast_accum at 128 x 256, 24 B at 128 x 128 overlapped with
+    masked stores (sm_90 build, 2026-12-01); every 128 x 128 and 128 x 64 config without overlap
+    builds clean. Swapped bquant with a bias (along the tile's rows) spilled 160 B at 128 x 256
+    overlapped and 288 B without the overlap (sm_90 build), none at 128 x 128."""
     out = replace(cfg, overlap=False)
     if cfg.block_n > 128:
         out = replace(out, block_n=128)
@@ -231,12 +259,13 @@ def launch_config(cfg: GluonConfig, spec: ProblemSpec, tma_store: bool) -> Gluon
     """The config one launch variant runs: the plan's, narrowed for masked stores and for acc_in,
     with at most the ring slots shared memory holds next to this output's staging buffers (a
     config forced or tuned for a 16-bit output would not fit an fp32 one's)."""
+    spec = kernel_spec(spec, cfg)
     out = cfg if tma_store else masked_store_config(cfg, spec.out_dtype)
     if not tma_store and out.epi_preload:
         # Preloaded epilogue vectors beside the masked stores' addresses spilled (rowcol with a
         # bias: 144 B; abquant with a bias: 56 B; sm_90 build, 2026-12-01).
         out = replace(out, epi_preload=False)
-    out = acc_in_config(out, spec.out_dtype) if spec.has_acc else out
+    out = acc_in_config(out, spec.out_dtype) if spec.has_acc or (cfg.swap_ab and spec.has_bias) else out
     if per_column_b_groups(spec) and out.block_n > 64:
         out = column_groups_config(out, spec.out_dtype)
     return replace(out, stages=min(out.stages, max_stages(out, spec.out_dtype)))
@@ -264,9 +293,10 @@ def gluon_config(spec: ProblemSpec, num_sms: int) -> GluonConfig:
     return choose_tiles(spec, num_sms)[0]
 
 
-def tile_costs(spec: ProblemSpec, num_sms: int) -> dict[str, tuple[float, GluonConfig, str]]:
+def tile_costs(spec: ProblemSpec, num_sms: int, swapped: bool = False) -> dict[str, tuple[float, GluonConfig, str]]:
     """Each candidate tiling of the persistent grid with its cost in K steps of a 128 x 128 tile
-    (the wave model) and a description."""
+    (the wave model) and a description; ``spec`` as the kernel sees it (``swapped``: the problem
+    swapped, ``kernel_spec``)."""
     rows = math.ceil(spec.m / 128)
     k_steps = max(1, math.ceil(spec.k / 128))
     narrow = rows * math.ceil(spec.n / 128)
@@ -291,7 +321,7 @@ def tile_costs(spec: ProblemSpec, num_sms: int) -> dict[str, tuple[float, GluonC
     # acc_in tile spills: ``acc_in_config``). Rowcol, tensor, int8 and fast_accum (int8's main
     # loop) measured no faster with them.
     if (spec.scheme.grouped and not spec.integer_mainloop and spec.out_dtype != torch.float32
-            and not spec.has_acc and not per_column_b_groups(spec)):
+            and not spec.has_acc and not per_column_b_groups(spec) and not (swapped and spec.has_bias)):
         wide = rows * math.ceil(spec.n / 256)
         ww = _waves(wide, num_sms)
         out["256"] = (ww * k_steps * 2 / WIDE_TILE_GAIN, GluonConfig(block_n=256, overlap=True),
@@ -300,19 +330,30 @@ def tile_costs(spec: ProblemSpec, num_sms: int) -> dict[str, tuple[float, GluonC
 
 
 def choose_tiles(spec: ProblemSpec, num_sms: int) -> tuple[GluonConfig, str]:
+    """The default config and why (``_choose_tiles``), for the problem swapped where ``swap_for``
+    says so."""
+    if not swap_for(spec):
+        return _choose_tiles(spec, num_sms)
+    cfg, why = _choose_tiles(kernel_spec(spec, GluonConfig(swap_ab=True)), num_sms, swapped=True)
+    return replace(cfg, swap_ab=True), f"swapped (b_scale groups of one column on the tile's rows): {why}"
+
+
+def _choose_tiles(spec: ProblemSpec, num_sms: int, swapped: bool = False) -> tuple[GluonConfig, str]:
     """The default config and why: the cheapest tiling under a model of the persistent grid's
     waves (``tile_costs``). A wave costs its tiles' K steps (ceil(tiles / SMs) counts the last,
     partial wave as a whole one); 128 x 64 tiles cost NARROW64_STEP per step, 128 x 256 tiles
     (group-scaled fp8, 16-bit output, overlapped) 2 / WIDE_TILE_GAIN; splitting the last wave
     over K makes it ceil(K steps / split) long plus SPLIT_FIXED_STEPS. Ring slots: as many as
     shared memory holds (6 for a bf16 output at BN = 128, 4 at 256)."""
-    costs = tile_costs(spec, num_sms)
+    costs = tile_costs(spec, num_sms, swapped)
     best = min(costs, key=lambda key: costs[key][0])  # (ties: the first, the plainest)
     cost, cfg, what = costs[best]
     others = ", ".join(f"{key} {c:.0f}" for key, (c, _, _) in costs.items() if key != best)
     why = f"{what} on {num_sms} SMs: {cost:.0f} K steps of a 128 x 128 tile, against {others}"
     if spec.has_acc and spec.scheme.grouped:
         why += "; with acc_in, 128 x 256 tiles spill registers (acc_in_config)"
+    elif swapped and spec.has_bias:
+        why += "; swapped with a bias, 128 x 256 tiles spill registers (acc_in_config)"
     if preload_epilogue(spec, cfg):
         cfg = replace(cfg, epi_preload=True)
     return replace(cfg, stages=max_stages(cfg, spec.out_dtype)), why

@@ -23,7 +23,7 @@ from ...problem import Problem, ScaleKind
 from ..direct import KernelCall, TableKernel, direct_launch_enabled
 from ..launch import _stream_workspace, _workspace
 from . import split_reduce
-from .config import GluonConfig, launch_config, mma_accumulates, split_schedule
+from .config import GluonConfig, kernel_spec, launch_config, mma_accumulates, split_schedule
 
 _GL = {}
 _KERNEL = TableKernel(_GL, "kernel", __name__)  # the kernel, once _gl() has imported it
@@ -49,16 +49,25 @@ def _gl_dtype(torch_dtype: torch.dtype):
     return _gl()["dtypes"][torch_dtype]
 
 
+def c_box(cfg: GluonConfig) -> list[int]:
+    """The TMA box of C one consumer stores per sub-tile: [64, sub_n], or its transpose when the
+    kernel computes C^T (``swap_ab``)."""
+    return [cfg.sub_n, cfg.block_m // 2] if cfg.swap_ab else [cfg.block_m // 2, cfg.sub_n]
+
+
 def shared_layouts(spec, cfg: GluonConfig):
-    """NVMMA (swizzled) shared layouts of the A, B and C tiles, as the descriptors carry them."""
+    """NVMMA (swizzled) shared layouts of the kernel's A, B and C tiles, as the descriptors carry
+    them (A and B of the problem as the kernel sees it: ``kernel_spec``)."""
     gl = _gl()["gl"]
+    spec = kernel_spec(spec, cfg)
     return (gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], _gl_dtype(spec.a_type.torch_dtype)),
             gl.NVMMASharedLayout.get_default_for([cfg.block_n, cfg.block_k], _gl_dtype(spec.b_type.torch_dtype)),
-            gl.NVMMASharedLayout.get_default_for([cfg.block_m // 2, cfg.sub_n], _gl_dtype(spec.out_dtype)))
+            gl.NVMMASharedLayout.get_default_for(c_box(cfg), _gl_dtype(spec.out_dtype)))
 
 
 def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
     """The kernel's constexpr arguments for a problem (the launcher and the AOT build share it)."""
+    spec = kernel_spec(spec, cfg)
     b_group = spec.b_scale_kind is ScaleKind.GROUP
     mma_acc = mma_accumulates(spec)
     return dict(
@@ -69,7 +78,7 @@ def constexprs(spec, cfg: GluonConfig, tma_store: bool) -> dict:
         HAS_BIAS=spec.has_bias, HAS_ACC=spec.has_acc, TMA_STORE=tma_store,
         INT_DOT=spec.integer_mainloop, MMA_ACC=mma_acc, OVERLAP=cfg.overlap and not mma_acc,
         SPLIT_K=cfg.split_k, SCALE_UNROLL=cfg.scale_unroll and spec.scheme.grouped,
-        EPI_PRELOAD=cfg.epi_preload and cfg.sub_tiles == 1,
+        EPI_PRELOAD=cfg.epi_preload and cfg.sub_tiles == 1, TRANS_C=cfg.swap_ab,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
 
@@ -114,7 +123,13 @@ class GluonLaunch:
         if spec.b_scale_kind is ScaleKind.VECTOR:
             sb_g = 0
         ld_acc = problem.acc.stride(0) if problem.acc is not None else 0  # acc_in [M, N], row-major
-        self.ints = (spec.m, spec.n, spec.k, self.ldc, ld_acc, sa_m, sa_g, sb_g, sb_n)
+        km, kn = spec.m, spec.n  # the kernel's M and N
+        if cfg.swap_ab:
+            # The kernel's A scale is b_scale [Gk, N] read per row n and group g, its B scale
+            # a_scale [M, 1] (or one value) read per column m.
+            km, kn = spec.n, spec.m
+            sa_m, sa_g, sb_g, sb_n = sb_n, sb_g, 0, sa_m
+        self.ints = (km, kn, spec.k, self.ldc, ld_acc, sa_m, sa_g, sb_g, sb_n)
         self.fallback = fallback
         # Per output path (TMA store or masked stores): the config and its KernelCall (grid,
         # integer arguments, constexprs); the shared layouts are made on first use (they need
@@ -128,7 +143,7 @@ class GluonLaunch:
         self._variants = {}
         for tma_store in (True, False):
             vcfg = launch_config(cfg, spec, tma_store)
-            programs, n_full, n_split = split_schedule(spec.m, spec.n, vcfg, sms)
+            programs, n_full, n_split = split_schedule(km, kn, vcfg, sms)
             if not n_split:  # (the tiles fill whole waves: nothing to split)
                 vcfg = replace(vcfg, split_k=1)
             consts = dict(constexprs(spec, vcfg, tma_store), **options(vcfg))
@@ -140,9 +155,10 @@ class GluonLaunch:
                 ws_numel = n_split * vcfg.split_k * vcfg.block_m * vcfg.block_n
                 reduce = KernelCall(split_reduce, "_split_tiles_reduce_kernel",
                                     (n_split, vcfg.block_m // split_reduce.BLOCK_R),
-                                    (spec.m, spec.n, self.ldc, n_full),
+                                    (km, kn, self.ldc, n_full),
                                     dict(SPLIT_K=vcfg.split_k, BM=vcfg.block_m, BN=vcfg.block_n,
-                                         GROUP_M=vcfg.group_m, BLOCK_R=split_reduce.BLOCK_R, num_warps=4),
+                                         GROUP_M=vcfg.group_m, BLOCK_R=split_reduce.BLOCK_R,
+                                         TRANS_C=vcfg.swap_ab, num_warps=4),
                                     (torch.float32, spec.out_dtype))
             self._variants[tma_store] = [vcfg, call, None, reduce, ws_numel]
 
@@ -169,11 +185,14 @@ class GluonLaunch:
         tma_store = self.c_rows_ok and out.data_ptr() % 16 == 0
         cfg, call, (a_l, b_l, c_l), reduce, ws_numel = self.variant(tma_store)
         td = g["TensorDescriptor"]
-        a_desc = td(a, [self.m, self.k], [self.lda, 1], [cfg.block_m, cfg.block_k], a_l)
         # B's storage is the logical [K, N] view of an [N, K] weight: same pointer, its rows.
-        b_desc = td(b, [self.n, self.k], [self.ldb, 1], [cfg.block_n, cfg.block_k], b_l)
-        c_desc = (td(out, [self.m, self.n], [self.ldc, 1], [cfg.block_m // 2, cfg.sub_n], c_l)
-                  if tma_store else None)
+        a_op = (a, [self.m, self.k], [self.lda, 1])
+        b_op = (b, [self.n, self.k], [self.ldb, 1])
+        if cfg.swap_ab:  # the weight on the kernel's A side, the activations on its B side
+            a_op, b_op, sa, sb = b_op, a_op, sb, sa
+        a_desc = td(*a_op, [cfg.block_m, cfg.block_k], a_l)
+        b_desc = td(*b_op, [cfg.block_n, cfg.block_k], b_l)
+        c_desc = td(out, [self.m, self.n], [self.ldc, 1], c_box(cfg), c_l) if tma_store else None
         ws = None
         if reduce is not None:
             # (the whole stream buffer on the direct path: same pointer, no view made per call)
@@ -204,16 +223,17 @@ def signature(spec, cfg: GluonConfig, tma_store: bool = True) -> tuple[dict, dic
     """(signature, constexprs) for ``triton.compile`` of this specialization on any machine."""
     _OUT_TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
     a_l, b_l, c_l = shared_layouts(spec, cfg)
+    kspec = kernel_spec(spec, cfg)  # (the operand and scale order the kernel sees)
     out_ty = _OUT_TY[spec.out_dtype]
     op_ty = {OperandType.I8: "i8", OperandType.FP8: "fp8e4nv", OperandType.BF8: "fp8e5"}
     sig = {
-        "a_desc": f"tensordesc<{op_ty[spec.a_type]}[{cfg.block_m}, {cfg.block_k}],{a_l!r}>",
-        "b_desc": f"tensordesc<{op_ty[spec.b_type]}[{cfg.block_n}, {cfg.block_k}],{b_l!r}>",
-        "c_desc": f"tensordesc<{out_ty}[{cfg.block_m // 2}, {cfg.sub_n}],{c_l!r}>" if tma_store else "constexpr",
+        "a_desc": f"tensordesc<{op_ty[kspec.a_type]}[{cfg.block_m}, {cfg.block_k}],{a_l!r}>",
+        "b_desc": f"tensordesc<{op_ty[kspec.b_type]}[{cfg.block_n}, {cfg.block_k}],{b_l!r}>",
+        "c_desc": f"tensordesc<{out_ty}[{', '.join(map(str, c_box(cfg)))}],{c_l!r}>" if tma_store else "constexpr",
         "c_ptr": f"*{out_ty}",
         "ws_ptr": "*fp32" if cfg.split_k > 1 else "constexpr",
-        "sa_ptr": "*fp32" if spec.a_scale_kind is not ScaleKind.NONE else "constexpr",
-        "sb_ptr": "*fp32" if spec.b_scale_kind is not ScaleKind.NONE else "constexpr",
+        "sa_ptr": "*fp32" if kspec.a_scale_kind is not ScaleKind.NONE else "constexpr",
+        "sb_ptr": "*fp32" if kspec.b_scale_kind is not ScaleKind.NONE else "constexpr",
         "bias_ptr": "*fp32" if spec.has_bias else "constexpr",
         "acc_ptr": ("*i32" if spec.acc_dtype == torch.int32 else "*fp32") if spec.has_acc else "constexpr",
     }

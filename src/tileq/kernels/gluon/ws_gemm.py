@@ -36,6 +36,13 @@ DeepGEMM and CUTLASS, the promotion of one warpgroup overlaps the wgmma of the o
   stored with a TMA store from shared memory (its wait deferred to the next tile's epilogue) or,
   when the output's rows are not 16-byte aligned, with masked stores.
 
+TRANS_C (swap-AB): the kernel's A is the problem's weight [N, K] and its B the activations
+[M, K]; it computes C^T tile by tile and writes each tile transposed into the row-major C [M, N]
+(through a transposed view of the staging buffer for the TMA store, or with transposed masked
+stores); the bias then runs along the tile's rows, acc_in is read transposed. This puts b_scale
+groups of one column (per weight row and K group) on the tile's rows, where the promotion needs
+two scale registers per thread instead of 32 (``config.swap_for``).
+
 Out-of-bounds rows, columns and the K tail are zero-filled by TMA (the descriptor carries the
 true extents), so no masks are needed in the main loop.
 
@@ -240,32 +247,37 @@ def _fp8_step(a_bufs, b_bufs, ready_bars, empty_bars, acc0, acc1, part, it, scal
 
 
 @gluon.jit
-def _acc_in_tile(acc_ptr, rows, row_ok, off_n, N, ld_acc, cols_l: gl.constexpr, SUB_N: gl.constexpr):
-    """acc_in [rows, off_n : off_n + SUB_N] in the accumulator's layout, zero outside [M, N]."""
+def _acc_in_tile(acc_ptr, rows, row_ok, off_n, N, ld_acc, cols_l: gl.constexpr, SUB_N: gl.constexpr,
+                 TRANS_C: gl.constexpr):
+    """acc_in [rows, off_n : off_n + SUB_N] in the accumulator's layout, zero outside [M, N]
+    (TRANS_C: read from the transposed acc_in)."""
     cols = off_n + gl.arange(0, SUB_N, layout=cols_l)
-    ptrs = acc_ptr + rows.to(gl.int64)[:, None] * ld_acc + cols[None, :]
+    if TRANS_C:
+        ptrs = acc_ptr + cols.to(gl.int64)[None, :] * ld_acc + rows[:, None]
+    else:
+        ptrs = acc_ptr + rows.to(gl.int64)[:, None] * ld_acc + cols[None, :]
     return gl.load(ptrs, mask=row_ok[:, None] & (cols < N)[None, :], other=0)
 
 
 @gluon.jit
 def _add_acc_in(acc, acc_ptr, rows, row_ok, off_n, N, ld_acc, split, cols_l: gl.constexpr,
-                SUB_N: gl.constexpr, SPLIT_K: gl.constexpr):
+                SUB_N: gl.constexpr, SPLIT_K: gl.constexpr, TRANS_C: gl.constexpr):
     """acc + its acc_in tile; with split-K only the first split adds it (a branch per item, not
     a predicate per element: fewer registers in the epilogue)."""
     if SPLIT_K == 1:
-        acc = acc + _acc_in_tile(acc_ptr, rows, row_ok, off_n, N, ld_acc, cols_l, SUB_N)
+        acc = acc + _acc_in_tile(acc_ptr, rows, row_ok, off_n, N, ld_acc, cols_l, SUB_N, TRANS_C)
     elif split == 0:
-        acc = acc + _acc_in_tile(acc_ptr, rows, row_ok, off_n, N, ld_acc, cols_l, SUB_N)
+        acc = acc + _acc_in_tile(acc_ptr, rows, row_ok, off_n, N, ld_acc, cols_l, SUB_N, TRANS_C)
     return acc
 
 
 @gluon.jit
 def _epi_vectors(sa_ptr, sb_ptr, bias_ptr, rows, row_ok, off_n, N, stride_sa_m, stride_sb_n, bias_on,
                  cols_l: gl.constexpr, SUB_N: gl.constexpr, A_SCALE: gl.constexpr, B_SCALE: gl.constexpr,
-                 HAS_BIAS: gl.constexpr):
+                 HAS_BIAS: gl.constexpr, TRANS_C: gl.constexpr):
     """What the epilogue of a [64, SUB_N] piece reads: a_scale (rows, or one value), b_scale
-    (columns, or one value), bias (with split-K only the first split's: ``bias_on``); 1.0 / 0.0
-    where absent."""
+    (columns, or one value), bias (with split-K only the first split's: ``bias_on``; along the
+    rows with TRANS_C, whose rows are C's columns); 1.0 / 0.0 where absent."""
     cols = off_n + gl.arange(0, SUB_N, layout=cols_l)
     col_ok = cols < N
     sa = 1.0
@@ -279,7 +291,9 @@ def _epi_vectors(sa_ptr, sb_ptr, bias_ptr, rows, row_ok, off_n, N, stride_sa_m, 
         sb = gl.load(sb_ptr)
     elif B_SCALE == "vector":
         sb = gl.load(sb_ptr + cols * stride_sb_n, mask=col_ok, other=0.0)
-    if HAS_BIAS:
+    if HAS_BIAS and TRANS_C:
+        bias = gl.load(bias_ptr + rows, mask=row_ok & bias_on, other=0.0)
+    elif HAS_BIAS:
         bias = gl.load(bias_ptr + cols, mask=col_ok & bias_on, other=0.0)
     return sa, sb, bias
 
@@ -288,7 +302,7 @@ def _epi_vectors(sa_ptr, sb_ptr, bias_ptr, rows, row_ok, off_n, N, stride_sa_m, 
 def _epilogue(acc, vecs, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, ws_ptr, slot, lrows, col0, M, N,
               ldc, cols_l: gl.constexpr, SUB_N: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               A_SCALE: gl.constexpr, B_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr,
-              TMA_STORE: gl.constexpr, PENDING: gl.constexpr, SPLIT_K: gl.constexpr):
+              TMA_STORE: gl.constexpr, PENDING: gl.constexpr, SPLIT_K: gl.constexpr, TRANS_C: gl.constexpr):
     """acc [64, SUB_N] -> * a_scale rows -> * b_scale columns -> + bias -> cast -> store, with the
     vectors ``vecs`` (``_epi_vectors``); a split item (``slot`` >= 0) stores the scaled fp32
     partial into its [BM, BN] workspace block instead (rows ``lrows``, columns ``col0`` +
@@ -305,7 +319,9 @@ def _epilogue(acc, vecs, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, ws_p
         y = y * sb
     elif B_SCALE == "vector":
         y = y * sb[None, :]
-    if HAS_BIAS:
+    if HAS_BIAS and TRANS_C:
+        y = y + bias[:, None]
+    elif HAS_BIAS:
         y = y + bias[None, :]
     if SPLIT_K > 1:
         if slot >= 0:
@@ -314,25 +330,36 @@ def _epilogue(acc, vecs, rows, row_ok, off_m, off_n, c_smem, c_desc, c_ptr, ws_p
             gl.store(ws_ptr + slot * (BM * BN) + lrows[:, None] * BN + lcols[None, :], y)
         else:
             _store_out(y, rows, row_ok, cols, col_ok, off_m, off_n, c_smem, c_desc, c_ptr, M, ldc,
-                       TMA_STORE, PENDING)
+                       TMA_STORE, PENDING, TRANS_C)
     else:
         _store_out(y, rows, row_ok, cols, col_ok, off_m, off_n, c_smem, c_desc, c_ptr, M, ldc,
-                   TMA_STORE, PENDING)
+                   TMA_STORE, PENDING, TRANS_C)
 
 
 @gluon.jit
 def _store_out(y, rows, row_ok, cols, col_ok, off_m, off_n, c_smem, c_desc, c_ptr, M, ldc,
-               TMA_STORE: gl.constexpr, PENDING: gl.constexpr):
-    """Cast and store a [64, SUB_N] piece of C: by TMA from shared memory, or with masks."""
+               TMA_STORE: gl.constexpr, PENDING: gl.constexpr, TRANS_C: gl.constexpr):
+    """Cast and store a [64, SUB_N] piece of C: by TMA from shared memory, or with masks; with
+    TRANS_C the piece is C^T's, written transposed (a [SUB_N, 64] staging buffer, filled through
+    its transposed view, and a box of C at [off_n, off_m])."""
     out = y.to(c_ptr.dtype.element_ty)
     if TMA_STORE:
         # The last store that read this staging buffer must be done (a deferred wait: it
         # overlapped the main loop; PENDING newer stores, from the other buffers, may still run).
         tma.store_wait(pendings=PENDING)
-        c_smem.store(out)
+        if TRANS_C:
+            c_smem.permute((1, 0)).store(out)
+        else:
+            c_smem.store(out)
         fence_async_shared()
         if off_m < M:  # (the lower half of the last row tile may lie wholly below M)
-            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+            if TRANS_C:
+                tma.async_copy_shared_to_global(c_desc, [off_n, off_m], c_smem)
+            else:
+                tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+    elif TRANS_C:
+        c_ptrs = c_ptr + cols.to(gl.int64)[None, :] * ldc + rows[:, None]
+        gl.store(c_ptrs, out, mask=row_ok[:, None] & col_ok[None, :])
     else:
         c_ptrs = c_ptr + rows.to(gl.int64)[:, None] * ldc + cols[None, :]
         gl.store(c_ptrs, out, mask=row_ok[:, None] & col_ok[None, :])
@@ -348,7 +375,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
               B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr,
               HAS_ACC: gl.constexpr, TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr,
               MMA_ACC: gl.constexpr, OVERLAP: gl.constexpr, SPLIT_K: gl.constexpr,
-              SCALE_UNROLL: gl.constexpr, EPI_PRELOAD: gl.constexpr):
+              SCALE_UNROLL: gl.constexpr, EPI_PRELOAD: gl.constexpr, TRANS_C: gl.constexpr):
     """One warpgroup: rows [HALF * 64, HALF * 64 + 64) of every tile, main loop and epilogue.
 
     With SPLIT_K > 1 the tiles of the last, partial wave (all tiles when they are fewer than the
@@ -414,16 +441,16 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
             # hidden under it) and held through it: 2 + 32 + 32 registers per thread at
             # SUB_N = 128, within the consumers' 232.
             vecs0 = _epi_vectors(sa_ptr, sb_ptr, bias_ptr, rows, row_ok, off_n, N, stride_sa_m, stride_sb_n,
-                                 split == 0, cols_l, SUB_N, A_SCALE, B_SCALE, HAS_BIAS)
+                                 split == 0, cols_l, SUB_N, A_SCALE, B_SCALE, HAS_BIAS, TRANS_C)
         acc0 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
         acc1 = acc0  # (the second sub-tile's accumulator; unused when NSUB == 1)
         if NSUB == 2:
             acc1 = gl.zeros((HALF_M, SUB_N), ACC_TY, mma)
         if ACC_IN_FIRST:
-            acc0 = _add_acc_in(acc0, acc_ptr, rows, row_ok, off_n, N, ld_acc, split, cols_l, SUB_N, SPLIT_K)
+            acc0 = _add_acc_in(acc0, acc_ptr, rows, row_ok, off_n, N, ld_acc, split, cols_l, SUB_N, SPLIT_K, TRANS_C)
             if NSUB == 2:
                 acc1 = _add_acc_in(acc1, acc_ptr, rows, row_ok, off_n + SUB_N, N, ld_acc, split, cols_l, SUB_N,
-                                   SPLIT_K)
+                                   SPLIT_K, TRANS_C)
         if MMA_ACC:
             for ki in range(k_begin, k_end):
                 s = it % STAGES
@@ -452,10 +479,10 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
                 acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
             mbarrier.arrive(empty_bars.index((it + STAGES - 1) % STAGES), count=1, pred=k_begin < k_end)
             if HAS_ACC and not ACC_IN_FIRST:
-                acc0 = _add_acc_in(acc0, acc_ptr, rows, row_ok, off_n, N, ld_acc, split, cols_l, SUB_N, SPLIT_K)
+                acc0 = _add_acc_in(acc0, acc_ptr, rows, row_ok, off_n, N, ld_acc, split, cols_l, SUB_N, SPLIT_K, TRANS_C)
                 if NSUB == 2:
                     acc1 = _add_acc_in(acc1, acc_ptr, rows, row_ok, off_n + SUB_N, N, ld_acc, split, cols_l,
-                                       SUB_N, SPLIT_K)
+                                       SUB_N, SPLIT_K, TRANS_C)
         elif (A_GROUP or B_GROUP) and SCALE_UNROLL:
             # Group scales, loaded two K steps ahead into one of two register sets (even and odd
             # steps: the loop is unrolled by two), each reloaded right after its step used it.
@@ -505,18 +532,18 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
         lrows = HALF * HALF_M + gl.arange(0, HALF_M, layout=rows_l)  # rows within the tile
         if not EPI_PRELOAD:
             vecs0 = _epi_vectors(sa_ptr, sb_ptr, bias_ptr, rows, row_ok, off_n, N, stride_sa_m, stride_sb_n,
-                                 split == 0, cols_l, SUB_N, A_SCALE, B_SCALE, HAS_BIAS)
+                                 split == 0, cols_l, SUB_N, A_SCALE, B_SCALE, HAS_BIAS, TRANS_C)
         _epilogue(acc0.to(gl.float32), vecs0, rows, row_ok, off_m, off_n,
                   c_bufs.index(HALF * EPI_BUFS) if TMA_STORE else c_bufs, c_desc, c_ptr, ws_ptr, slot,
                   lrows, 0, M, N, ldc, cols_l, SUB_N, BM, BN, A_SCALE, B_SCALE, HAS_BIAS, TMA_STORE,
-                  EPI_BUFS - 1, SPLIT_K)
+                  EPI_BUFS - 1, SPLIT_K, TRANS_C)
         if NSUB == 2:
             vecs1 = _epi_vectors(sa_ptr, sb_ptr, bias_ptr, rows, row_ok, off_n + SUB_N, N, stride_sa_m,
-                                 stride_sb_n, split == 0, cols_l, SUB_N, A_SCALE, B_SCALE, HAS_BIAS)
+                                 stride_sb_n, split == 0, cols_l, SUB_N, A_SCALE, B_SCALE, HAS_BIAS, TRANS_C)
             _epilogue(acc1.to(gl.float32), vecs1, rows, row_ok, off_m, off_n + SUB_N,
                       c_bufs.index(HALF * EPI_BUFS + EPI_BUFS - 1) if TMA_STORE else c_bufs, c_desc,
                       c_ptr, ws_ptr, slot, lrows, SUB_N, M, N, ldc, cols_l, SUB_N, BM, BN, A_SCALE, B_SCALE,
-                      HAS_BIAS, TMA_STORE, EPI_BUFS - 1, SPLIT_K)
+                      HAS_BIAS, TMA_STORE, EPI_BUFS - 1, SPLIT_K, TRANS_C)
     if OVERLAP:
         part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
         mbarrier.arrive(empty_bars.index(it % STAGES), count=1)
@@ -532,15 +559,19 @@ def _ws_gemm_kernel(
     EPI_BUFS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SCALE: gl.constexpr,
     B_SCALE: gl.constexpr, GROUP_N: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_ACC: gl.constexpr,
     TMA_STORE: gl.constexpr, INT_DOT: gl.constexpr, MMA_ACC: gl.constexpr, OVERLAP: gl.constexpr,
-    SPLIT_K: gl.constexpr, SCALE_UNROLL: gl.constexpr, EPI_PRELOAD: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
+    SPLIT_K: gl.constexpr, SCALE_UNROLL: gl.constexpr, EPI_PRELOAD: gl.constexpr, TRANS_C: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     gl.static_assert(BM == 2 * HALF_M, "two consumer warpgroups of 64 rows each")
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
     if TMA_STORE:
-        # EPI_BUFS output staging buffers of [64, SUB_N] per consumer (its 64-row half).
-        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * EPI_BUFS, HALF_M, SUB_N], c_desc.layout)
+        # EPI_BUFS output staging buffers of [64, SUB_N] per consumer (its 64-row half); [SUB_N, 64]
+        # with TRANS_C (C's box of the transposed piece).
+        if TRANS_C:
+            c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * EPI_BUFS, SUB_N, HALF_M], c_desc.layout)
+        else:
+            c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * EPI_BUFS, HALF_M, SUB_N], c_desc.layout)
     else:
         # No descriptor (c_desc is None): masked stores. Partition arguments cannot be None, so
         # the unused buffer and descriptor slots carry the output pointer instead.
@@ -558,12 +589,12 @@ def _ws_gemm_kernel(
                      bias_ptr, acc_ptr, M, N, K, ldc, ld_acc, stride_sa_m, stride_sa_g, stride_sb_g,
                      stride_sb_n, 0, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE,
                      GROUP_N, HAS_BIAS, HAS_ACC, TMA_STORE, INT_DOT, MMA_ACC, OVERLAP, SPLIT_K,
-                     SCALE_UNROLL, EPI_PRELOAD)),
+                     SCALE_UNROLL, EPI_PRELOAD, TRANS_C)),
         (_consumer, (a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc, c_ptr, ws_ptr, sa_ptr, sb_ptr,
                      bias_ptr, acc_ptr, M, N, K, ldc, ld_acc, stride_sa_m, stride_sa_g, stride_sb_g,
                      stride_sb_n, 1, BM, BN, BK, SUB_N, EPI_BUFS, GROUP_M, STAGES, A_SCALE, B_SCALE,
                      GROUP_N, HAS_BIAS, HAS_ACC, TMA_STORE, INT_DOT, MMA_ACC, OVERLAP, SPLIT_K,
-                     SCALE_UNROLL, EPI_PRELOAD)),
+                     SCALE_UNROLL, EPI_PRELOAD, TRANS_C)),
         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, M, N, K, BM, BN, BK,
                      GROUP_M, STAGES, OVERLAP, SPLIT_K)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
