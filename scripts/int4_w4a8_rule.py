@@ -48,7 +48,7 @@ def chosen(m: int, n: int, k: int, w_kind: str) -> str:
     from tileq.int4p.launch import compute_type
 
     plan = prefill.plan(m, n, k, SMS, x_scale=True)
-    if plan is not None and m < prefill.W4A8_MAX_M[w_kind]:
+    if plan is not None and m < prefill.W4A8_MAX_M:
         return "gluon"
     if m >= DEQUANT_MIN_M:
         return "fp8_gemm"

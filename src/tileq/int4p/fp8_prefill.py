@@ -6,7 +6,8 @@ e5m2: one byte per weight) and the scales stay in fp32 inside the GEMM, as the f
 keep them:
 
 - group scales ([K / group_k, N]): scheme bquant with b_scale groups of one column x group_k
-  (``sa[m] * sum_g sb[g, n] * sum_{k in g} x * v``);
+  (``sa[m] * sum_g sb[g, n] * sum_{k in g} x * v``), which the sm_90 Gluon kernel runs swapped
+  (the weight's rows on its 128-row side, their group scales per tile row);
 - per-channel or per-tensor scales: scheme rowcol (``sa[m] * sb[n] * sum_k x * v``).
 
 The activation scale is the per-token ([M]) or per-tensor one the call brought. The default
@@ -15,8 +16,12 @@ from DEQUANT_MIN_M tokens. ``TILEQ_W4A8_PREFILL=bf16`` takes the other path inst
 value times scale rounded, and a bf16 cuBLAS product). Measured on an H200 (18 weights, M 256,
 1024, 2048, 4096, both paths in one run, bench/results/h200/int4/fp8-prefill/): with group
 scales this path ran 1.28-1.36x faster (median per M; slower on one of 72 problems, 0.91x), and
-reached 0.34 / 0.45 / 0.48 / 0.51x the speed of tileq's fp8 rowcol GEMM (whose bquant with
-one-column groups runs the portable kernel); with per-channel scales 0.56 / 0.82 / 0.91 / 0.97x.
+reached 0.34 / 0.45 / 0.48 / 0.51x the speed of tileq's fp8 rowcol GEMM (when its bquant with
+one-column groups ran the portable kernel); with per-channel scales 0.56 / 0.82 / 0.91 / 0.97x.
+With that GEMM swapped on the Gluon kernel (bench/results/h200/int4/w4a8-swapped/, 18 weights,
+medians): group scales 0.60 / 0.74 / 0.82 / 0.90x fp8 rowcol's speed at 512 / 1024 / 2048 / 4096
+tokens (per-channel 0.69 / 0.82 / 0.91 / 0.96x); what remains is the fp8 copy of the weight,
+written and read once per call.
 """
 
 from __future__ import annotations

@@ -425,6 +425,8 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
            os.environ.get(fp8_prefill.PREFILL_ENV))
     launch = _LAUNCHES.get(key)
     if launch is None:
+        # (read for every W4A8 prefill call, so that a wrong value is an error wherever the call goes)
+        fp8_values = dequant and x_kind != "none" and fp8_prefill.selected()
         # (the key holds what unserved() reads: the device, the interpreter, TILEQ_GLUON)
         served = (dequant or small_prefill) and prefill.unserved(
             m, k, x_type, x_kind, w_kind, out_dtype, x.device, gluon_plan[0] if gluon_plan else None) is None
@@ -435,7 +437,7 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
                                                 DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype,
                                                               x.dtype), tokens=tokens, split=split,
                                                 x_kind=x_kind, sx_stride=sx_stride)
-        elif dequant and x_kind != "none" and fp8_prefill.selected():
+        elif fp8_values:
             launch = fp8_prefill.Fp8PrefillLaunch(n, k, w_kind, x_kind, group_k, out_dtype, x.dtype)
         elif dequant:
             launch = DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype, x.dtype)

@@ -184,13 +184,14 @@ _KERNEL = TableKernel(_GL, "kernel", __name__)  # the kernel, once _gl() has imp
 
 
 # W4A8 (fp8 activations with a per-token or per-tensor scale) runs this kernel with the activations
-# cast to bf16 below W4A8_MAX_M tokens (by weight scale kind), where the plan gives it the call;
-# from there the fp8 GEMM on the int4 values (``fp8_prefill.py``). H200, 18 weights, every path in
-# one run (bench/results/h200/int4/w4a8-gluon/): against the decode kernel on the cast activations
-# it took 0.75x the time at M = 48 and 0.60x at 128 (medians); against the fp8 GEMM with group
-# scales 0.78x at 256, 1.02x at 512, 1.12x at 1024; with per-channel scales 1.05x at 256 (the
-# rowcol GEMM needs no per-group promotion).
-W4A8_MAX_M = {"group": 512, "vector": 256, "scalar": 256}
+# cast to bf16 below W4A8_MAX_M tokens, where the plan gives it the call; from there the fp8 GEMM
+# on the int4 values (``fp8_prefill.py``). H200, 18 weights, every path in one run
+# (bench/results/h200/int4/w4a8-gluon/): against the decode kernel on the cast activations it took
+# 0.75x the time at M = 48 and 0.60x at 128 (medians). Since the fp8 GEMM runs bquant with
+# one-column groups swapped (bench/results/h200/int4/w4a8-swapped/), it took 0.92x this kernel's
+# time at M = 256 with group scales (0.71-1.00x), 0.64x at 512; per-channel 0.95x at 256
+# (0.75-1.11x): from 256 tokens for every weight scale kind (was 512 with group scales).
+W4A8_MAX_M = 256
 
 
 def _problem_reason(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, m: int, w_kind: str,
@@ -202,9 +203,8 @@ def _problem_reason(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, m:
     if not w4a8 and (x_type not in ("bf16", "fp16") or x_kind != "none"):
         return ("bf16/fp16 activations without an activation scale (W4A16) or fp8 ones with a per-token "
                 "or per-tensor scale (W4A8) only")
-    if w4a8 and m >= W4A8_MAX_M[w_kind]:
-        return (f"W4A8 with {w_kind} weight scales from {W4A8_MAX_M[w_kind]} tokens: the fp8 GEMM on the int4 "
-                f"values (measured faster)")
+    if w4a8 and m >= W4A8_MAX_M:
+        return f"W4A8 from {W4A8_MAX_M} tokens: the fp8 GEMM on the int4 values (measured faster)"
     if out_dtype not in _CT:
         return "bf16/fp16 outputs only"
     if k % 8:
