@@ -429,6 +429,21 @@ def summarize(rows) -> None:
     print()
     for label, (v, n) in lines:
         print(f"{label}: {'-' if v is None else f'{v:.3f}'} (median of {n})")
+    # The prefill targets per M (default paths): W4A16 bf16 cuBLAS time / int4 time with group and
+    # per-channel scales, W4A8 fp8 rowcol time / int4 time with group scales (medians over weights)
+    per_m = sorted({m for (_, m, impl) in t if impl == "w4a16_prepacked" and m >= 128})
+    cols = (("W4A16 group", "bf16_cublas", "w4a16_prepacked"),
+            ("W4A16 channel", "bf16_cublas", "w4a16_prepacked_channel"),
+            ("W4A8 group", "fp8_rowcol", "w4a8_prepacked"))
+    if per_m:
+        print("\nprefill per M (medians; baseline time / int4 time): " + ", ".join(c[0] for c in cols))
+    for m in per_m:
+        cells = []
+        for label, base, impl in cols:
+            vals = [t[(sh, m, base)] / t[(sh, m, impl)] for (sh, mm, i) in t
+                    if mm == m and i == impl and (sh, m, base) in t]
+            cells.append(f"{label} {statistics.median(vals):.3f} (n={len(vals)})" if vals else f"{label} -")
+        print(f"  M = {m}: " + ", ".join(cells))
     # --small-m-prefill / --prefill-split: the Gluon prefill kernel forced (token tiles, split over K)
     # and the decode kernel where the routing passed it over, against the path the call took,
     # medians over the weights timed with each
