@@ -95,6 +95,10 @@ def main() -> int:
                    help="from 33 tokens also time W4A8 on the Gluon prefill kernel (activations cast to bf16), "
                         "forced at the plan's tiling: group scales ('w4a8_gluon'), per-channel from 256 "
                         "('w4a8_gluon_channel')")
+    p.add_argument("--w4a8-fused", action="store_true",
+                   help="from 33 tokens also time W4A8 with group scales on the fused fp8 build of the Gluon "
+                        "prefill kernel (TILEQ_W4A8_PREFILL=fused's kernel, e4m3 weights in registers), forced at "
+                        "the plan's tiling ('w4a8_fused')")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -288,6 +292,13 @@ def main() -> int:
                         tokens=tiling[0], split=tiling[1], x_kind="vector", sx_stride=1))
                     record(s, name, m, n, k, impl, prefill.kernel_name("bf16", wk, *tiling),
                            lambda g8=g8, sw_=sw_: g8(xf8, w_pp.data, sx, sw_, None), want, b4)
+            if args.w4a8_fused and m >= prefill.MIN_M:
+                tiling = prefill.plan(m, n, k, sms, True) or (prefill.tokens_for(m, n, sms, True), 1)
+                gf = lazy(lambda m=m, n=n, k=k, tiling=tiling: prefill.GluonPrefillLaunch(
+                    m, n, k, torch.float8_e4m3fn, torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), 128,
+                    False, dev, None, tokens=tiling[0], split=tiling[1], x_kind="vector", sx_stride=1, fused=True))
+                record(s, name, m, n, k, "w4a8_fused", prefill.kernel_name("fp8", "group", *tiling),
+                       lambda gf=gf: gf(xf8, w_pp.data, sx, sw4, None), ref8, b4)
             if args.w4a8_via_bf16 and m < DEQUANT_MIN_M:
                 # both decode-kernel routes of W4A8, whichever the default took: the fp8 activations
                 # cast to bf16 before the W4A16 kernel (its config), and converted inside the kernel
@@ -434,7 +445,8 @@ def summarize(rows) -> None:
     per_m = sorted({m for (_, m, impl) in t if impl == "w4a16_prepacked" and m >= 128})
     cols = (("W4A16 group", "bf16_cublas", "w4a16_prepacked"),
             ("W4A16 channel", "bf16_cublas", "w4a16_prepacked_channel"),
-            ("W4A8 group", "fp8_rowcol", "w4a8_prepacked"))
+            ("W4A8 group", "fp8_rowcol", "w4a8_prepacked"),
+            ("W4A8 fused (forced)", "fp8_rowcol", "w4a8_fused"))
     if per_m:
         print("\nprefill per M (medians; baseline time / int4 time): " + ", ".join(c[0] for c in cols))
     for m in per_m:

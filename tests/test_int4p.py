@@ -834,6 +834,67 @@ def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale)
     assert r["shared"] <= 232448
 
 
+def _fused_build(bias, tma_store, tokens, split, x_scale):
+    r = _sm90_build("from tileq.int4p.prefill import compile_sm90\n"
+                    f"k = compile_sm90('fp8', 'group', 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r})",
+                    "i4p-fused")
+    sass = r["sass"]
+    r["ops"] = {o: len(re.findall(r"\b" + o + r"\b", sass)) for o in
+                ("QGMMA", "HGMMA", "F2FP", "LDS", "STS", "LDL", "STL", "HADD2", "SHFL", "UTMALDG", "UTMASTG")}
+    r["ops"]["DEPBAR"] = sass.count("WARPGROUP.DEPBAR")
+    return r
+
+
+@pytest.mark.parametrize("bias,tma_store,tokens,split,x_scale", [
+    (False, True, 128, 1, "vector"), (True, False, 128, 1, "vector"), (False, False, 128, 3, "vector"),
+    (True, True, 64, 1, "scalar")])
+def test_sm90_fused_w4a8_build(bias, tma_store, tokens, split, x_scale):
+    """The fused W4A8 build (TILEQ_W4A8_PREFILL=fused; not yet run on a GPU) compiled for sm_90 on
+    the CPU: per consumer and 512 of K, 16 fp8 wgmmas m64n{BT}k32 with the e4m3 weights as
+    register operands (the conversions to the dot-operand layout are renamings), 128 packed
+    subtractions and 128 cvt to e4m3x2 per consumer and block, one wait per 128-wide slice, no
+    spills; per-channel scales are refused (their build spilled)."""
+    r = _fused_build(bias, tma_store, tokens, split, x_scale)
+    ops = r["ops"]
+    assert ops["QGMMA"] == 2 * 16 and ops["HGMMA"] == 0, ops
+    conversions = [ln for ln in r["ttgir"].splitlines() if "ttg.convert_layout" in ln]
+    assert conversions and all(re.search(r"64x64xi32, #linear\d*> -> tensor<64x64xi32, #linear\d*>", ln)
+                               or re.search(r"64x64xf8E4M3FN, #linear\d*> -> tensor<64x64xf8E4M3FN, #ttg.dot_op", ln)
+                               for ln in conversions), conversions[:3]
+    assert ops["HADD2"] == 2 * 128 and ops["F2FP"] >= 2 * 128, ops
+    assert ops["SHFL"] == 0 and ops["LDL"] == 0 and ops["STL"] == 0, ops
+    assert ops["DEPBAR"] <= 16, ops  # one wait per slice and consumer: the wgmmas are not serialized
+    assert ops["UTMASTG"] == (2 if tma_store else 0), ops
+    assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
+    assert r["shared"] <= 232448
+    from tileq.int4p import prefill
+
+    with pytest.raises(ValueError, match="group scales"):
+        prefill.constexprs("fp8", "vector", 128, False, True, 128, 1, "vector")
+
+
+def test_w4a8_fused_mode_is_opt_in(monkeypatch):
+    """TILEQ_W4A8_PREFILL=fused routes W4A8 with group scales to the fused fp8 kernel wherever the
+    Gluon prefill plan gives the call (an sm_90 GPU; described here), from 256 tokens too; per-channel
+    scales keep the fp8 GEMM; unset, nothing changes; a wrong value is an error."""
+    from tileq.int4p import fp8_prefill
+
+    f8 = torch.float8_e4m3fn
+    assert fp8_prefill.mode() == "fp8"
+    assert describe_prepacked(1024, 5120, 5120, f8).startswith("dequant-fp8+tileq")
+    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fused")
+    text = describe_prepacked(1024, 5120, 5120, f8)
+    assert text.startswith("bquant_fp8xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90"), text
+    assert "TILEQ_W4A8_PREFILL=fused" in text
+    assert describe_prepacked(48, 5120, 17408, f8).startswith("bquant_fp8xi4p_rcr_prefill__gluon_w128t64k512_sk3")
+    chan = describe_prepacked(1024, 5120, 5120, f8, w_scale="vector")
+    assert chan.startswith("dequant-fp8+tileq") and "group scales only" in chan
+    assert describe_prepacked(1024, 5120, 5120).startswith("dequant+cublas")  # W4A16 unchanged
+    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fast")
+    with pytest.raises(ValueError, match="'fused'"):
+        fp8_prefill.mode()
+
+
 @pytest.mark.parametrize("dtype,w_kind", [("bfloat16", "group"), ("float16", "vector"), ("float8_e4m3fn", "none"),
                                           ("float8_e5m2", "none")])
 def test_sm90_build_of_the_dequantize_kernel(dtype, w_kind):
@@ -1290,3 +1351,28 @@ def test_prefill_launcher_descriptors(monkeypatch):
     assert len(rec.calls) == before
     want = _reference(x, v, ws, None, None, 128)
     assert float((y.double() - want).abs().max() / want.abs().max()) < 1e-2
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,bias", [(40, 1000, 3584, False), (300, 4000, 1104, True), (1030, 5120, 5120, False),
+                                        (2048, 4001, 2560, True)])
+def test_gpu_w4a8_fused_kernel(m, n, k, bias, prefill_launches, monkeypatch):
+    """TILEQ_W4A8_PREFILL=fused on an H200: the fused fp8 kernel (one launch of the Gluon prefill
+    kernel's fp8 build) matches the reference on the unpacked weight: split over K at 40 tokens, a
+    K tail, masked stores (N = 4001), the bias; a second call gives the same bits."""
+    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fused")
+    assert "fused" in describe_prepacked(m, n, k, torch.float8_e4m3fn, device=torch.device("cuda"))
+    torch.manual_seed(m + n)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to("cuda")
+    sw = _w4a8_scales("group", n, k, 128)
+    x = (torch.randn(m, k) * 50).clamp(-400, 400).to(torch.float8_e4m3fn)
+    sx = torch.rand(m) + 0.5
+    b = torch.randn(n) if bias else None
+    want = _reference(x, v, sw, sx, b, 128)
+    y = linear_prepacked(x.to("cuda"), w, sx.to("cuda"), sw.to("cuda"), bias=None if b is None else b.to("cuda"))
+    assert len(prefill_launches) == 1
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+    again = linear_prepacked(x.to("cuda"), w, sx.to("cuda"), sw.to("cuda"), bias=None if b is None else b.to("cuda"))
+    assert torch.equal(again, y)

@@ -33,16 +33,26 @@ import torch
 from .dequant import dequantize_prepacked
 
 PREFILL_ENV = "TILEQ_W4A8_PREFILL"  # 'fp8' (default): this path from DEQUANT_MIN_M tokens; 'bf16': dequant
+# 'fused' (opt-in, not yet timed on a GPU): with group scales, the Gluon int4 prefill kernel on the
+# fp8 activations themselves (the weight converted to e4m3 in registers, fp8 wgmma) wherever it
+# serves the call (``prefill.unserved``), this path elsewhere.
+PREFILL_MODES = ("fp8", "bf16", "fused")
+
+
+def mode() -> str:
+    """``TILEQ_W4A8_PREFILL``: 'fp8' (unset), 'bf16' or 'fused'; any other value is an error, not
+    a silent default."""
+    value = os.environ.get(PREFILL_ENV, "fp8")
+    if value not in PREFILL_MODES:
+        raise ValueError(f"{PREFILL_ENV}={value!r}: expected 'fp8' (fp8 GEMM), 'bf16' (dequantize + bf16 "
+                         f"cuBLAS) or 'fused' (the fused fp8 kernel, group scales, sm_90)")
+    return value
 
 
 def selected() -> bool:
-    """Whether W4A8 calls from DEQUANT_MIN_M tokens take this path (``TILEQ_W4A8_PREFILL``
-    unset or 'fp8'; 'bf16' takes dequantize + bf16 cuBLAS); any other value is an error, not a
-    silent default."""
-    value = os.environ.get(PREFILL_ENV, "fp8")
-    if value not in ("fp8", "bf16"):
-        raise ValueError(f"{PREFILL_ENV}={value!r}: expected 'fp8' (fp8 GEMM) or 'bf16' (dequantize + bf16 cuBLAS)")
-    return value == "fp8"
+    """Whether W4A8 calls from DEQUANT_MIN_M tokens take this path (where the fused kernel does
+    not take them) rather than dequantize + bf16 cuBLAS."""
+    return mode() != "bf16"
 
 
 class Fp8PrefillLaunch:

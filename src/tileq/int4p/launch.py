@@ -426,17 +426,20 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     launch = _LAUNCHES.get(key)
     if launch is None:
         # (read for every W4A8 prefill call, so that a wrong value is an error wherever the call goes)
-        fp8_values = dequant and x_kind != "none" and fp8_prefill.selected()
+        w4a8_mode = fp8_prefill.mode() if x_kind != "none" and m >= prefill.MIN_M else None
+        fp8_values = dequant and x_kind != "none" and w4a8_mode != "bf16"
+        fused = w4a8_mode == "fused"
         # (the key holds what unserved() reads: the device, the interpreter, TILEQ_GLUON)
         served = (dequant or small_prefill) and prefill.unserved(
-            m, k, x_type, x_kind, w_kind, out_dtype, x.device, gluon_plan[0] if gluon_plan else None) is None
+            m, k, x_type, x_kind, w_kind, out_dtype, x.device, gluon_plan[0] if gluon_plan else None,
+            fused) is None
         if served:
             tokens, split = gluon_plan
             launch = prefill.GluonPrefillLaunch(m, n, k, x.dtype, out_dtype, w_kind, sw_strides, group_k,
                                                 b is not None, x.device,
                                                 DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype,
                                                               x.dtype), tokens=tokens, split=split,
-                                                x_kind=x_kind, sx_stride=sx_stride)
+                                                x_kind=x_kind, sx_stride=sx_stride, fused=fused)
         elif fp8_values:
             launch = fp8_prefill.Fp8PrefillLaunch(n, k, w_kind, x_kind, group_k, out_dtype, x.dtype)
         elif dequant:
@@ -464,8 +467,9 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
     if config is None and (m >= DEQUANT_MIN_M or gluon_plan is not None):
         out = x_dtype if x_type in ("bf16", "fp16") else torch.bfloat16
         tokens = gluon_plan[0] if gluon_plan else None
-        why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device, tokens)
-               if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale, tokens))
+        fused = x_kind != "none" and fp8_prefill.mode() == "fused"
+        why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device, tokens, fused)
+               if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale, tokens, fused))
         if why is None:
             t, split = gluon_plan
             tiles = prefill.tiles(m, n, t)
@@ -480,9 +484,13 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
             else:
                 when = f"M >= {prefill.MIN_M} with {prefill.tiles(m, n, 64)} tiles of 64 tokens for {sms} SMs"
             cast = ""
-            if x_kind != "none":
+            if fused:
+                cast = (f"; {fp8_prefill.PREFILL_ENV}=fused: the fp8 activations as they are, the weight "
+                        f"converted to e4m3, fp8 wgmma promoted every 128 of K, their scale in the epilogue")
+            elif x_kind != "none":
                 cast = f"; {x_type} activations cast to bf16 first, their scale in the epilogue"
-            return (f"{prefill.kernel_name('bf16' if cast else x_type, w_scale, t, split)} ({when}: the sm_90 "
+            ct_name = "fp8" if fused else ("bf16" if cast else x_type)
+            return (f"{prefill.kernel_name(ct_name, w_scale, t, split)} ({when}: the sm_90 "
                     f"Gluon prefill kernel, {t}-token x 128-row tiles, int4 converted in registers{cast})")
         if m >= DEQUANT_MIN_M and x_kind != "none" and fp8_prefill.selected():
             return (f"{fp8_prefill.Fp8PrefillLaunch.name} (M >= {DEQUANT_MIN_M}, "

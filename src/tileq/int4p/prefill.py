@@ -195,11 +195,19 @@ W4A8_MAX_M = 256
 
 
 def _problem_reason(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, m: int, w_kind: str,
-                    tokens: int | None = None) -> str | None:
+                    tokens: int | None = None, fused: bool = False) -> str | None:
+    w4a8 = x_type in ("fp8", "bf8") and x_kind in ("vector", "scalar")
+    if fused and w4a8:  # (TILEQ_W4A8_PREFILL=fused: the fp8 kernel at every M it is given)
+        if x_type != "fp8":
+            return "the fused fp8 kernel takes e4m3 activations only (e5m2 not built yet)"
+        if w_kind != "group":
+            return "the fused fp8 kernel takes group scales only (per-channel builds spilled)"
+        if out_dtype not in _CT:
+            return "bf16/fp16 outputs only"
+        return "K a multiple of 16 (16-byte fp8 activation rows for TMA)" if k % 16 else None
     if w_kind == "group" and m >= GROUP_SCALE_MAX_M and not (tokens == 256 and m < GROUP_T256_MAX_M):
         return (f"with group scales, dequantize + cuBLAS from {GROUP_SCALE_MAX_M} tokens (measured faster; "
                 f"256-token tiles below {GROUP_T256_MAX_M} where their waves cost less)")
-    w4a8 = x_type in ("fp8", "bf8") and x_kind in ("vector", "scalar")
     if not w4a8 and (x_type not in ("bf16", "fp16") or x_kind != "none"):
         return ("bf16/fp16 activations without an activation scale (W4A16) or fp8 ones with a per-token "
                 "or per-tensor scale (W4A8) only")
@@ -220,12 +228,12 @@ def _version_reason() -> str | None:
 
 
 def unserved(m: int, k: int, x_type: str, x_kind: str, w_kind: str, out_dtype: torch.dtype,
-             device: torch.device, tokens: int | None = None) -> str | None:
+             device: torch.device, tokens: int | None = None, fused: bool = False) -> str | None:
     """Why the Gluon prefill kernel does not serve (or is not chosen for) a call with the plan's
-    token tile ``tokens``, or None."""
+    token tile ``tokens``, or None (``fused``: W4A8 on the fused fp8 kernel)."""
     from .._runtime import interpreter_active
 
-    why = _problem_reason(x_type, x_kind, out_dtype, k, m, w_kind, tokens)
+    why = _problem_reason(x_type, x_kind, out_dtype, k, m, w_kind, tokens, fused)
     if why is not None:
         return why
     if device.type != "cuda" or interpreter_active():
@@ -242,12 +250,13 @@ def unserved(m: int, k: int, x_type: str, x_kind: str, w_kind: str, out_dtype: t
     return why
 
 
-def unserved_on_sm90(m: int, k: int, x_type: str, w_kind: str, tokens: int | None = None) -> str | None:
+def unserved_on_sm90(m: int, k: int, x_type: str, w_kind: str, tokens: int | None = None,
+                     fused: bool = False) -> str | None:
     """``unserved`` for a described call (no tensors) on an sm_90 GPU with the default switch:
     activations of ``x_type`` without a scale, the output in their type."""
     out = torch.bfloat16 if x_type == "bf16" else torch.float16
     x_kind = "none" if x_type in ("bf16", "fp16") else "vector"
-    return _problem_reason(x_type, x_kind, out, k, m, w_kind, tokens) or _version_reason()
+    return _problem_reason(x_type, x_kind, out, k, m, w_kind, tokens, fused) or _version_reason()
 
 
 def _gl():
@@ -261,14 +270,15 @@ def _gl():
     return _GL
 
 
-def layouts(ct: str, tokens: int = TOKENS):
-    """Shared layouts of the words [128, 32] int32 and of the activation and output tiles
-    [tokens, 64] 16-bit, all with 128-byte rows, 128-byte swizzle."""
+def layouts(ct: str, tokens: int = TOKENS, out_ct: str | None = None):
+    """Shared layouts of the words [128, 32] int32 (128-byte rows, 128-byte swizzle) and of the
+    activation and output tiles [tokens, 64]: activations of ``ct`` (16-bit: 128-byte rows;
+    'fp8': 64-byte rows), the output of ``out_ct`` (16-bit; default ``ct``)."""
     gl = _gl()["gl"]
-    ty = gl.bfloat16 if ct == "bf16" else gl.float16
+    types = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp8": gl.float8e4nv}
     return (gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2),
-            gl.NVMMASharedLayout.get_default_for([tokens, 64], ty),
-            gl.NVMMASharedLayout.get_default_for([tokens, 64], ty))
+            gl.NVMMASharedLayout.get_default_for([tokens, 64], types[ct]),
+            gl.NVMMASharedLayout.get_default_for([tokens, 64], types[out_ct or ct]))
 
 
 def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bool, tokens: int = TOKENS,
@@ -284,6 +294,11 @@ def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bo
     if x_scale != "none" and tokens > TMA_STORE_MAX_TOKENS:
         # (the sm_90 build of a 256-token tile with token scales spilled 200 B)
         raise ValueError(f"token tile {tokens}: no activation scale above {TMA_STORE_MAX_TOKENS} tokens")
+    if ct == "fp8" and (tokens > TMA_STORE_MAX_TOKENS or x_scale == "none" or w_kind != "group"):
+        # (per-channel and per-tensor weight scales spilled 16-32 B on the sm_90 build)
+        raise ValueError(f"fp8 activations (W4A8 fused): group scales, token tiles of at most "
+                         f"{TMA_STORE_MAX_TOKENS} and an activation scale, not {w_kind} / {tokens} tokens / "
+                         f"x_scale {x_scale!r}")
     grouped = w_kind == "group"
     return dict(CT=ct, W_SCALE=w_kind, X_SCALE=x_scale, GROUP_K=group_k, HAS_BIAS=has_bias, TMA_STORE=tma_store,
                 SPLIT=split,
@@ -296,15 +311,17 @@ class GluonPrefillLaunch:
     """The prefill path for one call signature, called like ``launch.Int4pLaunch``."""
 
     def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback,
-                 tokens: int | None = None, split: int = 1, x_kind: str = "none", sx_stride: int = 0):
+                 tokens: int | None = None, split: int = 1, x_kind: str = "none", sx_stride: int = 0,
+                 fused: bool = False):
         from ..kernels import gemm_kernel
         from ..kernels.gluon.launch import _num_sms
 
         self.fallback = fallback  # for operands TMA cannot read (base pointers not 16-byte aligned)
         self.m, self.n, self.k, self.out_dtype, self.device = m, n, k, out_dtype, device
-        # fp8 activations (W4A8) are cast to bf16 (exact) before the kernel, their scale in its epilogue
-        self.cast_to = torch.bfloat16 if x_dtype in _FP8 else None
-        self.ct = _CT[self.cast_to or x_dtype]
+        # fp8 activations (W4A8) are cast to bf16 (exact) before the kernel, their scale in its
+        # epilogue; ``fused``: the kernel's fp8 build reads them as they are
+        self.cast_to = torch.bfloat16 if x_dtype in _FP8 and not fused else None
+        self.ct = "fp8" if x_dtype in _FP8 and fused else _CT[self.cast_to or x_dtype]
         self.tokens = tokens or tokens_for(m, n, _num_sms(device))
         self.split = split
         self.name = kernel_name(self.ct, w_kind, self.tokens, split)
@@ -340,7 +357,7 @@ class GluonPrefillLaunch:
             out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
         g = _gl()
         if self.layouts is None:
-            self.layouts = layouts(self.ct, self.tokens)
+            self.layouts = layouts(self.ct, self.tokens, _CT[self.out_dtype])
         w_l, x_l, c_l = self.layouts
         td = g["TensorDescriptor"]
         kw = wdata.shape[1]
@@ -370,16 +387,19 @@ def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS, split: int = 1) 
 
 
 def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True,
-                 tokens: int = TOKENS, split: int = 1, x_scale: str = "none"):
-    """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks."""
+                 tokens: int = TOKENS, split: int = 1, x_scale: str = "none", out_ct: str | None = None):
+    """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks. ``ct``
+    'fp8': e4m3 activations (W4A8 fused), the output ``out_ct`` (default bf16)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    w_l, x_l, c_l = layouts(ct, tokens)
-    sig = {"w_desc": f"tensordesc<i32[128, 32],{w_l!r}>", "x_desc": f"tensordesc<{ct}[{tokens}, 64],{x_l!r}>",
-           "c_desc": f"tensordesc<{ct}[{tokens}, 64],{c_l!r}>" if tma_store else "constexpr",
-           "c_ptr": f"*{ct}" if split == 1 else "*fp32", "sw_ptr": "*fp32",
+    out_ct = out_ct or ("bf16" if ct == "fp8" else ct)
+    w_l, x_l, c_l = layouts(ct, tokens, out_ct)
+    x_ty = "fp8e4nv" if ct == "fp8" else ct
+    sig = {"w_desc": f"tensordesc<i32[128, 32],{w_l!r}>", "x_desc": f"tensordesc<{x_ty}[{tokens}, 64],{x_l!r}>",
+           "c_desc": f"tensordesc<{out_ct}[{tokens}, 64],{c_l!r}>" if tma_store else "constexpr",
+           "c_ptr": f"*{out_ct}" if split == 1 else "*fp32", "sw_ptr": "*fp32",
            "bias_ptr": "*fp32" if has_bias else "constexpr", "sx_ptr": "*fp32" if x_scale != "none" else "constexpr"}
     for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n", "stride_sx"):
         sig[name] = "i32"

@@ -27,6 +27,15 @@ memory. A tile is 128 weight rows x BT tokens:
   stored transposed through shared memory by TMA, or with masked stores when C's rows are not
   16-byte aligned.
 
+CT = 'fp8' (W4A8 fused, ``_consumer_fp8``): fp8 activations (e4m3 or e5m2) stay fp8 in shared
+memory ([BT, 64] tiles, 64-byte rows) and the weight is converted to e4m3 (-8..7 are exact) in
+registers, straight into the A operand of an fp8 wgmma (m64nBTk32, kWidth 4): a consumer reads
+its words four at a time (c .. c + 3, one 16-byte shared load), and per 128-wide slice one
+inline-PTX call per quad makes the two 64-wide value slices (per 4 weights: 2 x (shift, LOP3
+with f16's magic exponent, packed subtraction, cvt to e4m3x2) and a pack). fp8 wgmma partial
+sums are promoted into the fp32 accumulator every 128 of K, times the rows' group scales in
+fp32 (exact: no 16-bit rounding of scaled weights); the activations' scale in the epilogue.
+
 K past the logical K: the words are padded with zeros (the format), TMA zero-fills the
 activations, so no masks are needed in the main loop.
 """
@@ -71,9 +80,35 @@ def _slice_asm(word: int, q: int, magic: int, ty: str, scaled: bool) -> str:
 _MAGIC = {"bf16": (0x4300, "bf16"), "fp16": (0x6400, "f16")}
 
 
+def _fp8_slice_asm(odd: int, q: int) -> str:
+    """A quad of words ($2 .. $5 = words c .. c + 3, c a multiple of 4) -> the e4m3 registers of
+    value slices q and q + 1 ($0, $1: four values each, k = c .. c + 3 of the slice). The even
+    words (c, c + 2) hold the block's first 256 of K, the odd ones (c + 1, c + 3) the rest
+    (layout.py): word c's nibbles q and 4 + q are k = c and c + 1, word c + 2's k = c + 2 and
+    c + 3. (w >> 4q) & 0x000F000F | 0x64006400 makes two f16 1024 + nibble, the packed
+    subtraction of 1032 leaves the values, cvt packs them as e4m3 (exact), the lower half in the
+    lower byte; the two 16-bit halves make one register, k = c in its lowest byte."""
+    wa, wb = (f"${2 + odd}", f"${4 + odd}")
+    lines = ["{", ".reg .b32 t0, t1, m;", ".reg .b16 h0, h1;", "mov.b32 m, 0x64086408;"]
+    for out, qq in ((0, q), (1, q + 1)):
+        for t, src in ((0, wa), (1, wb)):
+            if qq:
+                lines.append(f"shr.u32 t{t}, {src}, {4 * qq};")
+            else:
+                lines.append(f"mov.b32 t{t}, {src};")
+            lines.append(f"lop3.b32 t{t}, t{t}, 0x000F000F, 0x64006400, 0xea;")
+            lines.append(f"sub.f16x2 t{t}, t{t}, m;")
+            lines.append(f"cvt.rn.satfinite.e4m3x2.f16x2 h{t}, t{t};")
+        lines.append(f"mov.b32 ${out}, {{h0, h1}};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
 def asm_for(ct: str, i: int, scaled: bool):
     """Slice i of a 512 block (k in [128 i, 128 i + 128)) = value slices 2i, 2i + 1: i = 0, 1 from
     the even word's nibbles (q = 0, 2), i = 2, 3 from the odd word's (layout.py)."""
+    if ct == "fp8":
+        return _fp8_slice_asm(i // 2, 2 * (i % 2))
     magic, ty = _MAGIC[ct]
     return _slice_asm(i // 2, 2 * (i % 2), magic, ty, scaled)
 
@@ -150,6 +185,47 @@ def _producer(w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty
                 tma.async_copy_global_to_shared(x_desc, [off_t, b * 512 + 64 * j], x_ready.index(s),
                                                 x_bufs.index(s))
                 xi += 1
+
+
+@gluon.jit
+def _epilogue(acc, rows, row_ok, off_t, off_w, ks, c_bufs, c_desc, c_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, ldc,
+              stride_sw_n, stride_sx, cols_l: gl.constexpr, HALF: gl.constexpr, W_SCALE: gl.constexpr,
+              X_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr,
+              SPLIT: gl.constexpr):
+    """A consumer's tile: acc [64 weight rows, BT tokens] -> * token scale -> * weight scale
+    (per-channel or per-tensor; group scales were applied in the main loop) -> + bias -> cast ->
+    stored transposed (C is [M, N]); split over K, an fp32 partial."""
+    y = acc
+    if X_SCALE == "vector":  # (W4A8: the activations' per-token scales; split over K, each partial)
+        toks_s = off_t + gl.arange(0, BT, layout=cols_l)
+        y = y * gl.load(sx_ptr + toks_s * stride_sx, mask=toks_s < M, other=0.0)[None, :]
+    elif X_SCALE == "scalar":
+        y = y * gl.load(sx_ptr)
+    if W_SCALE == "vector":
+        y = y * gl.load(sw_ptr + rows * stride_sw_n, mask=row_ok, other=0.0)[:, None]
+    elif W_SCALE == "scalar":
+        y = y * gl.load(sw_ptr)
+    if HAS_BIAS:
+        # (with SPLIT > 1 the first K range's partial carries it)
+        y = y + gl.load(bias_ptr + rows, mask=row_ok & (ks == 0), other=0.0)[:, None]
+    out = y.to(c_ptr.dtype.element_ty)
+    if SPLIT > 1:
+        # An fp32 partial into slab ks of the [SPLIT, M, N] workspace (c_ptr), summed in order
+        # by gemm_kernel._splitk_reduce_kernel; an empty K range writes its zeros (and bias).
+        toks = off_t + gl.arange(0, BT, layout=cols_l)
+        c_ptrs = c_ptr + ks.to(gl.int64) * M * N + toks.to(gl.int64)[None, :] * N + rows[:, None]
+        gl.store(c_ptrs, y, mask=row_ok[:, None] & (toks < M)[None, :])
+    elif TMA_STORE:
+        c_smem = c_bufs.index(HALF)
+        tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
+        c_smem.store(gl.permute(out, (1, 0)))  # [BT, 64]: C's orientation
+        fence_async_shared()
+        if off_w < N:  # (the second consumer's rows may lie wholly past N)
+            tma.async_copy_shared_to_global(c_desc, [off_t, off_w], c_smem)
+    else:
+        toks = off_t + gl.arange(0, BT, layout=cols_l)
+        c_ptrs = c_ptr + toks.to(gl.int64)[None, :] * ldc + rows[:, None]
+        gl.store(c_ptrs, out, mask=row_ok[:, None] & (toks < M)[None, :])
 
 
 @gluon.jit
@@ -242,39 +318,116 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
                 mbarrier.arrive(x_empty.index(s0), count=1)
                 mbarrier.arrive(x_empty.index(s1), count=1)
                 xi += 2
+        _epilogue(acc, rows, row_ok, off_t, off_w, ks, c_bufs, c_desc, c_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, ldc,
+                  stride_sw_n, stride_sx, cols_l, HALF, W_SCALE, X_SCALE, HAS_BIAS, TMA_STORE, BT, SPLIT)
+    if TMA_STORE:
+        tma.store_wait(pendings=0)
 
-        # ---- epilogue: acc [weight rows, tokens] -> * token scale -> * weight scale -> + bias -> cast ----
-        y = acc
-        if X_SCALE == "vector":  # (W4A8: the activations' per-token scales; split over K, each partial)
-            toks_s = off_t + gl.arange(0, BT, layout=cols_l)
-            y = y * gl.load(sx_ptr + toks_s * stride_sx, mask=toks_s < M, other=0.0)[None, :]
-        elif X_SCALE == "scalar":
-            y = y * gl.load(sx_ptr)
-        if W_SCALE == "vector":
-            y = y * gl.load(sw_ptr + rows * stride_sw_n, mask=row_ok, other=0.0)[:, None]
-        elif W_SCALE == "scalar":
-            y = y * gl.load(sw_ptr)
-        if HAS_BIAS:
-            # (with SPLIT > 1 the first K range's partial carries it)
-            y = y + gl.load(bias_ptr + rows, mask=row_ok & (ks == 0), other=0.0)[:, None]
-        out = y.to(c_ptr.dtype.element_ty)
-        if SPLIT > 1:
-            # An fp32 partial into slab ks of the [SPLIT, M, N] workspace (c_ptr), summed in order
-            # by gemm_kernel._splitk_reduce_kernel; an empty K range writes its zeros (and bias).
-            toks = off_t + gl.arange(0, BT, layout=cols_l)
-            c_ptrs = c_ptr + ks.to(gl.int64) * M * N + toks.to(gl.int64)[None, :] * N + rows[:, None]
-            gl.store(c_ptrs, y, mask=row_ok[:, None] & (toks < M)[None, :])
-        elif TMA_STORE:
-            c_smem = c_bufs.index(HALF)
-            tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
-            c_smem.store(gl.permute(out, (1, 0)))  # [BT, 64]: C's orientation
-            fence_async_shared()
-            if off_w < N:  # (the second consumer's rows may lie wholly past N)
-                tma.async_copy_shared_to_global(c_desc, [off_t, off_w], c_smem)
-        else:
-            toks = off_t + gl.arange(0, BT, layout=cols_l)
-            c_ptrs = c_ptr + toks.to(gl.int64)[None, :] * ldc + rows[:, None]
-            gl.store(c_ptrs, out, mask=row_ok[:, None] & (toks < M)[None, :])
+
+@gluon.jit
+def _operands_fp8(w, ASM: gl.constexpr, dot: gl.constexpr):
+    """The two [64, 64] e4m3 A operands (value slices k in [0, 64) and [64, 128)) of one 128-wide
+    slice from the consumer's [64, 64] words, a quad of words per call: the words' layout is the
+    [64, 64] fp8 dot-operand layout itself (kWidth 4), so nothing moves (``assert_trivial``)."""
+    lo, hi = gl.inline_asm_elementwise(ASM, "=r,=r,r,r,r,r", [w], dtype=(gl.float8e4nv, gl.float8e4nv),
+                                       is_pure=True, pack=4)
+    return (gl.convert_layout(lo, dot, assert_trivial=True),
+            gl.convert_layout(hi, dot, assert_trivial=True))
+
+
+@gluon.jit
+def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
+                  bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx,
+                  HALF: gl.constexpr, W_SCALE: gl.constexpr, X_SCALE: gl.constexpr, GROUP_K: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr,
+                  GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
+                  ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr,
+                  SPLIT: gl.constexpr):
+    """``_consumer`` for fp8 activations (W4A8 fused): e4m3 weights in registers, fp8 wgmma
+    partial sums promoted into fp32 every 128 of K (times the group scales)."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BT, 32])
+    dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    # The words [64 rows, 64 words] in the A operand's layout of a [64, 64] fp8 wgmma (sm_90, 4
+    # warps, kWidth 4): words c .. c + 3 (c a multiple of 4) in consecutive registers of a
+    # thread, so the conversion's outputs (four e4m3 of k = c .. c + 3 per register) are operands.
+    words_l: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [8, 0], [0, 16], [0, 32]],
+        lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
+    # words_l less c's bit 5: one of the two 32-word halves of a block.
+    half_l: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [8, 0], [0, 16]],
+        lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 32])
+    rows_l: gl.constexpr = gl.SliceLayout(1, mma)
+    cols_l: gl.constexpr = gl.SliceLayout(0, mma)
+    GROUPED: gl.constexpr = W_SCALE == "group"
+    num_pid_m = gl.cdiv(M, BT)
+    num_pid_n = gl.cdiv(N, BLOCK_W)
+    num_items = num_pid_m * num_pid_n * SPLIT
+    k_blocks = gl.cdiv(K, 512)
+    wi = 0
+    xi = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, GROUP_M, SPLIT)
+        off_t = pid_m * BT
+        off_w = pid_n * BLOCK_W + HALF * HALF_W
+        rows = off_w + gl.arange(0, HALF_W, layout=rows_l)
+        row_ok = rows < N
+        acc = gl.zeros((HALF_W, BT), gl.float32, mma)
+        for b in range(kb0, kb1):
+            s = wi % WS
+            mbarrier.wait(w_ready.index(s), (wi // WS) & 1)
+            for i in gl.static_range(SLICES):
+                # The words, reloaded from shared memory for each slice (only its two words of a
+                # quad stay live): 32 registers held through the block's four slices spilled.
+                lo = w_bufs.index(2 * s).slice(HALF * HALF_W, HALF_W, dim=0).load(half_l)
+                hi = w_bufs.index(2 * s + 1).slice(HALF * HALF_W, HALF_W, dim=0).load(half_l)
+                w = gl.reshape(gl.permute(gl.join(lo, hi), (0, 2, 1)), (HALF_W, 64))
+                w = gl.convert_layout(w, words_l, assert_trivial=True)
+                if i == 0:
+                    a0, a1 = _operands_fp8(w, ASM0, dot)
+                elif i == 1:
+                    a0, a1 = _operands_fp8(w, ASM1, dot)
+                elif i == 2:
+                    a0, a1 = _operands_fp8(w, ASM2, dot)
+                else:
+                    a0, a1 = _operands_fp8(w, ASM3, dot)
+                s0 = xi % XS
+                s1 = (xi + 1) % XS
+                mbarrier.wait(x_ready.index(s0), (xi // XS) & 1)
+                mbarrier.wait(x_ready.index(s1), ((xi + 1) // XS) & 1)
+                x0 = x_bufs.index(s0).permute((1, 0))  # [64, BT] views of the K-major [BT, 64]
+                x1 = x_bufs.index(s1).permute((1, 0))
+                # This slice's sum alone (use_acc=False first), in the fp8 wgmma's reduced
+                # precision over 128 of K at most, then promoted.
+                part = warpgroup_mma(a0, x0, gl.zeros((HALF_W, BT), gl.float32, mma), use_acc=False,
+                                     is_async=True)
+                part = warpgroup_mma(a1, x1, part, use_acc=True, is_async=True)
+                if GROUPED:  # (the slice's row scales, loaded while its wgmma runs)
+                    k1 = b * 512 + 128 * i
+                    sw = gl.load(sw_ptr + (k1 // GROUP_K) * stride_sw_g + rows * stride_sw_n,
+                                 mask=row_ok & (k1 < K), other=0.0)
+                part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+                mbarrier.arrive(x_empty.index(s0), count=1)
+                mbarrier.arrive(x_empty.index(s1), count=1)
+                xi += 2
+                if i == SLICES - 1:
+                    mbarrier.arrive(w_empty.index(s), count=1)  # the block's words are used
+                    wi += 1
+                # Promotion on the CUDA cores, while the other consumer's wgmma runs: one FFMA
+                # per element as inline PTX (times 1.0 without group scales). Written as acc +=
+                # part * sw or acc += part, ptxas ran short of registers, serialized every
+                # wgmma and spilled 424-568 B with group scales, 16-96 B without (sm_90 build).
+                if GROUPED:
+                    swb = gl.expand_dims(sw, 1).broadcast_to([HALF_W, BT])
+                else:
+                    swb = gl.full([HALF_W, BT], 1.0, gl.float32, mma)
+                acc = gl.inline_asm_elementwise("fma.rn.f32 $0, $1, $2, $3;", "=r,r,r,r", [part, swb, acc],
+                                                dtype=gl.float32, is_pure=True, pack=1)
+        _epilogue(acc, rows, row_ok, off_t, off_w, ks, c_bufs, c_desc, c_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, ldc,
+                  stride_sw_n, stride_sx, cols_l, HALF, W_SCALE, X_SCALE, HAS_BIAS, TMA_STORE, BT, SPLIT)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
@@ -308,15 +461,29 @@ def _i4p_prefill_kernel(
         mbarrier.init(x_empty.index(i), count=2)
     fence_async_shared()
 
-    gl.warp_specialize([
-        (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
-                     bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 0, CT, W_SCALE,
-                     X_SCALE, GROUP_K,
-                     HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3, SPLIT)),
-        (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
-                     bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 1, CT, W_SCALE,
-                     X_SCALE, GROUP_K,
-                     HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3, SPLIT)),
-        (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, BT,
-                     GROUP_M, WS, XS, SPLIT)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if CT == "fp8":
+        gl.warp_specialize([
+            (_consumer_fp8, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
+                             bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 0, W_SCALE,
+                             X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3,
+                             SPLIT)),
+            (_consumer_fp8, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
+                             bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 1, W_SCALE,
+                             X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3,
+                             SPLIT)),
+            (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, BT,
+                         GROUP_M, WS, XS, SPLIT)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
+                         bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 0, CT, W_SCALE,
+                         X_SCALE, GROUP_K,
+                         HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3, SPLIT)),
+            (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
+                         bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 1, CT, W_SCALE,
+                         X_SCALE, GROUP_K,
+                         HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3, SPLIT)),
+            (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, BT,
+                         GROUP_M, WS, XS, SPLIT)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
