@@ -139,7 +139,10 @@ def test_w4a8_decode_casts_activations_on_large_weights(xt, monkeypatch):
     assert "cast" not in describe_prepacked(cap, 4096, 4096, xt)
     for m in (cap + 1, 32):  # M the decode kernel takes above the cap (from 33 the Gluon kernel here)
         assert f"cast to bf16 first: M > {cap}" in describe_prepacked(m, 4096, 4096, xt)
-    assert describe_prepacked(100, 4096, 4096, xt).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
+    # (from 33 tokens the Gluon kernel: e4m3 with group scales on its fp8 build, e5m2 cast to bf16)
+    fused = xt == torch.float8_e4m3fn
+    assert describe_prepacked(100, 4096, 4096, xt).startswith(
+        f"bquant_{'fp8' if fused else 'bf16'}xi4p_rcr_prefill__gluon_")
     assert "cast" not in describe_prepacked(1, big_n, big_k)  # bf16 activations: nothing to cast
     cfg = Int4pConfig(16, 1, 2)
     assert "cast" not in describe_prepacked(1, big_n, big_k, xt, config=cfg)  # a given config: as called
@@ -626,7 +629,9 @@ def test_prefill_path_choice(monkeypatch):
     assert describe_prepacked(512, 5120, 5120).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
     assert describe_prepacked(512, 5120, 5120, torch.float16).startswith("bquant_fp16xi4p_rcr_prefill__gluon_")
     w4a8 = describe_prepacked(200, 5120, 5120, torch.float8_e4m3fn)
-    assert w4a8.startswith("bquant_bf16xi4p_rcr_prefill__gluon_") and "fp8 activations cast to bf16 first" in w4a8
+    assert w4a8.startswith("bquant_fp8xi4p_rcr_prefill__gluon_") and "its fp8 build" in w4a8
+    w4a8 = describe_prepacked(200, 5120, 5120, torch.float8_e4m3fn, w_scale="vector")
+    assert w4a8.startswith("rowcol_bf16xi4p_rcr_prefill__gluon_") and "fp8 activations cast to bf16 first" in w4a8
     big8 = prefill.W4A8_MAX_M
     assert describe_prepacked(big8, 5120, 5120, torch.float8_e4m3fn, w_scale="vector").startswith("dequant-fp8+tileq")
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", "bf16")
@@ -695,8 +700,10 @@ def test_prefill_kernel_below_dequant_min_m():
     text = describe_prepacked(64, 5120, 17408)
     assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk3_ws2x64_sm90"), text
     assert "40 tiles of 64 tokens" in text and "split over K 3 ways" in text
-    # W4A8 follows the same choice, its activations cast to bf16
-    assert describe_prepacked(48, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
+    # W4A8 follows the same choice: with group scales the kernel's fp8 build (fused_for), else its
+    # activations cast to bf16
+    assert describe_prepacked(48, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_fp8xi4p_rcr_prefill__gluon_")
+    assert describe_prepacked(48, 34816, 5120, torch.float8_e5m2).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
     assert describe_prepacked(32, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_bf16xi4p_rcr_decode__")
     assert describe_prepacked(16, 34816, 5120).startswith("bquant_bf16xi4p_rcr_decode__")
 
@@ -873,19 +880,26 @@ def test_sm90_fused_w4a8_build(bias, tma_store, tokens, split, x_scale):
         prefill.constexprs("fp8", "vector", 128, False, True, 128, 1, "vector")
 
 
-def test_w4a8_fused_mode_is_opt_in(monkeypatch):
-    """TILEQ_W4A8_PREFILL=fused routes W4A8 with group scales to the fused fp8 kernel wherever the
-    Gluon prefill plan gives the call (an sm_90 GPU; described here), from 256 tokens too; per-channel
-    scales keep the fp8 GEMM; unset, nothing changes; a wrong value is an error."""
+def test_w4a8_fused_build_routing(monkeypatch):
+    """W4A8 with group scales and e4m3 activations takes the Gluon kernel's fp8 build below
+    W4A8_MAX_M where the plan gives it the call (fused_for); TILEQ_W4A8_PREFILL=fused at every M
+    (the fp8 GEMM's calls too), per-channel scales keep their paths; 'bf16' never; a wrong value
+    is an error."""
     from tileq.int4p import fp8_prefill
 
     f8 = torch.float8_e4m3fn
     assert fp8_prefill.mode() == "fp8"
+    assert fp8_prefill.fused_for(255, "fp8", "group") and not fp8_prefill.fused_for(256, "fp8", "group")
+    assert not fp8_prefill.fused_for(100, "bf8", "group") and not fp8_prefill.fused_for(100, "fp8", "vector")
+    assert describe_prepacked(200, 5120, 5120, f8).startswith("bquant_fp8xi4p_rcr_prefill__gluon_")
     assert describe_prepacked(1024, 5120, 5120, f8).startswith("dequant-fp8+tileq")
+    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "bf16")
+    assert not fp8_prefill.fused_for(100, "fp8", "group")
+    assert describe_prepacked(200, 5120, 5120, f8).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fused")
     text = describe_prepacked(1024, 5120, 5120, f8)
     assert text.startswith("bquant_fp8xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90"), text
-    assert "TILEQ_W4A8_PREFILL=fused" in text
+    assert "its fp8 build" in text
     assert describe_prepacked(48, 5120, 17408, f8).startswith("bquant_fp8xi4p_rcr_prefill__gluon_w128t64k512_sk3")
     chan = describe_prepacked(1024, 5120, 5120, f8, w_scale="vector")
     assert chan.startswith("dequant-fp8+tileq") and "group scales only" in chan
@@ -1145,14 +1159,16 @@ def test_gpu_narrow_weights_take_the_split(m, prefill_launches):
     (200, 4001, 2560, torch.float8_e4m3fn, "scalar", "scalar"),  # per-tensor scales, masked stores
     (48, 34816, 1024, torch.float8_e4m3fn, "vector", "group")])  # the unsplit 64-token tiling (prefers)
 def test_gpu_w4a8_takes_the_prefill_kernel(m, n, k, xt, x_kind, w_kind, prefill_launches):
-    """W4A8 from 33 tokens to W4A8_MAX_M - 1: linear_prepacked runs the Gluon kernel on the
-    activations cast to bf16, the token scales and a bias in its epilogue (one launch of it,
-    describe says so), and matches the reference; a second call gives the same bits."""
+    """W4A8 from 33 tokens to W4A8_MAX_M - 1: linear_prepacked runs the Gluon kernel, its fp8 build
+    for e4m3 with group scales (fp8_prefill.fused_for), else on the activations cast to bf16, the
+    token scales and a bias in its epilogue (one launch of it, describe says which), and matches
+    the reference; a second call gives the same bits."""
     from tileq.int4p import prefill
 
     assert prefill.MIN_M <= m < prefill.W4A8_MAX_M
-    assert "activations cast to bf16 first" in describe_prepacked(m, n, k, xt, w_scale=w_kind,
-                                                                   device=torch.device("cuda"))
+    text = describe_prepacked(m, n, k, xt, w_scale=w_kind, device=torch.device("cuda"))
+    fused = xt == torch.float8_e4m3fn and w_kind == "group"
+    assert ("its fp8 build" if fused else "activations cast to bf16 first") in text, text
     torch.manual_seed(m + n)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
     w = prepack_int4(v).to("cuda")
@@ -1362,7 +1378,7 @@ def test_gpu_w4a8_fused_kernel(m, n, k, bias, prefill_launches, monkeypatch):
     kernel's fp8 build) matches the reference on the unpacked weight: split over K at 40 tokens, a
     K tail, masked stores (N = 4001), the bias; a second call gives the same bits."""
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fused")
-    assert "fused" in describe_prepacked(m, n, k, torch.float8_e4m3fn, device=torch.device("cuda"))
+    assert "its fp8 build" in describe_prepacked(m, n, k, torch.float8_e4m3fn, device=torch.device("cuda"))
     torch.manual_seed(m + n)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
     w = prepack_int4(v).to("cuda")

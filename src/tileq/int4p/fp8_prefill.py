@@ -33,9 +33,9 @@ import torch
 from .dequant import dequantize_prepacked
 
 PREFILL_ENV = "TILEQ_W4A8_PREFILL"  # 'fp8' (default): this path from DEQUANT_MIN_M tokens; 'bf16': dequant
-# 'fused' (opt-in, not yet timed on a GPU): with group scales, the Gluon int4 prefill kernel on the
-# fp8 activations themselves (the weight converted to e4m3 in registers, fp8 wgmma) wherever it
-# serves the call (``prefill.unserved``), this path elsewhere.
+# 'fused': the fused fp8 build of the Gluon int4 prefill kernel (the fp8 activations as they are,
+# the weight converted to e4m3 in registers, fp8 wgmma) at every M where the Gluon plan gives it
+# the call (a benchmarking switch: by default it runs below W4A8_MAX_M only, ``fused_for``).
 PREFILL_MODES = ("fp8", "bf16", "fused")
 
 
@@ -47,6 +47,24 @@ def mode() -> str:
         raise ValueError(f"{PREFILL_ENV}={value!r}: expected 'fp8' (fp8 GEMM), 'bf16' (dequantize + bf16 "
                          f"cuBLAS) or 'fused' (the fused fp8 kernel, group scales, sm_90)")
     return value
+
+
+def fused_for(m: int, x_type: str, w_kind: str) -> bool:
+    """Whether a W4A8 call of ``m`` tokens runs the fused fp8 build of the Gluon prefill kernel
+    where that kernel takes it: by default (TILEQ_W4A8_PREFILL unset or 'fp8') e4m3 activations
+    with group scales below ``prefill.W4A8_MAX_M`` tokens (instead of the activations cast to
+    bf16 for its bf16 build); with 'fused' at every M (where it does not serve: the other paths,
+    and ``prefill.unserved`` says why); never with 'bf16'. H200, 18 weights, every path in one run
+    (bench/results/h200/int4/w4a8-fused/): against the bf16 build on the cast activations, 1.13x
+    / 1.23x faster at 48 / 128 tokens (medians; faster on all 18 weights), and against the fp8
+    GEMM at 256 tokens 1.07x but slower on 4 of 18 (down to 0.88x), at 512 0.84x (slower on all):
+    conversion-bound at 0.51-0.53x fp8 rowcol's speed from 256 tokens."""
+    from .prefill import W4A8_MAX_M
+
+    value = mode()
+    if value == "fused":
+        return True
+    return value == "fp8" and x_type == "fp8" and w_kind == "group" and m < W4A8_MAX_M
 
 
 def selected() -> bool:

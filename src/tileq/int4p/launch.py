@@ -428,7 +428,7 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
         # (read for every W4A8 prefill call, so that a wrong value is an error wherever the call goes)
         w4a8_mode = fp8_prefill.mode() if x_kind != "none" and m >= prefill.MIN_M else None
         fp8_values = dequant and x_kind != "none" and w4a8_mode != "bf16"
-        fused = w4a8_mode == "fused"
+        fused = w4a8_mode is not None and fp8_prefill.fused_for(m, x_type, w_kind)
         # (the key holds what unserved() reads: the device, the interpreter, TILEQ_GLUON)
         served = (dequant or small_prefill) and prefill.unserved(
             m, k, x_type, x_kind, w_kind, out_dtype, x.device, gluon_plan[0] if gluon_plan else None,
@@ -467,7 +467,7 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
     if config is None and (m >= DEQUANT_MIN_M or gluon_plan is not None):
         out = x_dtype if x_type in ("bf16", "fp16") else torch.bfloat16
         tokens = gluon_plan[0] if gluon_plan else None
-        fused = x_kind != "none" and fp8_prefill.mode() == "fused"
+        fused = x_kind != "none" and fp8_prefill.fused_for(m, x_type, w_scale)
         why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device, tokens, fused)
                if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale, tokens, fused))
         if why is None:
@@ -485,8 +485,8 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
                 when = f"M >= {prefill.MIN_M} with {prefill.tiles(m, n, 64)} tiles of 64 tokens for {sms} SMs"
             cast = ""
             if fused:
-                cast = (f"; {fp8_prefill.PREFILL_ENV}=fused: the fp8 activations as they are, the weight "
-                        f"converted to e4m3, fp8 wgmma promoted every 128 of K, their scale in the epilogue")
+                cast = ("; its fp8 build: the fp8 activations as they are, the weight converted to e4m3, fp8 "
+                        "wgmma promoted every 128 of K, their scale in the epilogue")
             elif x_kind != "none":
                 cast = f"; {x_type} activations cast to bf16 first, their scale in the epilogue"
             ct_name = "fp8" if fused else ("bf16" if cast else x_type)
