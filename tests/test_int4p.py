@@ -856,7 +856,7 @@ def _fused_build(bias, tma_store, tokens, split, x_scale):
     (False, True, 128, 1, "vector"), (True, False, 128, 1, "vector"), (False, False, 128, 3, "vector"),
     (True, True, 64, 1, "scalar")])
 def test_sm90_fused_w4a8_build(bias, tma_store, tokens, split, x_scale):
-    """The fused W4A8 build (TILEQ_W4A8_PREFILL=fused; not yet run on a GPU) compiled for sm_90 on
+    """The fused W4A8 build (W4A8 below 256 tokens with group scales) compiled for sm_90 on
     the CPU: per consumer and 512 of K, 16 fp8 wgmmas m64n{BT}k32 with the e4m3 weights as
     register operands (the conversions to the dot-operand layout are renamings), 128 packed
     subtractions and 128 cvt to e4m3x2 per consumer and block, one wait per 128-wide slice, no

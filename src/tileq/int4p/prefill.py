@@ -4,9 +4,10 @@
 call (``unserved`` says why not), and the dequantize + cuBLAS path (``dequant.py``) otherwise:
 W4A16 (bf16 or fp16 activations without an activation scale), a 16-bit output, sm_90 compiled
 (not interpreted) with a Triton version the Gluon kernels were tested with, activations whose
-rows are 16-byte aligned, ``TILEQ_GLUON`` not 0. fp8 activations (W4A8) take a dequantize path
-(``fp8_prefill.py``, or ``dequant.py`` with ``TILEQ_W4A8_PREFILL=bf16``): this kernel's B operand
-comes from shared memory as TMA wrote it, with no room to convert.
+rows are 16-byte aligned, ``TILEQ_GLUON`` not 0. fp8 activations (W4A8) with a per-token or
+per-tensor scale run it below ``W4A8_MAX_M`` tokens (its fp8 build with group scales and e4m3,
+else cast to bf16) and the fp8 GEMM on the values from there (``fp8_prefill.py``, or
+``dequant.py`` with ``TILEQ_W4A8_PREFILL=bf16``).
 From ``MIN_M`` tokens below ``DEQUANT_MIN_M`` it takes the calls ``plan`` gives it (split over K
 on narrow weights, unsplit where the tiles fill the SMs); the decode kernel takes the others.
 """
@@ -183,14 +184,16 @@ _GL = {}
 _KERNEL = TableKernel(_GL, "kernel", __name__)  # the kernel, once _gl() has imported it
 
 
-# W4A8 (fp8 activations with a per-token or per-tensor scale) runs this kernel with the activations
-# cast to bf16 below W4A8_MAX_M tokens, where the plan gives it the call; from there the fp8 GEMM
-# on the int4 values (``fp8_prefill.py``). H200, 18 weights, every path in one run
-# (bench/results/h200/int4/w4a8-gluon/): against the decode kernel on the cast activations it took
-# 0.75x the time at M = 48 and 0.60x at 128 (medians). Since the fp8 GEMM runs bquant with
-# one-column groups swapped (bench/results/h200/int4/w4a8-swapped/), it took 0.92x this kernel's
-# time at M = 256 with group scales (0.71-1.00x), 0.64x at 512; per-channel 0.95x at 256
-# (0.75-1.11x): from 256 tokens for every weight scale kind (was 512 with group scales).
+# W4A8 (fp8 activations with a per-token or per-tensor scale) runs this kernel below W4A8_MAX_M
+# tokens, where the plan gives it the call: with group scales and e4m3 activations its fp8 build
+# (``fp8_prefill.fused_for``), else on the activations cast to bf16; from there the fp8 GEMM on
+# the int4 values (``fp8_prefill.py``). H200, 18 weights, every path in one run
+# (bench/results/h200/int4/w4a8-gluon/): the cast path took 0.75x the decode kernel's time at
+# M = 48 and 0.60x at 128 (medians). Since the fp8 GEMM runs bquant with one-column groups
+# swapped (bench/results/h200/int4/w4a8-swapped/), it took 0.92x this kernel's time at M = 256
+# with group scales (0.71-1.00x), 0.64x at 512; per-channel 0.95x at 256 (0.75-1.11x): from 256
+# tokens for every weight scale kind (was 512 with group scales). The fp8 build against the fp8
+# GEMM at 256: 1.07x, slower on 4 of 18 weights (bench/results/h200/int4/w4a8-fused/).
 W4A8_MAX_M = 256
 
 

@@ -2,8 +2,9 @@
 
 C[M, N] = epilogue(X[M, K] @ W[N, K]^T) for 16-bit activations X and an int4 weight W with group
 (a multiple of 128 along K), per-channel or per-tensor scales; W4A8 calls come with their fp8
-activations cast to bf16 (exact) and their per-token or per-tensor scale (X_SCALE), applied first
-in the epilogue. It computes the transposed product
+activations cast to bf16 (exact), or as they are for the fp8 build (CT 'fp8', below), and their
+per-token or per-tensor scale (X_SCALE), applied first in the epilogue. It computes the
+transposed product
 C^T = W X^T tile by tile (swap-AB, as the decode kernel ``kernel.py`` does): the weight is the
 wgmma's A operand, converted from int4 in registers, the activations the B operand from shared
 memory. A tile is 128 weight rows x BT tokens:
