@@ -800,7 +800,8 @@ def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="no
                     "i4p-prefill")
     sass = r["sass"]
     r["ops"] = {o: len(re.findall(r"\b" + o + r"\b", sass)) for o in
-                ("HGMMA", "LDS", "STS", "LDL", "STL", "HMUL2", "HADD2", "PRMT", "SHFL", "UTMALDG", "UTMASTG")}
+                ("HGMMA", "QGMMA", "F2FP", "LDS", "STS", "LDL", "STL", "HMUL2", "HADD2", "PRMT", "SHFL", "UTMALDG",
+                 "UTMASTG")}
     r["ops"]["DEPBAR"] = sass.count("WARPGROUP.DEPBAR")
     return r
 
@@ -841,17 +842,6 @@ def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale)
     assert r["shared"] <= 232448
 
 
-def _fused_build(bias, tma_store, tokens, split, x_scale):
-    r = _sm90_build("from tileq.int4p.prefill import compile_sm90\n"
-                    f"k = compile_sm90('fp8', 'group', 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r})",
-                    "i4p-fused")
-    sass = r["sass"]
-    r["ops"] = {o: len(re.findall(r"\b" + o + r"\b", sass)) for o in
-                ("QGMMA", "HGMMA", "F2FP", "LDS", "STS", "LDL", "STL", "HADD2", "SHFL", "UTMALDG", "UTMASTG")}
-    r["ops"]["DEPBAR"] = sass.count("WARPGROUP.DEPBAR")
-    return r
-
-
 @pytest.mark.parametrize("bias,tma_store,tokens,split,x_scale", [
     (False, True, 128, 1, "vector"), (True, False, 128, 1, "vector"), (False, False, 128, 3, "vector"),
     (True, True, 64, 1, "scalar")])
@@ -861,7 +851,7 @@ def test_sm90_fused_w4a8_build(bias, tma_store, tokens, split, x_scale):
     register operands (the conversions to the dot-operand layout are renamings), 128 packed
     subtractions and 128 cvt to e4m3x2 per consumer and block, one wait per 128-wide slice, no
     spills; per-channel scales are refused (their build spilled)."""
-    r = _fused_build(bias, tma_store, tokens, split, x_scale)
+    r = _prefill_build("fp8", "group", bias, tma_store, tokens, split, x_scale)
     ops = r["ops"]
     assert ops["QGMMA"] == 2 * 16 and ops["HGMMA"] == 0, ops
     conversions = [ln for ln in r["ttgir"].splitlines() if "ttg.convert_layout" in ln]

@@ -58,6 +58,28 @@ BLOCK_W = gl.constexpr(128)  # weight rows per tile (two consumers)
 SLICES = gl.constexpr(4)  # 128-wide K slices per 512-wide block (one wgmma chain each)
 
 
+def _words_layout(pairs: bool, cols: int):
+    """A consumer's words [64 rows, cols] (cols 64: a 512-wide K block; 32: one of its halves) in
+    the A operand's register layout of a [64, 64] wgmma on sm_90 with 4 warps, as a linear layout:
+    ``pairs`` (16-bit build, kWidth 2) word pairs (c, c + 1) in consecutive registers of a thread,
+    else (fp8 build, kWidth 4) quads c .. c + 3; so the conversion's outputs (element c = k) are
+    the operands themselves."""
+    if pairs:
+        regs, lanes = [[0, 1], [8, 0], [0, 8], [0, 16], [0, 32]], [[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]]
+    else:
+        regs, lanes = [[0, 1], [0, 2], [8, 0], [0, 16], [0, 32]], [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]]
+    if cols == 32:
+        regs = regs[:-1]  # (less c's bit 5)
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=[[16, 0], [32, 0]],
+                                      block_bases=[], shape=[64, cols])
+
+
+WORDS_16 = gl.constexpr(_words_layout(True, 64))
+HALF_16 = gl.constexpr(_words_layout(True, 32))
+WORDS_8 = gl.constexpr(_words_layout(False, 64))
+HALF_8 = gl.constexpr(_words_layout(False, 32))
+
+
 def _slice_asm(word: int, q: int, magic: int, ty: str, scaled: bool) -> str:
     """One word of a pair ($2 = word c, $3 = word c + 1) -> the registers of value slices q and
     q + 1 ($0, $1): (w >> 4q) & 0x000F000F | magic puts nibbles k and k + 1 into the two halves
@@ -153,13 +175,19 @@ def _item(item, num_pid_m, num_pid_n, k_blocks, GROUP_M: gl.constexpr, SPLIT: gl
 
 
 @gluon.jit
+def _walk(M, N, K, BT: gl.constexpr, SPLIT: gl.constexpr):
+    """(token tiles, weight-row tiles, work items, 512-wide K blocks) of the persistent walk that
+    every partition follows."""
+    num_pid_m = gl.cdiv(M, BT)
+    num_pid_n = gl.cdiv(N, BLOCK_W)
+    return num_pid_m, num_pid_n, num_pid_m * num_pid_n * SPLIT, gl.cdiv(K, 512)
+
+
+@gluon.jit
 def _producer(w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K,
               BT: gl.constexpr, GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
               SPLIT: gl.constexpr):
-    num_pid_m = gl.cdiv(M, BT)
-    num_pid_n = gl.cdiv(N, BLOCK_W)
-    num_items = num_pid_m * num_pid_n * SPLIT
-    k_blocks = gl.cdiv(K, 512)
+    num_pid_m, num_pid_n, num_items, k_blocks = _walk(M, N, K, BT, SPLIT)
     w_bytes: gl.constexpr = w_desc.block_type.nbytes
     x_bytes: gl.constexpr = x_desc.block_type.nbytes
     wi = 0
@@ -241,25 +269,12 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BT, 16])
     dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    # The words [64 rows, 64 words] in the A operand's layout of a [64, 64] wgmma (sm_90, 4 warps,
-    # kWidth 2, as a linear layout): word pairs (c, c + 1) in consecutive registers of a thread,
-    # so the conversion's outputs (value slices: element c = k, c + 1 = k + 1) are operands.
-    words_l: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [8, 0], [0, 8], [0, 16], [0, 32]],
-        lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
-    # words_l less c's bit 5: one of the two 32-word halves of a block.
-    half_l: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [8, 0], [0, 8], [0, 16]],
-        lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 32])
+    words_l: gl.constexpr = WORDS_16  # word pairs (c, c + 1) per thread
+    half_l: gl.constexpr = HALF_16
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
     cols_l: gl.constexpr = gl.SliceLayout(0, mma)
     GROUPED: gl.constexpr = W_SCALE == "group"
-    num_pid_m = gl.cdiv(M, BT)
-    num_pid_n = gl.cdiv(N, BLOCK_W)
-    num_items = num_pid_m * num_pid_n * SPLIT
-    k_blocks = gl.cdiv(K, 512)
+    num_pid_m, num_pid_n, num_items, k_blocks = _walk(M, N, K, BT, SPLIT)
     wi = 0
     xi = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
@@ -349,25 +364,12 @@ def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BT, 32])
     dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    # The words [64 rows, 64 words] in the A operand's layout of a [64, 64] fp8 wgmma (sm_90, 4
-    # warps, kWidth 4): words c .. c + 3 (c a multiple of 4) in consecutive registers of a
-    # thread, so the conversion's outputs (four e4m3 of k = c .. c + 3 per register) are operands.
-    words_l: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [8, 0], [0, 16], [0, 32]],
-        lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 64])
-    # words_l less c's bit 5: one of the two 32-word halves of a block.
-    half_l: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [8, 0], [0, 16]],
-        lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 32])
+    words_l: gl.constexpr = WORDS_8  # word quads c .. c + 3 per thread (four e4m3 per register)
+    half_l: gl.constexpr = HALF_8
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
     cols_l: gl.constexpr = gl.SliceLayout(0, mma)
     GROUPED: gl.constexpr = W_SCALE == "group"
-    num_pid_m = gl.cdiv(M, BT)
-    num_pid_n = gl.cdiv(N, BLOCK_W)
-    num_items = num_pid_m * num_pid_n * SPLIT
-    k_blocks = gl.cdiv(K, 512)
+    num_pid_m, num_pid_n, num_items, k_blocks = _walk(M, N, K, BT, SPLIT)
     wi = 0
     xi = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
