@@ -125,8 +125,8 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     kernels = manifest["kernels"]
-    from tileq.catalog.build import (wants_gluon_build, wants_gluon_fast_build, wants_int4p_build,
-                                     wants_int4p_prefill_build, wants_swapped_build)
+    from tileq.catalog.build import (int4p_prefill_impls, wants_gluon_build, wants_gluon_fast_build,
+                                     wants_int4p_build, wants_int4p_prefill_build, wants_swapped_build)
 
     sm90 = get_arch("sm_90")
     gluon = [f.name for f in catalog() if wants_gluon_build(f, sm90)]
@@ -146,10 +146,13 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert int4p == ["bquant_fp8xi4_rcr_decode", "bquant_bf8xi4_rcr_decode", "bquant_bf16xi4_rcr_decode",
                      "bquant_fp16xi4_rcr_decode"]
     int4p_prefill = [f.name for f in catalog() if wants_int4p_prefill_build(f, sm90)]
-    assert int4p_prefill == ["bquant_bf16xi4_rcr_prefill", "bquant_fp16xi4_rcr_prefill"]
+    assert int4p_prefill == ["bquant_fp8xi4_rcr_prefill", "bquant_bf16xi4_rcr_prefill", "bquant_fp16xi4_rcr_prefill"]
+    # (the prefill kernel's 64- and 128-token tiles, split or not, and for 16-bit activations its
+    # 256-token tiles; W4A8's fp8 build takes none: they refuse activation scales)
+    prefill_builds = [f for f in int4p_prefill for _ in int4p_prefill_impls(parse_family(f))]
+    assert len(prefill_builds) == 4 + 5 + 5
     expected = (len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon) + len(gluon_fast)
-                + len(int4p) + 5 * len(int4p_prefill))  # (the prefill kernel's 64- and 128-token tiles, split or
-    # not, and its 256-token tiles)
+                + len(int4p) + len(prefill_builds))
     assert len(kernels) == expected and all(k["ok"] for k in kernels)
     built_gluon = [k for k in kernels if "__gluon_" in k["name"] and "xi4p_" not in k["name"]]
     assert sorted(k["family"] for k in built_gluon if not k["name"].endswith("_fa_sm90")) == sorted(gluon)
@@ -158,7 +161,7 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert all(k["mma"] == "wgmma" and not k["spills"] for k in built_gluon)
     # The prepacked-int4 kernel: its own names (xi4p), wgmma, no spills.
     built_int4p = [k for k in kernels if "xi4p_" in k["name"]]
-    assert sorted(k["family"] for k in built_int4p) == sorted(int4p + 5 * int4p_prefill)
+    assert sorted(k["family"] for k in built_int4p) == sorted(int4p + prefill_builds)
     assert sorted(k["name"] for k in built_int4p if "_prefill__gluon_" in k["name"]) == [
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_sk2_ws2x64_sm90",
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90",
@@ -169,7 +172,11 @@ def test_build_whole_catalog_for_sm90(tmp_path):
         "bquant_fp16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90",
         "bquant_fp16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90",
         "bquant_fp16xi4p_rcr_prefill__gluon_w128t64k512_sk2_ws2x64_sm90",
-        "bquant_fp16xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_sm90"]
+        "bquant_fp16xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_sm90",
+        "bquant_fp8xi4p_rcr_prefill__gluon_w128t128k512_sk2_ws2x64_sm90",
+        "bquant_fp8xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90",
+        "bquant_fp8xi4p_rcr_prefill__gluon_w128t64k512_sk2_ws2x64_sm90",
+        "bquant_fp8xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_sm90"]
     assert all(k["mma"] == "wgmma" and not k["spills"] for k in built_int4p)
     assert manifest["triton"] and manifest["arch"] == "sm_90"
     for k in kernels:

@@ -109,10 +109,17 @@ def wants_int4p_build(fam: KernelFamily, arch: ArchInfo) -> bool:
 
 
 def wants_int4p_prefill_build(fam: KernelFamily, arch: ArchInfo) -> bool:
-    """Prefill families of nn.Linear int4 weights with 16-bit activations (rcr, bquant: W4A16)
-    get the sm_90 Gluon prefill kernel on prepacked weights (tileq.int4p.prefill) built too."""
+    """Prefill families of nn.Linear int4 weights with 16-bit or e4m3 activations (rcr, bquant:
+    W4A16, and W4A8 below 256 tokens on the kernel's fp8 build) get the sm_90 Gluon prefill
+    kernel on prepacked weights (tileq.int4p.prefill) built too."""
     return (arch.name == "sm_90" and fam.pipeline == "prefill" and fam.b.value == "i4" and fam.layout == "rcr"
-            and fam.a.value in ("bf16", "fp16") and fam.scheme.value == "bquant")
+            and fam.a.value in ("bf16", "fp16", "fp8") and fam.scheme.value == "bquant")
+
+
+def int4p_prefill_impls(fam: KernelFamily) -> list[str]:
+    """The prefill kernel's instances built for a family (``_INT4P_PREFILL_TILES``): the fp8 build
+    takes no 256-token tiles (they refuse activation scales)."""
+    return [impl for impl, (tokens, _) in _INT4P_PREFILL_TILES.items() if fam.a.value != "fp8" or tokens <= 128]
 
 
 def _attempt(name: str, family: str, config: str, t0: float, build) -> tuple[BuildResult, object]:
@@ -133,9 +140,11 @@ def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens:
     from ..int4p.prefill import TMA_STORE_MAX_TOKENS, compile_sm90, config_tag, kernel_name
 
     w_kind = W_SCALE_OF_SCHEME[fam.scheme.value]
+    # (the fp8 build, W4A8, always has its activations' per-token scale)
+    x_scale = "vector" if fam.a.value == "fp8" else "none"
     return _attempt(kernel_name(fam.a.value, w_kind, tokens, split), fam.name, config_tag(tokens, split), t0,
                     lambda: compile_sm90(fam.a.value, w_kind, tokens=tokens, split=split,
-                                         tma_store=split == 1 and tokens <= TMA_STORE_MAX_TOKENS))
+                                         tma_store=split == 1 and tokens <= TMA_STORE_MAX_TOKENS, x_scale=x_scale))
 
 
 # The int4 prefill kernel's instances built per family: (token tile, split over K) by impl name.
@@ -262,7 +271,7 @@ def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = Non
     work += [(n, False, "gluon_fast") for n in names if wants_gluon_fast_build(parse_family(n), arch)]
     work += [(n, False, "int4p") for n in names if wants_int4p_build(parse_family(n), arch)]
     work += [(n, False, impl) for n in names if wants_int4p_prefill_build(parse_family(n), arch)
-             for impl in _INT4P_PREFILL_TILES]
+             for impl in int4p_prefill_impls(parse_family(n))]
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     jobs = jobs or max(1, os.cpu_count() or 1)
