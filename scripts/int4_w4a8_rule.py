@@ -3,13 +3,15 @@
     python scripts/int4_w4a8_rule.py bench/results/h200/int4/w4a8-gluon/int4.csv
     python scripts/int4_w4a8_rule.py bench/results/h200/int4/fp8-prefill/int4.csv
 
-The CSV comes from ``scripts/int4_bench.py --w4a8-via-bf16 --w4a8-gluon``, whose forced rows time
-each W4A8 path per weight and M: 'w4a8_fp8_kernel' (the decode kernel converting the fp8
-activations itself), 'w4a8_via_bf16' (cast to bf16, the W4A16 decode kernel), 'w4a8_gluon' /
-'w4a8_gluon_channel' (the Gluon prefill kernel on cast activations, group / per-channel scales)
-and 'w4a8_fp8_prefill' / 'w4a8_fp8_prefill_channel' (the int4 values as fp8, tileq's fp8 GEMM).
-For each problem it names the path the current rules take (``launch.compute_type``,
-``prefill.plan`` and ``prefill.W4A8_MAX_M``) and prints per M and scale kind: how far that path is
+The CSV comes from ``scripts/int4_bench.py --w4a8-via-bf16 --w4a8-gluon --w4a8-fused``, whose
+forced rows time each W4A8 path per weight and M: 'w4a8_fp8_kernel' (the decode kernel
+converting the fp8 activations itself), 'w4a8_via_bf16' (cast to bf16, the W4A16 decode kernel),
+'w4a8_gluon' / 'w4a8_gluon_channel' (the Gluon prefill kernel on cast activations, group /
+per-channel scales), 'w4a8_fused' (its fp8 build, group scales) and 'w4a8_fp8_prefill' /
+'w4a8_fp8_prefill_channel' (the int4 values as fp8, tileq's fp8 GEMM). For each problem it
+names the path the current rules take (``launch.compute_type``, ``prefill.plan``,
+``prefill.W4A8_MAX_M`` and ``fp8_prefill.fused_for``, the bench's activations being e4m3) and
+prints per M and scale kind: how far that path is
 from the fastest timed one (median / worst), and its speed against tileq's fp8 rowcol GEMM and
 int8 rowcol of the same run. Problems where the chosen path was not timed count as 'untimed'.
 """
@@ -23,7 +25,7 @@ import sys
 
 SMS = 132
 _PATHS = {"w4a8_fp8_kernel": ("group", "fp8_kernel"), "w4a8_via_bf16": ("group", "cast"),
-          "w4a8_gluon": ("group", "gluon"), "w4a8_fp8_prefill": ("group", "fp8_gemm"),
+          "w4a8_gluon": ("group", "gluon"), "w4a8_fused": ("group", "fused"), "w4a8_fp8_prefill": ("group", "fp8_gemm"),
           "w4a8_gluon_channel": ("vector", "gluon"), "w4a8_fp8_prefill_channel": ("vector", "fp8_gemm")}
 
 
@@ -47,9 +49,11 @@ def chosen(m: int, n: int, k: int, w_kind: str) -> str:
     from tileq.int4p.dequant import DEQUANT_MIN_M
     from tileq.int4p.launch import compute_type
 
+    from tileq.int4p.fp8_prefill import fused_for
+
     plan = prefill.plan(m, n, k, SMS, x_scale=True)
     if plan is not None and m < prefill.W4A8_MAX_M:
-        return "gluon"
+        return "fused" if fused_for(m, "fp8", w_kind) else "gluon"
     if m >= DEQUANT_MIN_M:
         return "fp8_gemm"
     return "cast" if compute_type(m, n, k, "fp8") == "bf16" else "fp8_kernel"
