@@ -414,8 +414,9 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
     # cuBLAS); below, the Gluon kernel where it serves and prefill.plan gives it the call (a
     # split over K, or the tiles to fill the SMs), else the decode kernel.
     dequant = config is None and m >= DEQUANT_MIN_M
+    # (decode sizes skip the SM query on their per-call path)
     gluon_plan = (prefill.plan(m, n, k, _num_sms(x.device), x_kind != "none")
-                  if config is None and m >= prefill.MIN_M else None)  # (decode sizes skip the SM query on their per-call path)
+                  if config is None and m >= prefill.MIN_M else None)
     small_prefill = not dequant and gluon_plan is not None
     # (a given config runs the kernel of the call's own activation type)
     ct = x_type if config is not None else compute_type(m, n, k, x_type)
