@@ -47,9 +47,8 @@ def chosen(m: int, n: int, k: int, w_kind: str) -> str:
     """The W4A8 path linear_prepacked takes on an sm_90 GPU with SMS SMs."""
     from tileq.int4p import prefill
     from tileq.int4p.dequant import DEQUANT_MIN_M
-    from tileq.int4p.launch import compute_type
-
     from tileq.int4p.fp8_prefill import fused_for
+    from tileq.int4p.launch import compute_type
 
     plan = prefill.plan(m, n, k, SMS, x_scale=True)
     if plan is not None and m < prefill.W4A8_MAX_M:

@@ -180,8 +180,8 @@ def _explain_prepacked(args) -> int:
     print("executor: the kernels of tileq.int4p on an sm_90 GPU (Triton decode kernel; from "
           "33 tokens the Gluon prefill kernel where int4p.prefill.plan gives it the call: split over K "
           "on narrow weights, unsplit where its tiles fill the SMs, always from 256 tokens where it "
-          "serves the call (W4A8 below 512 tokens with group scales, 256 otherwise, on activations "
-          "cast to bf16); else W4A8 the values as fp8 and tileq's fp8 GEMM (TILEQ_W4A8_PREFILL=bf16: "
+          "serves the call (W4A8 below 256 tokens only: its fp8 build for e4m3 with group scales, "
+          "else on activations cast to bf16); else W4A8 the values as fp8 and tileq's fp8 GEMM (TILEQ_W4A8_PREFILL=bf16: "
           "dequantize to bf16), W4A16 dequantize + cuBLAS), "
           "or the reference executor on the unprepacked weight (backend='reference', CPU tensors)")
     return 0

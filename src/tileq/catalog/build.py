@@ -149,8 +149,8 @@ def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens:
 
 # The int4 prefill kernel's instances built per family: (token tile, split over K) by impl name.
 # 64 tokens: calls of 33-64 tokens; split two ways: narrow weights (int4p.prefill.plan); 256 tokens:
-# from 1024 (masked stores). Other split counts differ in one constant (the K range of an item) and
-# compile on first use.
+# from 256 where their waves cost less (masked stores; not for the fp8 build, ``int4p_prefill_impls``).
+# Other split counts differ in one constant (the K range of an item) and compile on first use.
 _INT4P_PREFILL_TILES = {"int4p_prefill": (128, 1), "int4p_prefill64": (64, 1),
                         "int4p_prefill_split": (64, 2), "int4p_prefill_split128": (128, 2),
                         "int4p_prefill256": (256, 1)}
