@@ -99,6 +99,11 @@ def main() -> int:
                    help="from 33 tokens also time W4A8 with group scales on the fused fp8 build of the Gluon "
                         "prefill kernel (TILEQ_W4A8_PREFILL=fused's kernel, e4m3 weights in registers), forced at "
                         "the plan's tiling ('w4a8_fused')")
+    p.add_argument("--streamk", action="store_true",
+                   help="from 128 tokens also time the Gluon prefill kernel with stream-K (int4p/streamk.py), "
+                        "128- and (from 256) 256-token tiles: W4A16 group ('w4a16_streamk_t128' / '_t256'), "
+                        "per-channel from 256 ('w4a16_streamk_channel_t128' / '_t256'), W4A8 group on the fused "
+                        "fp8 build ('w4a8_fused_streamk_t128')")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -299,6 +304,24 @@ def main() -> int:
                     False, dev, None, tokens=tiling[0], split=tiling[1], x_kind="vector", sx_stride=1, fused=True))
                 record(s, name, m, n, k, "w4a8_fused", prefill.kernel_name("fp8", "group", *tiling),
                        lambda gf=gf: gf(xf8, w_pp.data, sx, sw4, None), ref8, b4)
+            if args.streamk and m >= 128:
+                variants = [("w4a16", "group", torch.bfloat16, sw4, ref16, x)]
+                if m >= DEQUANT_MIN_M:
+                    variants.append(("w4a16", "vector", torch.bfloat16, sw_ch, x.float() @ w_ch.t(), x))
+                variants.append(("w4a8_fused", "group", torch.float8_e4m3fn, sw4, ref8, xf8))
+                for kind, wk, xdt, sw_, want, xin in variants:
+                    for tokens in ((128, 256) if m >= DEQUANT_MIN_M and kind == "w4a16" else (128,)):
+                        st = (sw_.stride(0), sw_.stride(1)) if wk == "group" else (0, 1)
+                        fp8 = xdt == torch.float8_e4m3fn
+                        gs = lazy(lambda m=m, n=n, k=k, wk=wk, st=st, xdt=xdt, tokens=tokens, fp8=fp8:
+                                  prefill.GluonPrefillLaunch(m, n, k, xdt, torch.bfloat16, wk, st, 128, False, dev,
+                                                             None, tokens=tokens, x_kind="vector" if fp8 else "none",
+                                                             sx_stride=1, fused=fp8, streamk=True))
+                        impl = f"{kind}_streamk{'_channel' if wk == 'vector' else ''}_t{tokens}"
+                        record(s, name, m, n, k, impl,
+                               prefill.kernel_name("fp8" if fp8 else "bf16", wk, tokens, 1, True),
+                               lambda gs=gs, sw_=sw_, xin=xin, fp8=fp8: gs(xin, w_pp.data, sx if fp8 else None, sw_,
+                                                                           None), want, b4)
             if args.w4a8_via_bf16 and m < DEQUANT_MIN_M:
                 # both decode-kernel routes of W4A8, whichever the default took: the fp8 activations
                 # cast to bf16 before the W4A16 kernel (its config), and converted inside the kernel
@@ -446,7 +469,12 @@ def summarize(rows) -> None:
     cols = (("W4A16 group", "bf16_cublas", "w4a16_prepacked"),
             ("W4A16 channel", "bf16_cublas", "w4a16_prepacked_channel"),
             ("W4A8 group", "fp8_rowcol", "w4a8_prepacked"),
-            ("W4A8 fused (forced)", "fp8_rowcol", "w4a8_fused"))
+            ("W4A8 fused (forced)", "fp8_rowcol", "w4a8_fused"),
+            ("W4A16 stream-K t128", "bf16_cublas", "w4a16_streamk_t128"),
+            ("W4A16 stream-K t256", "bf16_cublas", "w4a16_streamk_t256"),
+            ("W4A16 channel stream-K t128", "bf16_cublas", "w4a16_streamk_channel_t128"),
+            ("W4A16 channel stream-K t256", "bf16_cublas", "w4a16_streamk_channel_t256"),
+            ("W4A8 fused stream-K", "fp8_rowcol", "w4a8_fused_streamk_t128"))
     if per_m:
         print("\nprefill per M (medians; baseline time / int4 time): " + ", ".join(c[0] for c in cols))
     for m in per_m:

@@ -794,10 +794,10 @@ def _sm90_build(compile_line: str, name: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none"):
+def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none", streamk=False):
     r = _sm90_build("from tileq.int4p.prefill import compile_sm90\n"
-                    f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r})",
-                    "i4p-prefill")
+                    f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r}, "
+                    f"streamk={streamk})", "i4p-prefill")
     sass = r["sass"]
     r["ops"] = {o: len(re.findall(r"\b" + o + r"\b", sass)) for o in
                 ("HGMMA", "QGMMA", "F2FP", "LDS", "STS", "LDL", "STL", "HMUL2", "HADD2", "PRMT", "SHFL", "UTMALDG",
@@ -806,22 +806,26 @@ def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="no
     return r
 
 
-@pytest.mark.parametrize("ct,w_kind,bias,tma_store,tokens,split,x_scale", [
-    ("bf16", "group", True, True, 128, 1, "none"), ("fp16", "vector", False, True, 128, 1, "none"),
-    ("bf16", "group", False, False, 128, 1, "none"),
-    ("bf16", "group", True, True, 64, 1, "none"), ("fp16", "vector", False, False, 64, 1, "none"),
-    ("bf16", "group", True, False, 64, 3, "none"), ("fp16", "scalar", False, False, 128, 2, "none"),  # fp32 partials
-    ("bf16", "group", False, True, 16, 1, "none"), ("bf16", "group", True, False, 16, 3, "none"),  # 16-token tiles
-    ("bf16", "group", True, True, 128, 1, "vector"), ("bf16", "vector", False, False, 64, 2, "scalar"),  # W4A8
-    ("bf16", "group", True, False, 256, 1, "none"), ("fp16", "vector", False, False, 256, 1, "none")])  # 256
-def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale):
-    """The Gluon prefill kernel compiled for sm_90 on the CPU (128- and 64-token tiles, W4A8's
-    token scales in the epilogue): per
+@pytest.mark.parametrize("ct,w_kind,bias,tma_store,tokens,split,x_scale,streamk", [
+    ("bf16", "group", True, True, 128, 1, "none", False), ("fp16", "vector", False, True, 128, 1, "none", False),
+    ("bf16", "group", False, False, 128, 1, "none", False),
+    ("bf16", "group", True, True, 64, 1, "none", False), ("fp16", "vector", False, False, 64, 1, "none", False),
+    ("bf16", "group", True, False, 64, 3, "none", False),  # fp32 partials
+    ("fp16", "scalar", False, False, 128, 2, "none", False),
+    ("bf16", "group", False, True, 16, 1, "none", False), ("bf16", "group", True, False, 16, 3, "none", False),
+    ("bf16", "group", True, True, 128, 1, "vector", False),  # W4A8
+    ("bf16", "vector", False, False, 64, 2, "scalar", False),
+    ("bf16", "group", True, False, 256, 1, "none", False), ("fp16", "vector", False, False, 256, 1, "none", False),
+    ("bf16", "group", True, True, 128, 1, "none", True), ("bf16", "vector", False, False, 256, 1, "none", True),
+    ("bf16", "group", False, False, 256, 1, "none", True), ("bf16", "group", False, True, 64, 1, "none", True)])
+def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale, streamk):
+    """The Gluon prefill kernel compiled for sm_90 on the CPU (128-, 64- and 256-token tiles,
+    split over K or stream-K, W4A8's token scales in the epilogue): per
     consumer and 512 of K, 32 m64n{BT}k16 wgmmas with the converted weights as register operands (the words reach them
     with no layout conversion: the only shared loads are the words' 16 and the only shared
     stores the epilogue's), 128 packed subtractions (and 128 packed scale multiplies for group
     scales), no spills and no serialized wgmmas (ptxas waits only where the code does)."""
-    r = _prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale)
+    r = _prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale, streamk)
     ops = r["ops"]
     assert ops["HGMMA"] == 2 * 32, ops
     # The only layout conversions are renamings asserted trivial when the kernel is traced: the
@@ -842,16 +846,16 @@ def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale)
     assert r["shared"] <= 232448
 
 
-@pytest.mark.parametrize("bias,tma_store,tokens,split,x_scale", [
-    (False, True, 128, 1, "vector"), (True, False, 128, 1, "vector"), (False, False, 128, 3, "vector"),
-    (True, True, 64, 1, "scalar")])
-def test_sm90_fused_w4a8_build(bias, tma_store, tokens, split, x_scale):
+@pytest.mark.parametrize("bias,tma_store,tokens,split,x_scale,streamk", [
+    (False, True, 128, 1, "vector", False), (True, False, 128, 1, "vector", False),
+    (False, False, 128, 3, "vector", False), (True, True, 64, 1, "scalar", False), (False, True, 128, 1, "vector", True)])
+def test_sm90_fused_w4a8_build(bias, tma_store, tokens, split, x_scale, streamk):
     """The fused W4A8 build (W4A8 below 256 tokens with group scales) compiled for sm_90 on
     the CPU: per consumer and 512 of K, 16 fp8 wgmmas m64n{BT}k32 with the e4m3 weights as
     register operands (the conversions to the dot-operand layout are renamings), 128 packed
     subtractions and 128 cvt to e4m3x2 per consumer and block, one wait per 128-wide slice, no
     spills; per-channel scales are refused (their build spilled)."""
-    r = _prefill_build("fp8", "group", bias, tma_store, tokens, split, x_scale)
+    r = _prefill_build("fp8", "group", bias, tma_store, tokens, split, x_scale, streamk)
     ops = r["ops"]
     assert ops["QGMMA"] == 2 * 16 and ops["HGMMA"] == 0, ops
     conversions = [ln for ln in r["ttgir"].splitlines() if "ttg.convert_layout" in ln]
@@ -1001,7 +1005,7 @@ def test_gpu_prefill_kernel_matches_reference(m, n, k, xt, gk, prefill_launches)
     assert err < (1e-2 if gk > 0 else 5e-3), err
 
 
-def _forced_prefill(m, n, k, gk, seed, tokens, split=1):
+def _forced_prefill(m, n, k, gk, seed, tokens, split=1, streamk=False, x_dtype=torch.bfloat16):
     """A GluonPrefillLaunch forced to a token tile (and split) for CPU-made operands: int4 values,
     their prepacked weight on the GPU, group (gk > 0), per-channel (0) or per-tensor (-1) scales,
     bf16 activations and a bias (dequantize + cuBLAS as the fallback)."""
@@ -1020,11 +1024,12 @@ def _forced_prefill(m, n, k, gk, seed, tokens, split=1):
     else:
         ws = torch.tensor(0.013)
         kind, strides = "scalar", (0, 0)
-    x = torch.randn(m, k).to(torch.bfloat16)
+    x = torch.randn(m, k).to(x_dtype)
     bias = torch.randn(n)
-    fallback = DequantLaunch(n, k, kind, "none", strides, max(gk, 128), torch.bfloat16, torch.bfloat16)
-    launch = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, kind, strides, max(gk, 128),
-                                        True, torch.device("cuda"), fallback, tokens=tokens, split=split)
+    fallback = DequantLaunch(n, k, kind, "none", strides, max(gk, 128), x_dtype, x_dtype)
+    launch = prefill.GluonPrefillLaunch(m, n, k, x_dtype, x_dtype, kind, strides, max(gk, 128),
+                                        True, torch.device("cuda"), fallback, tokens=tokens, split=split,
+                                        streamk=streamk)
     return launch, v, w, ws, x, bias
 
 
@@ -1078,6 +1083,23 @@ def test_gpu_prefill_split_k(m, n, k, split, gk, prefill_launches):
     launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + split, 64, split)
     y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
     assert torch.equal(launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda()), y)  # the same sums, in order
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,tokens", [(256, 5120, 5120, 128), (300, 577, 1104, 128), (512, 4001, 7168, 256),
+                                          (100, 3000, 9000, 64), (1030, 5120, 5120, 128), (700, 1024, 512, 128)])
+@pytest.mark.parametrize("gk,xt", [(128, torch.bfloat16), (0, torch.bfloat16), (-1, torch.float16)])
+def test_gpu_prefill_stream_k(m, n, k, tokens, gk, xt, prefill_launches):
+    """Stream-K: every program the same number of (tile, K block) units; tiles shared by programs
+    summed from their fp32 slabs by the fix-up, the others stored by the kernel (TMA or masked
+    stores). Shapes where a program covers less than one tile (K = 9000 in 18 blocks), several
+    tiles (K = 512: one block per tile), odd M and N, K tails; group, per-channel and per-tensor
+    scales; bias in the first K block's partial. Run twice: the same bits."""
+    launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + tokens, tokens, streamk=True, x_dtype=xt)
+    assert launch.name.endswith(f"__gluon_w128t{tokens}k512_stk_ws2x64_sm90"), launch.name
+    y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
+    assert torch.equal(launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda()), y)
 
 
 @GPU
@@ -1309,6 +1331,79 @@ def test_prefill_launcher_split(monkeypatch):
     assert torch.all((out.float() - want).abs() <= want.abs() * 2 ** -7 + 1e-6)
 
 
+@pytest.mark.parametrize("tiles,k,sms", [(80, 5120, 132), (160, 5120, 132), (5, 9000, 132), (300, 512, 132),
+                                         (7, 1024, 3), (544, 5120, 132)])
+def test_stream_k_schedule_covers_every_unit_once(tiles, k, sms):
+    """The stream-K layout (streamk.schedule / segments, the kernel's walk in Python): every
+    (tile, K block) unit belongs to exactly one program, programs hold ``per`` units (the last
+    at most), a tile's programs have ranks 0 .. count - 1 in K order, ``slabs`` is the largest
+    count and ``shared`` the tiles with more than one."""
+    from tileq.int4p import streamk
+
+    s = streamk.schedule(tiles, k, sms)
+    kb = streamk.k_blocks(k)
+    assert s.units == tiles * kb and s.programs <= sms and s.per == -(-s.units // sms)
+    seen = {}
+    for p in range(s.programs):
+        segs = streamk.segments(p, s, kb)
+        assert sum(b - a for _, a, b, _ in segs) == (s.per if p < s.programs - 1 else s.units - p * s.per)
+        for t, a, b, r in segs:
+            assert 0 <= a < b <= kb
+            seen.setdefault(t, []).append((a, b, r))
+    assert sorted(seen) == list(range(tiles))
+    counts = []
+    for t, parts in seen.items():
+        parts.sort()
+        assert [r for _, _, r in parts] == list(range(len(parts)))
+        assert parts[0][0] == 0 and parts[-1][1] == kb and all(parts[i][1] == parts[i + 1][0]
+                                                               for i in range(len(parts) - 1))
+        counts.append(len(parts))
+    assert s.slabs == max(counts) and s.shared == sum(c > 1 for c in counts)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs the fix-up kernel on CPU tensors")
+@pytest.mark.parametrize("m,n,k,tokens,sms", [(300, 577, 1104, 128, 5), (100, 384, 5120, 64, 7), (64, 200, 9000, 64, 3)])
+def test_stream_k_fixup_sums_shared_tiles(m, n, k, tokens, sms):
+    """The fix-up kernel (interpreted) on a workspace filled as the kernel fills it: per program
+    and tile, the sum of its K blocks' contributions, in C where the program holds the whole tile,
+    else in slab ``rank``; C then holds every tile's full sum (the shared ones within a bf16
+    step), the whole tiles untouched."""
+    from tileq.int4p import prefill, streamk
+    from tileq.kernels.gemm_kernel import grouped_tile
+
+    tiles = prefill.tiles(m, n, tokens)
+    s = streamk.schedule(tiles, k, sms)
+    kb = streamk.k_blocks(k)
+    torch.manual_seed(m + n)
+    part = torch.randn(kb, m, n)  # the contribution of each K block
+    npm, npn = -(-m // tokens), -(-n // 128)
+
+    def region(t):
+        # grouped_tile in plain Python (it is a Triton function)
+        group = prefill.GROUP_M * npn
+        first = (t // group) * prefill.GROUP_M
+        size = min(npm - first, prefill.GROUP_M)
+        pm, pn = first + (t % group) % size, (t % group) // size
+        return slice(pm * tokens, (pm + 1) * tokens), slice(pn * 128, (pn + 1) * 128)
+
+    assert grouped_tile is not None
+    work = torch.full((s.slabs, m, n), float("nan"))
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    for p in range(s.programs):
+        for t, a, b, r in streamk.segments(p, s, kb):
+            rows, cols = region(t)
+            value = part[a:b, rows, cols].sum(0)
+            if a == 0 and b == kb:
+                out[rows, cols] = value.to(torch.bfloat16)
+            else:
+                work[r, rows, cols] = value
+    streamk._fixup_kernel[(s.programs - 1,)](work, out, m, n, n, s.per, kb, npm, npn, BT=tokens,
+                                              GROUP_M=prefill.GROUP_M, BLOCK_T=streamk.FIXUP_TOKENS)
+    want = part.sum(0)
+    assert not out.isnan().any()
+    assert torch.all((out.float() - want).abs() <= want.abs() * 2 ** -7 + 1e-5)
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the fallback runs Triton kernels on CPU tensors")
 def test_prefill_launcher_descriptors(monkeypatch):
     """The Gluon prefill launcher against a stand-in kernel on CPU tensors: the words as two-box
@@ -1339,7 +1434,7 @@ def test_prefill_launcher_descriptors(monkeypatch):
     assert (x_desc.shape, x_desc.strides, x_desc.block_shape) == ([m, k], [k, 1], [128, 64])
     assert c_desc is None and kwargs["TMA_STORE"] is False  # 577 bf16 = 1154-byte rows
     assert args[6] is None and kwargs["X_SCALE"] == "none"  # (W4A16: no token scales)
-    assert grid == (min(132, 3 * 5),) and args[7:] == (m, n, k, n, n, 1, 0)
+    assert grid == (min(132, 3 * 5),) and args[7] is None and args[8:] == (m, n, k, n, n, 1, 0, 0)
     assert (kwargs["W_SCALE"], kwargs["GROUP_K"], kwargs["BT"], kwargs["WS"], kwargs["XS"]) == ("group", 128, 128, 2, 8)
     assert kwargs["maxnreg"] == 168 and "mul.rn.bf16x2" in kwargs["ASM0"]
     n2 = 576  # 16-byte rows: TMA stores through a [128, 64] box

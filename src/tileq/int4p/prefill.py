@@ -22,6 +22,7 @@ from ..kernels import select
 from ..kernels.direct import KernelCall, TableKernel, direct_launch_enabled
 from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
 from .dequant import DEQUANT_MIN_M
+from .streamk import schedule as streamk_schedule
 
 TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x BT tokens
 # 64 tokens for calls of up to 64 (``tokens_for``); 16: decode, not routed (slower); 256: from
@@ -39,9 +40,9 @@ def tiles(m: int, n: int, tokens: int) -> int:
     return -(-m // tokens) * -(-n // 128)
 
 
-def config_tag(tokens: int = TOKENS, split: int = 1) -> str:
-    """The kernel name's config part for a token tile (and a split over K)."""
-    return f"gluon_w128t{tokens}k512{f'_sk{split}' if split > 1 else ''}_ws2x64"
+def config_tag(tokens: int = TOKENS, split: int = 1, streamk: bool = False) -> str:
+    """The kernel name's config part for a token tile (and a split over K, or stream-K)."""
+    return f"gluon_w128t{tokens}k512{f'_sk{split}' if split > 1 else ''}{'_stk' if streamk else ''}_ws2x64"
 
 
 MAX_SPLIT = 8
@@ -285,13 +286,15 @@ def layouts(ct: str, tokens: int = TOKENS, out_ct: str | None = None):
 
 
 def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bool, tokens: int = TOKENS,
-               split: int = 1, x_scale: str = "none") -> dict:
+               split: int = 1, x_scale: str = "none", streamk: bool = False) -> dict:
     from .prefill_kernel import asm_for
 
     if tokens not in TOKEN_TILES:
         raise ValueError(f"token tile {tokens}: expected one of {TOKEN_TILES}")
     if not 1 <= split <= MAX_SPLIT or (split > 1 and tma_store):
         raise ValueError(f"split {split}: expected 1-{MAX_SPLIT}, with fp32 partials (no TMA store) above 1")
+    if streamk and split > 1:
+        raise ValueError("stream-K and a split over K exclude each other")
     if tma_store and tokens > TMA_STORE_MAX_TOKENS:
         raise ValueError(f"token tile {tokens}: no TMA store above {TMA_STORE_MAX_TOKENS} tokens")
     if x_scale != "none" and tokens > TMA_STORE_MAX_TOKENS:
@@ -304,7 +307,7 @@ def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bo
                          f"x_scale {x_scale!r}")
     grouped = w_kind == "group"
     return dict(CT=ct, W_SCALE=w_kind, X_SCALE=x_scale, GROUP_K=group_k, HAS_BIAS=has_bias, TMA_STORE=tma_store,
-                SPLIT=split,
+                SPLIT=split, STREAM_K=streamk,
                 BT=tokens, GROUP_M=GROUP_M, WS=W_SLOTS, XS=X_SLOTS if tokens <= 128 else X_SLOTS_256,
                 ASM0=asm_for(ct, 0, grouped), ASM1=asm_for(ct, 1, grouped), ASM2=asm_for(ct, 2, grouped),
                 ASM3=asm_for(ct, 3, grouped), CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
@@ -315,7 +318,7 @@ class GluonPrefillLaunch:
 
     def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback,
                  tokens: int | None = None, split: int = 1, x_kind: str = "none", sx_stride: int = 0,
-                 fused: bool = False):
+                 fused: bool = False, streamk: bool = False):
         from ..kernels import gemm_kernel
         from ..kernels.gluon.launch import _num_sms
 
@@ -327,21 +330,24 @@ class GluonPrefillLaunch:
         self.ct = "fp8" if x_dtype in _FP8 and fused else _CT[self.cast_to or x_dtype]
         self.tokens = tokens or tokens_for(m, n, _num_sms(device))
         self.split = split
-        self.name = kernel_name(self.ct, w_kind, self.tokens, split)
+        self.name = kernel_name(self.ct, w_kind, self.tokens, split, streamk)
         self.direct = device.type == "cuda"
-        ints = (m, n, k, n, sw_strides[0], sw_strides[1], sx_stride)
+        # Stream-K (streamk.py): ``per`` (tile, K block) units per program, one program per SM.
+        self.streamk = streamk_schedule(tiles(m, n, self.tokens), k, _num_sms(device)) if streamk else None
+        per = self.streamk.per if streamk else 0
+        ints = (m, n, k, n, sw_strides[0], sw_strides[1], sx_stride, per)
         options = dict(num_warps=4, maxnreg=MAXNREG)
         items = tiles(m, n, self.tokens) * split
-        grid = (max(1, min(_num_sms(device), items)),)
+        grid = (self.streamk.programs if streamk else max(1, min(_num_sms(device), items)),)
         # The first launch of each output path goes through Triton's JIT launch, later ones
         # straight to the compiled kernel (whose launcher encodes the TMA descriptors). Split
         # over K, every item writes an fp32 partial into a [split, M, N] workspace, summed in
         # order by the split-K reduction of the portable kernels.
         self.calls = {tma: KernelCall(_KERNEL, "_i4p_prefill_kernel", grid, ints,
                                       dict(constexprs(self.ct, w_kind, group_k, has_bias, tma, self.tokens, split,
-                                                      x_kind), **options),
+                                                      x_kind, streamk), **options),
                                       (self.cast_to or x_dtype, out_dtype if split == 1 else torch.float32, has_bias,
-                                       tma, x_kind))
+                                       tma, x_kind, streamk))
                       for tma in ((True, False) if split == 1 and self.tokens <= TMA_STORE_MAX_TOKENS else (False,))}
         self.reduce = None
         if split > 1:
@@ -349,6 +355,14 @@ class GluonPrefillLaunch:
             self.reduce = KernelCall(gemm_kernel, "_splitk_reduce_kernel", (-(-total // REDUCE_BLOCK),),
                                      (total, n, n), dict(SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWAPPED=False,
                                                          num_warps=4), (torch.float32, out_dtype))
+        self.fixup = None
+        if streamk and self.streamk.programs > 1:
+            from . import streamk as sk
+
+            self.fixup = KernelCall(sk, "_fixup_kernel", (self.streamk.programs - 1,),
+                                    (m, n, n, per, sk.k_blocks(k), -(-m // self.tokens), -(-n // 128)),
+                                    dict(BT=self.tokens, GROUP_M=GROUP_M, BLOCK_T=sk.FIXUP_TOKENS, num_warps=4),
+                                    (torch.float32, out_dtype))
         self.layouts = None
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
@@ -370,27 +384,34 @@ class GluonPrefillLaunch:
         if self.split > 1:
             numel = self.split * self.m * self.n
             ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
-            self.calls[False]((w_desc, x_desc, None, ws, sw, bias, sx), direct)
+            self.calls[False]((w_desc, x_desc, None, ws, sw, bias, sx, None), direct)
             self.reduce((ws, out), direct)
             return out
         tma_store = (True in self.calls and (self.n * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
                      and out.is_contiguous())
         c_desc = td(out, [self.m, self.n], [self.n, 1], [self.tokens, 64], c_l) if tma_store else None
-        self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias, sx), direct)
+        ws = None
+        if self.streamk is not None:
+            numel = self.streamk.slabs * self.m * self.n  # (slabs written only where tiles are shared)
+            ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
+        self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias, sx, ws), direct)
+        if self.fixup is not None:
+            self.fixup((ws, out), direct)
         return out
 
 
-def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS, split: int = 1) -> str:
+def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS, split: int = 1, streamk: bool = False) -> str:
     """The kernel's catalog-style name: scheme, activation x prepacked int4, rcr, the prefill
     pipeline, the Gluon tile (128 weight rows x ``tokens`` tokens x 512 of K, two consumers; a
-    split over K)."""
+    split over K, or stream-K)."""
     from .launch import _SCHEME_OF_W_SCALE
 
-    return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__{config_tag(tokens, split)}_sm90"
+    return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__{config_tag(tokens, split, streamk)}_sm90"
 
 
 def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True,
-                 tokens: int = TOKENS, split: int = 1, x_scale: str = "none", out_ct: str | None = None):
+                 tokens: int = TOKENS, split: int = 1, x_scale: str = "none", out_ct: str | None = None,
+                 streamk: bool = False):
     """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks. ``ct``
     'fp8': e4m3 activations (W4A8 fused), the output ``out_ct`` (default bf16)."""
     import triton
@@ -403,10 +424,11 @@ def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = Fals
     sig = {"w_desc": f"tensordesc<i32[128, 32],{w_l!r}>", "x_desc": f"tensordesc<{x_ty}[{tokens}, 64],{x_l!r}>",
            "c_desc": f"tensordesc<{out_ct}[{tokens}, 64],{c_l!r}>" if tma_store else "constexpr",
            "c_ptr": f"*{out_ct}" if split == 1 else "*fp32", "sw_ptr": "*fp32",
-           "bias_ptr": "*fp32" if has_bias else "constexpr", "sx_ptr": "*fp32" if x_scale != "none" else "constexpr"}
-    for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n", "stride_sx"):
+           "bias_ptr": "*fp32" if has_bias else "constexpr", "sx_ptr": "*fp32" if x_scale != "none" else "constexpr",
+           "ws_ptr": "*fp32" if streamk else "constexpr"}
+    for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n", "stride_sx", "per"):
         sig[name] = "i32"
-    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store, tokens, split, x_scale)
+    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store, tokens, split, x_scale, streamk)
     for name in consts:
         sig[name] = "constexpr"
     if not tma_store:
@@ -415,5 +437,7 @@ def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = Fals
         consts["bias_ptr"] = None
     if x_scale == "none":
         consts["sx_ptr"] = None
+    if not streamk:
+        consts["ws_ptr"] = None
     src = GluonASTSource(fn=_gl()["kernel"], signature=sig, constexprs=consts, attrs={})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=MAXNREG))

@@ -161,39 +161,58 @@ def _operands(w, s, ASM: gl.constexpr, CT: gl.constexpr, SCALED: gl.constexpr, d
 
 
 @gluon.jit
-def _item(item, num_pid_m, num_pid_n, k_blocks, GROUP_M: gl.constexpr, SPLIT: gl.constexpr):
-    """Work item -> (pid_m, pid_n, split index, first and end K block): with SPLIT > 1 each tile
+def _item(item, num_pid_m, num_pid_n, k_blocks, per, GROUP_M: gl.constexpr, SPLIT: gl.constexpr,
+          STREAM_K: gl.constexpr):
+    """Work item -> (pid_m, pid_n, partial slab, first and end K block). With SPLIT > 1 each tile
     is SPLIT consecutive items over ranges of ceil(k_blocks / SPLIT) K blocks (the last ones may
-    be short or empty)."""
+    be short or empty), the slab the split index. With STREAM_K an item is a tile and the K
+    blocks of it that fall in this program's ``per`` (tile, K block) units (``_walk``); the slab
+    is this program's rank among the programs sharing the tile."""
+    if STREAM_K:
+        pid = gl.program_id(0)
+        u0 = pid * per
+        u1 = gl.minimum(u0 + per, num_pid_m * num_pid_n * k_blocks)
+        t0 = item * k_blocks
+        pid_m, pid_n = grouped_tile(item, num_pid_m, num_pid_n, GROUP_M)
+        return pid_m, pid_n, pid - t0 // per, gl.maximum(u0 - t0, 0), gl.minimum(u1 - t0, k_blocks)
     tile_id = item // SPLIT
     ks = item % SPLIT
     pid_m, pid_n = grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
-    per = gl.cdiv(k_blocks, SPLIT)
-    kb0 = ks * per
-    kb1 = gl.minimum(kb0 + per, k_blocks)
+    per_split = gl.cdiv(k_blocks, SPLIT)
+    kb0 = ks * per_split
+    kb1 = gl.minimum(kb0 + per_split, k_blocks)
     return pid_m, pid_n, ks, kb0, kb1
 
 
 @gluon.jit
-def _walk(M, N, K, BT: gl.constexpr, SPLIT: gl.constexpr):
-    """(token tiles, weight-row tiles, work items, 512-wide K blocks) of the persistent walk that
-    every partition follows."""
+def _walk(M, N, K, per, BT: gl.constexpr, SPLIT: gl.constexpr, STREAM_K: gl.constexpr):
+    """(token tiles, weight-row tiles, 512-wide K blocks, first item, end item, item step) of the
+    persistent walk that every partition follows: items pid, pid + programs, ... (tiles, or
+    tiles x SPLIT K ranges); with STREAM_K (stream-K) the tiles that program pid's units
+    [pid * per, (pid + 1) * per) of the (tile, K block) sequence touch, one after another."""
     num_pid_m = gl.cdiv(M, BT)
     num_pid_n = gl.cdiv(N, BLOCK_W)
-    return num_pid_m, num_pid_n, num_pid_m * num_pid_n * SPLIT, gl.cdiv(K, 512)
+    k_blocks = gl.cdiv(K, 512)
+    if STREAM_K:
+        u0 = gl.program_id(0) * per
+        u1 = gl.minimum(u0 + per, num_pid_m * num_pid_n * k_blocks)
+        first = u0 // k_blocks
+        last = gl.maximum(gl.cdiv(u1, k_blocks), first)
+        return num_pid_m, num_pid_n, k_blocks, first, last, 1
+    return num_pid_m, num_pid_n, k_blocks, gl.program_id(0), num_pid_m * num_pid_n * SPLIT, gl.num_programs(0)
 
 
 @gluon.jit
-def _producer(w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K,
+def _producer(w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, per,
               BT: gl.constexpr, GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
-              SPLIT: gl.constexpr):
-    num_pid_m, num_pid_n, num_items, k_blocks = _walk(M, N, K, BT, SPLIT)
+              SPLIT: gl.constexpr, STREAM_K: gl.constexpr):
+    num_pid_m, num_pid_n, k_blocks, first, last, step = _walk(M, N, K, per, BT, SPLIT, STREAM_K)
     w_bytes: gl.constexpr = w_desc.block_type.nbytes
     x_bytes: gl.constexpr = x_desc.block_type.nbytes
     wi = 0
     xi = 0
-    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, GROUP_M, SPLIT)
+    for item in range(first, last, step):
+        pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, per, GROUP_M, SPLIT, STREAM_K)
         off_t = pid_m * BT
         off_w = pid_n * BLOCK_W
         for b in range(kb0, kb1):
@@ -217,34 +236,18 @@ def _producer(w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty
 
 
 @gluon.jit
-def _epilogue(acc, rows, row_ok, off_t, off_w, ks, c_bufs, c_desc, c_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, ldc,
-              stride_sw_n, stride_sx, cols_l: gl.constexpr, HALF: gl.constexpr, W_SCALE: gl.constexpr,
-              X_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr,
-              SPLIT: gl.constexpr):
-    """A consumer's tile: acc [64 weight rows, BT tokens] -> * token scale -> * weight scale
-    (per-channel or per-tensor; group scales were applied in the main loop) -> + bias -> cast ->
-    stored transposed (C is [M, N]); split over K, an fp32 partial."""
-    y = acc
-    if X_SCALE == "vector":  # (W4A8: the activations' per-token scales; split over K, each partial)
-        toks_s = off_t + gl.arange(0, BT, layout=cols_l)
-        y = y * gl.load(sx_ptr + toks_s * stride_sx, mask=toks_s < M, other=0.0)[None, :]
-    elif X_SCALE == "scalar":
-        y = y * gl.load(sx_ptr)
-    if W_SCALE == "vector":
-        y = y * gl.load(sw_ptr + rows * stride_sw_n, mask=row_ok, other=0.0)[:, None]
-    elif W_SCALE == "scalar":
-        y = y * gl.load(sw_ptr)
-    if HAS_BIAS:
-        # (with SPLIT > 1 the first K range's partial carries it)
-        y = y + gl.load(bias_ptr + rows, mask=row_ok & (ks == 0), other=0.0)[:, None]
-    out = y.to(c_ptr.dtype.element_ty)
-    if SPLIT > 1:
-        # An fp32 partial into slab ks of the [SPLIT, M, N] workspace (c_ptr), summed in order
-        # by gemm_kernel._splitk_reduce_kernel; an empty K range writes its zeros (and bias).
-        toks = off_t + gl.arange(0, BT, layout=cols_l)
-        c_ptrs = c_ptr + ks.to(gl.int64) * M * N + toks.to(gl.int64)[None, :] * N + rows[:, None]
-        gl.store(c_ptrs, y, mask=row_ok[:, None] & (toks < M)[None, :])
-    elif TMA_STORE:
+def _store_partial(y, ws_ptr, slab, rows, row_ok, off_t, M, N, cols_l: gl.constexpr, BT: gl.constexpr):
+    """An fp32 partial tile into slab ``slab`` of a [slabs, M, N] workspace (C's orientation)."""
+    toks = off_t + gl.arange(0, BT, layout=cols_l)
+    ptrs = ws_ptr + slab.to(gl.int64) * M * N + toks.to(gl.int64)[None, :] * N + rows[:, None]
+    gl.store(ptrs, y, mask=row_ok[:, None] & (toks < M)[None, :])
+
+
+@gluon.jit
+def _store_tile(out, rows, row_ok, off_t, off_w, c_bufs, c_desc, c_ptr, M, N, ldc, cols_l: gl.constexpr,
+                HALF: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr):
+    """A finished tile [64 weight rows, BT tokens] stored transposed into C [M, N]."""
+    if TMA_STORE:
         c_smem = c_bufs.index(HALF)
         tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
         c_smem.store(gl.permute(out, (1, 0)))  # [BT, 64]: C's orientation
@@ -258,14 +261,51 @@ def _epilogue(acc, rows, row_ok, off_t, off_w, ks, c_bufs, c_desc, c_ptr, sw_ptr
 
 
 @gluon.jit
-def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
-              bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx,
+def _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c_desc, c_ptr, ws_ptr, sw_ptr,
+              bias_ptr, sx_ptr, M, N, ldc, stride_sw_n, stride_sx, cols_l: gl.constexpr, HALF: gl.constexpr,
+              W_SCALE: gl.constexpr, X_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr,
+              BT: gl.constexpr, SPLIT: gl.constexpr, STREAM_K: gl.constexpr):
+    """A consumer's tile: acc [64 weight rows, BT tokens] -> * token scale -> * weight scale
+    (per-channel or per-tensor; group scales were applied in the main loop) -> + bias -> cast ->
+    stored transposed (C is [M, N]); over part of K (split, or a stream-K tile this program
+    shares), an fp32 partial, the bias in the one from the first K block."""
+    y = acc
+    if X_SCALE == "vector":  # (W4A8: the activations' per-token scales; split over K, each partial)
+        toks_s = off_t + gl.arange(0, BT, layout=cols_l)
+        y = y * gl.load(sx_ptr + toks_s * stride_sx, mask=toks_s < M, other=0.0)[None, :]
+    elif X_SCALE == "scalar":
+        y = y * gl.load(sx_ptr)
+    if W_SCALE == "vector":
+        y = y * gl.load(sw_ptr + rows * stride_sw_n, mask=row_ok, other=0.0)[:, None]
+    elif W_SCALE == "scalar":
+        y = y * gl.load(sw_ptr)
+    if HAS_BIAS:
+        y = y + gl.load(bias_ptr + rows, mask=row_ok & (kb0 == 0), other=0.0)[:, None]
+    if SPLIT > 1:
+        # Slab ks of the [SPLIT, M, N] workspace (c_ptr), summed in order by
+        # gemm_kernel._splitk_reduce_kernel; an empty K range writes its zeros (and bias).
+        _store_partial(y, c_ptr, ks, rows, row_ok, off_t, M, N, cols_l, BT)
+    elif STREAM_K:
+        if (kb0 > 0) | (kb1 < k_blocks):
+            # Slab ks of ws_ptr; streamk.py's fix-up sums the tile's slabs in order.
+            _store_partial(y, ws_ptr, ks, rows, row_ok, off_t, M, N, cols_l, BT)
+        else:
+            _store_tile(y.to(c_ptr.dtype.element_ty), rows, row_ok, off_t, off_w, c_bufs, c_desc, c_ptr, M, N, ldc,
+                        cols_l, HALF, TMA_STORE, BT)
+    else:
+        _store_tile(y.to(c_ptr.dtype.element_ty), rows, row_ok, off_t, off_w, c_bufs, c_desc, c_ptr, M, N, ldc,
+                    cols_l, HALF, TMA_STORE, BT)
+
+
+@gluon.jit
+def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr, sw_ptr,
+              bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per,
               HALF: gl.constexpr, CT: gl.constexpr, W_SCALE: gl.constexpr, X_SCALE: gl.constexpr,
               GROUP_K: gl.constexpr,
               HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr,
               GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
               ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr,
-              SPLIT: gl.constexpr):
+              SPLIT: gl.constexpr, STREAM_K: gl.constexpr):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BT, 16])
     dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -274,11 +314,11 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
     cols_l: gl.constexpr = gl.SliceLayout(0, mma)
     GROUPED: gl.constexpr = W_SCALE == "group"
-    num_pid_m, num_pid_n, num_items, k_blocks = _walk(M, N, K, BT, SPLIT)
+    num_pid_m, num_pid_n, k_blocks, first, last, step = _walk(M, N, K, per, BT, SPLIT, STREAM_K)
     wi = 0
     xi = 0
-    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, GROUP_M, SPLIT)
+    for item in range(first, last, step):
+        pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, per, GROUP_M, SPLIT, STREAM_K)
         off_t = pid_m * BT
         off_w = pid_n * BLOCK_W + HALF * HALF_W
         rows = off_w + gl.arange(0, HALF_W, layout=rows_l)
@@ -334,8 +374,9 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
                 mbarrier.arrive(x_empty.index(s0), count=1)
                 mbarrier.arrive(x_empty.index(s1), count=1)
                 xi += 2
-        _epilogue(acc, rows, row_ok, off_t, off_w, ks, c_bufs, c_desc, c_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, ldc,
-                  stride_sw_n, stride_sx, cols_l, HALF, W_SCALE, X_SCALE, HAS_BIAS, TMA_STORE, BT, SPLIT)
+        _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c_desc, c_ptr, ws_ptr, sw_ptr,
+                  bias_ptr, sx_ptr, M, N, ldc, stride_sw_n, stride_sx, cols_l, HALF, W_SCALE, X_SCALE, HAS_BIAS,
+                  TMA_STORE, BT, SPLIT, STREAM_K)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
@@ -352,13 +393,13 @@ def _operands_fp8(w, ASM: gl.constexpr, dot: gl.constexpr):
 
 
 @gluon.jit
-def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
-                  bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx,
+def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr, sw_ptr,
+                  bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per,
                   HALF: gl.constexpr, W_SCALE: gl.constexpr, X_SCALE: gl.constexpr, GROUP_K: gl.constexpr,
                   HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr,
                   GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
                   ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr,
-                  SPLIT: gl.constexpr):
+                  SPLIT: gl.constexpr, STREAM_K: gl.constexpr):
     """``_consumer`` for fp8 activations (W4A8 fused): e4m3 weights in registers, fp8 wgmma
     partial sums promoted into fp32 every 128 of K (times the group scales)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -369,11 +410,11 @@ def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
     cols_l: gl.constexpr = gl.SliceLayout(0, mma)
     GROUPED: gl.constexpr = W_SCALE == "group"
-    num_pid_m, num_pid_n, num_items, k_blocks = _walk(M, N, K, BT, SPLIT)
+    num_pid_m, num_pid_n, k_blocks, first, last, step = _walk(M, N, K, per, BT, SPLIT, STREAM_K)
     wi = 0
     xi = 0
-    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, GROUP_M, SPLIT)
+    for item in range(first, last, step):
+        pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, per, GROUP_M, SPLIT, STREAM_K)
         off_t = pid_m * BT
         off_w = pid_n * BLOCK_W + HALF * HALF_W
         rows = off_w + gl.arange(0, HALF_W, layout=rows_l)
@@ -429,20 +470,21 @@ def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_
                     swb = gl.full([HALF_W, BT], 1.0, gl.float32, mma)
                 acc = gl.inline_asm_elementwise("fma.rn.f32 $0, $1, $2, $3;", "=r,r,r,r", [part, swb, acc],
                                                 dtype=gl.float32, is_pure=True, pack=1)
-        _epilogue(acc, rows, row_ok, off_t, off_w, ks, c_bufs, c_desc, c_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, ldc,
-                  stride_sw_n, stride_sx, cols_l, HALF, W_SCALE, X_SCALE, HAS_BIAS, TMA_STORE, BT, SPLIT)
+        _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c_desc, c_ptr, ws_ptr, sw_ptr,
+                  bias_ptr, sx_ptr, M, N, ldc, stride_sw_n, stride_sx, cols_l, HALF, W_SCALE, X_SCALE, HAS_BIAS,
+                  TMA_STORE, BT, SPLIT, STREAM_K)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _i4p_prefill_kernel(
-    w_desc, x_desc, c_desc, c_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx,
-    CT: gl.constexpr, W_SCALE: gl.constexpr, GROUP_K: gl.constexpr, HAS_BIAS: gl.constexpr,
+    w_desc, x_desc, c_desc, c_ptr, sw_ptr, bias_ptr, sx_ptr, ws_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n,
+    stride_sx, per, CT: gl.constexpr, W_SCALE: gl.constexpr, GROUP_K: gl.constexpr, HAS_BIAS: gl.constexpr,
     TMA_STORE: gl.constexpr, BT: gl.constexpr, GROUP_M: gl.constexpr, WS: gl.constexpr,
     XS: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr,
     ASM3: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    SPLIT: gl.constexpr = 1, X_SCALE: gl.constexpr = "none",
+    SPLIT: gl.constexpr = 1, X_SCALE: gl.constexpr = "none", STREAM_K: gl.constexpr = False,
 ):
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [2 * WS, BLOCK_W, 32], w_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [XS, BT, 64], x_desc.layout)
@@ -452,6 +494,8 @@ def _i4p_prefill_kernel(
         # Partition arguments cannot be None: the unused slots carry the output pointer.
         c_bufs = c_ptr
         c_desc = c_ptr
+    if not STREAM_K:
+        ws_ptr = c_ptr
     w_ready = gl.allocate_shared_memory(gl.int64, [WS, 1], mbarrier.MBarrierLayout())
     w_empty = gl.allocate_shared_memory(gl.int64, [WS, 1], mbarrier.MBarrierLayout())
     x_ready = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
@@ -466,27 +510,27 @@ def _i4p_prefill_kernel(
 
     if CT == "fp8":
         gl.warp_specialize([
-            (_consumer_fp8, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
-                             bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 0, W_SCALE,
-                             X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3,
-                             SPLIT)),
-            (_consumer_fp8, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
-                             bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 1, W_SCALE,
-                             X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3,
-                             SPLIT)),
-            (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, BT,
-                         GROUP_M, WS, XS, SPLIT)),
+            (_consumer_fp8, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr,
+                             sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 0,
+                             W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2,
+                             ASM3, SPLIT, STREAM_K)),
+            (_consumer_fp8, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr,
+                             sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 1,
+                             W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2,
+                             ASM3, SPLIT, STREAM_K)),
+            (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, per, BT,
+                         GROUP_M, WS, XS, SPLIT, STREAM_K)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
-                         bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 0, CT, W_SCALE,
-                         X_SCALE, GROUP_K,
-                         HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3, SPLIT)),
-            (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, sw_ptr,
-                         bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, 1, CT, W_SCALE,
-                         X_SCALE, GROUP_K,
-                         HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3, SPLIT)),
-            (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, BT,
-                         GROUP_M, WS, XS, SPLIT)),
+            (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr,
+                         sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 0, CT,
+                         W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3,
+                         SPLIT, STREAM_K)),
+            (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr,
+                         sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 1, CT,
+                         W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3,
+                         SPLIT, STREAM_K)),
+            (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, per, BT,
+                         GROUP_M, WS, XS, SPLIT, STREAM_K)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
