@@ -783,7 +783,7 @@ def _sm90_build(compile_line: str, name: str) -> dict:
     env["PYTHONPATH"] = str(root / "src")
     code = ("import json, pathlib, subprocess, torch, triton\n"
             f"{compile_line}\n"
-            f"p = pathlib.Path('/tmp/tileq-{name}.cubin'); p.write_bytes(k.asm['cubin'])\n"
+            f"p = pathlib.Path('/tmp/tileq-{name}-{os.getpid()}.cubin'); p.write_bytes(k.asm['cubin'])\n"
             "b = pathlib.Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin'\n"
             "sass = subprocess.run([str(b / 'nvdisasm'), '-c', str(p)], capture_output=True, text=True).stdout\n"
             "use = subprocess.run([str(b / 'cuobjdump'), '-res-usage', str(p)], capture_output=True, text=True).stdout\n"
@@ -1088,14 +1088,16 @@ def test_gpu_prefill_split_k(m, n, k, split, gk, prefill_launches):
 @GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,tokens", [(256, 5120, 5120, 128), (300, 577, 1104, 128), (512, 4001, 7168, 256),
-                                          (100, 3000, 9000, 64), (1030, 5120, 5120, 128), (700, 1024, 512, 128)])
+                                          (100, 3000, 9000, 64), (1030, 5120, 5120, 128), (700, 1024, 512, 128),
+                                          (2100, 3000, 1536, 256), (4096, 5120, 1024, 128)])
 @pytest.mark.parametrize("gk,xt", [(128, torch.bfloat16), (0, torch.bfloat16), (-1, torch.float16)])
 def test_gpu_prefill_stream_k(m, n, k, tokens, gk, xt, prefill_launches):
-    """Stream-K: every program the same number of (tile, K block) units; tiles shared by programs
-    summed from their fp32 slabs by the fix-up, the others stored by the kernel (TMA or masked
-    stores). Shapes where a program covers less than one tile (K = 9000 in 18 blocks), several
-    tiles (K = 512: one block per tile), odd M and N, K tails; group, per-channel and per-tensor
-    scales; bias in the first K block's partial. Run twice: the same bits."""
+    """Stream-K: data-parallel tiles for all full waves but the last (M = 1030 and 4096), the rest
+    shared out by K blocks, every program the same number; tiles shared by programs summed from
+    their fp32 slabs by the fix-up, the others stored by the kernel (TMA or masked stores). Shapes
+    where a program covers less than one tile (K = 9000 in 18 blocks), several tiles (K = 512: one
+    block per tile), odd M and N, K tails; group, per-channel and per-tensor scales; bias in the
+    first K block's partial. Run twice: the same bits."""
     launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + tokens, tokens, streamk=True, x_dtype=xt)
     assert launch.name.endswith(f"__gluon_w128t{tokens}k512_stk_ws2x64_sm90"), launch.name
     y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
@@ -1332,21 +1334,23 @@ def test_prefill_launcher_split(monkeypatch):
 
 
 @pytest.mark.parametrize("tiles,k,sms", [(80, 5120, 132), (160, 5120, 132), (5, 9000, 132), (300, 512, 132),
-                                         (7, 1024, 3), (544, 5120, 132)])
+                                         (7, 1024, 3), (544, 5120, 132), (264, 3584, 132), (2048, 5120, 132)])
 def test_stream_k_schedule_covers_every_unit_once(tiles, k, sms):
-    """The stream-K layout (streamk.schedule / segments, the kernel's walk in Python): every
-    (tile, K block) unit belongs to exactly one program, programs hold ``per`` units (the last
-    at most), a tile's programs have ranks 0 .. count - 1 in K order, ``slabs`` is the largest
-    count and ``shared`` the tiles with more than one."""
+    """The stream-K layout (streamk.schedule / segments, the kernel's walk in Python): whole
+    tiles for all full waves but the last (data-parallel, program p every sms-th), then every
+    (tile, K block) unit of the rest in exactly one program, ``per`` per program (the last
+    ones fewer or none); a tile's programs have ranks 0 .. count - 1 in K order, ``slabs`` is the
+    largest count and ``shared`` the tiles with more than one."""
     from tileq.int4p import streamk
 
     s = streamk.schedule(tiles, k, sms)
     kb = streamk.k_blocks(k)
-    assert s.units == tiles * kb and s.programs <= sms and s.per == -(-s.units // sms)
+    assert s.dp % sms == 0 and (s.dp == 0 or tiles - s.dp >= sms or tiles % sms == 0)
+    assert s.units == (tiles - s.dp) * kb and s.per == max(-(-s.units // sms), 1)
     seen = {}
-    for p in range(s.programs):
-        segs = streamk.segments(p, s, kb)
-        assert sum(b - a for _, a, b, _ in segs) == (s.per if p < s.programs - 1 else s.units - p * s.per)
+    for p in range(sms):
+        segs = streamk.segments(p, s)
+        assert sum(b - a for _, a, b, _ in segs) - (s.dp // sms) * kb == max(min(s.per, s.units - p * s.per), 0)
         for t, a, b, r in segs:
             assert 0 <= a < b <= kb
             seen.setdefault(t, []).append((a, b, r))
@@ -1357,19 +1361,22 @@ def test_stream_k_schedule_covers_every_unit_once(tiles, k, sms):
         assert [r for _, _, r in parts] == list(range(len(parts)))
         assert parts[0][0] == 0 and parts[-1][1] == kb and all(parts[i][1] == parts[i + 1][0]
                                                                for i in range(len(parts) - 1))
-        counts.append(len(parts))
-    assert s.slabs == max(counts) and s.shared == sum(c > 1 for c in counts)
+        if t >= s.dp:
+            counts.append(len(parts))
+        else:
+            assert len(parts) == 1
+    assert s.slabs == max(counts, default=1) and s.shared == sum(c > 1 for c in counts)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs the fix-up kernel on CPU tensors")
-@pytest.mark.parametrize("m,n,k,tokens,sms", [(300, 577, 1104, 128, 5), (100, 384, 5120, 64, 7), (64, 200, 9000, 64, 3)])
+@pytest.mark.parametrize("m,n,k,tokens,sms", [(300, 577, 2560, 128, 4), (100, 384, 5120, 64, 7), (64, 200, 9000, 64, 3),
+                                              (700, 1000, 1536, 64, 5)])
 def test_stream_k_fixup_sums_shared_tiles(m, n, k, tokens, sms):
     """The fix-up kernel (interpreted) on a workspace filled as the kernel fills it: per program
     and tile, the sum of its K blocks' contributions, in C where the program holds the whole tile,
     else in slab ``rank``; C then holds every tile's full sum (the shared ones within a bf16
-    step), the whole tiles untouched."""
+    step)."""
     from tileq.int4p import prefill, streamk
-    from tileq.kernels.gemm_kernel import grouped_tile
 
     tiles = prefill.tiles(m, n, tokens)
     s = streamk.schedule(tiles, k, sms)
@@ -1378,27 +1385,27 @@ def test_stream_k_fixup_sums_shared_tiles(m, n, k, tokens, sms):
     part = torch.randn(kb, m, n)  # the contribution of each K block
     npm, npn = -(-m // tokens), -(-n // 128)
 
-    def region(t):
-        # grouped_tile in plain Python (it is a Triton function)
+    def region(t):  # gemm_kernel.grouped_tile in plain Python
         group = prefill.GROUP_M * npn
         first = (t // group) * prefill.GROUP_M
         size = min(npm - first, prefill.GROUP_M)
         pm, pn = first + (t % group) % size, (t % group) // size
         return slice(pm * tokens, (pm + 1) * tokens), slice(pn * 128, (pn + 1) * 128)
 
-    assert grouped_tile is not None
     work = torch.full((s.slabs, m, n), float("nan"))
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
-    for p in range(s.programs):
-        for t, a, b, r in streamk.segments(p, s, kb):
+    for p in range(sms):
+        for t, a, b, r in streamk.segments(p, s):
             rows, cols = region(t)
             value = part[a:b, rows, cols].sum(0)
             if a == 0 and b == kb:
                 out[rows, cols] = value.to(torch.bfloat16)
             else:
                 work[r, rows, cols] = value
-    streamk._fixup_kernel[(s.programs - 1,)](work, out, m, n, n, s.per, kb, npm, npn, BT=tokens,
-                                              GROUP_M=prefill.GROUP_M, BLOCK_T=streamk.FIXUP_TOKENS)
+    assert s.shared > 0
+    streamk._fixup_kernel[(sms - 1, -(-tokens // streamk.FIXUP_TOKENS))](
+        work, out, m, n, n, s.per, kb, s.dp, s.units, npm, npn, BT=tokens, GROUP_M=prefill.GROUP_M,
+        BLOCK_T=streamk.FIXUP_TOKENS, SLABS=s.slabs)
     want = part.sum(0)
     assert not out.isnan().any()
     assert torch.all((out.float() - want).abs() <= want.abs() * 2 ** -7 + 1e-5)

@@ -332,7 +332,8 @@ class GluonPrefillLaunch:
         self.split = split
         self.name = kernel_name(self.ct, w_kind, self.tokens, split, streamk)
         self.direct = device.type == "cuda"
-        # Stream-K (streamk.py): ``per`` (tile, K block) units per program, one program per SM.
+        # Stream-K (streamk.py): one program per SM (the kernel derives its data-parallel tiles
+        # from the grid), ``per`` (tile, K block) units of the rest per program.
         self.streamk = streamk_schedule(tiles(m, n, self.tokens), k, _num_sms(device)) if streamk else None
         per = self.streamk.per if streamk else 0
         ints = (m, n, k, n, sw_strides[0], sw_strides[1], sx_stride, per)
@@ -356,13 +357,15 @@ class GluonPrefillLaunch:
                                      (total, n, n), dict(SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWAPPED=False,
                                                          num_warps=4), (torch.float32, out_dtype))
         self.fixup = None
-        if streamk and self.streamk.programs > 1:
+        if streamk and self.streamk.shared:
             from . import streamk as sk
 
-            self.fixup = KernelCall(sk, "_fixup_kernel", (self.streamk.programs - 1,),
-                                    (m, n, n, per, sk.k_blocks(k), -(-m // self.tokens), -(-n // 128)),
-                                    dict(BT=self.tokens, GROUP_M=GROUP_M, BLOCK_T=sk.FIXUP_TOKENS, num_warps=4),
-                                    (torch.float32, out_dtype))
+            sch = self.streamk
+            self.fixup = KernelCall(sk, "_fixup_kernel", (sch.programs - 1, -(-self.tokens // sk.FIXUP_TOKENS)),
+                                    (m, n, n, sch.per, sch.k_blocks, sch.dp, sch.units, -(-m // self.tokens),
+                                     -(-n // 128)),
+                                    dict(BT=self.tokens, GROUP_M=GROUP_M, BLOCK_T=sk.FIXUP_TOKENS, SLABS=sch.slabs,
+                                         num_warps=4), (torch.float32, out_dtype))
         self.layouts = None
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:

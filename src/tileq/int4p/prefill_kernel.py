@@ -161,20 +161,42 @@ def _operands(w, s, ASM: gl.constexpr, CT: gl.constexpr, SCALED: gl.constexpr, d
 
 
 @gluon.jit
+def _dp_tiles(tiles, programs):
+    """Stream-K's data-parallel part (``streamk.dp_tiles``): whole tiles, program p taking p,
+    p + programs, ...: all full waves but the last, so the other tiles (the last full wave and
+    the partial one) are shared out by K blocks."""
+    return gl.maximum(tiles // programs - 1 + (tiles % programs == 0).to(gl.int32), 0) * programs
+
+
+@gluon.jit
 def _item(item, num_pid_m, num_pid_n, k_blocks, per, GROUP_M: gl.constexpr, SPLIT: gl.constexpr,
           STREAM_K: gl.constexpr):
     """Work item -> (pid_m, pid_n, partial slab, first and end K block). With SPLIT > 1 each tile
     is SPLIT consecutive items over ranges of ceil(k_blocks / SPLIT) K blocks (the last ones may
-    be short or empty), the slab the split index. With STREAM_K an item is a tile and the K
-    blocks of it that fall in this program's ``per`` (tile, K block) units (``_walk``); the slab
-    is this program's rank among the programs sharing the tile."""
+    be short or empty), the slab the split index. With STREAM_K (``_walk``) the first items are
+    the program's data-parallel tiles (all K blocks), the rest the tiles its ``per`` units of the
+    stream-K part touch, the slab its rank among the programs sharing the tile."""
     if STREAM_K:
         pid = gl.program_id(0)
-        u0 = pid * per
-        u1 = gl.minimum(u0 + per, num_pid_m * num_pid_n * k_blocks)
-        t0 = item * k_blocks
-        pid_m, pid_n = grouped_tile(item, num_pid_m, num_pid_n, GROUP_M)
-        return pid_m, pid_n, pid - t0 // per, gl.maximum(u0 - t0, 0), gl.minimum(u1 - t0, k_blocks)
+        programs = gl.num_programs(0)
+        tiles = num_pid_m * num_pid_n
+        dp = _dp_tiles(tiles, programs)
+        if item < dp // programs:
+            tile = pid + item * programs
+            ks = 0
+            kb0 = 0
+            kb1 = k_blocks
+        else:
+            u0 = pid * per
+            u1 = gl.minimum(u0 + per, (tiles - dp) * k_blocks)
+            t = u0 // k_blocks + item - dp // programs  # (within the stream-K part)
+            t0 = t * k_blocks
+            tile = dp + t
+            ks = pid - t0 // per
+            kb0 = gl.maximum(u0 - t0, 0)
+            kb1 = gl.minimum(u1 - t0, k_blocks)
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        return pid_m, pid_n, ks, kb0, kb1
     tile_id = item // SPLIT
     ks = item % SPLIT
     pid_m, pid_n = grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
@@ -188,17 +210,20 @@ def _item(item, num_pid_m, num_pid_n, k_blocks, per, GROUP_M: gl.constexpr, SPLI
 def _walk(M, N, K, per, BT: gl.constexpr, SPLIT: gl.constexpr, STREAM_K: gl.constexpr):
     """(token tiles, weight-row tiles, 512-wide K blocks, first item, end item, item step) of the
     persistent walk that every partition follows: items pid, pid + programs, ... (tiles, or
-    tiles x SPLIT K ranges); with STREAM_K (stream-K) the tiles that program pid's units
-    [pid * per, (pid + 1) * per) of the (tile, K block) sequence touch, one after another."""
+    tiles x SPLIT K ranges); with STREAM_K (streamk.py) items 0, 1, ...: the program's
+    data-parallel tiles, then the tiles that its units [pid * per, (pid + 1) * per) of the
+    stream-K part's (tile, K block) sequence touch."""
     num_pid_m = gl.cdiv(M, BT)
     num_pid_n = gl.cdiv(N, BLOCK_W)
     k_blocks = gl.cdiv(K, 512)
     if STREAM_K:
+        programs = gl.num_programs(0)
+        tiles = num_pid_m * num_pid_n
+        dp = _dp_tiles(tiles, programs)
         u0 = gl.program_id(0) * per
-        u1 = gl.minimum(u0 + per, num_pid_m * num_pid_n * k_blocks)
-        first = u0 // k_blocks
-        last = gl.maximum(gl.cdiv(u1, k_blocks), first)
-        return num_pid_m, num_pid_n, k_blocks, first, last, 1
+        u1 = gl.minimum(u0 + per, (tiles - dp) * k_blocks)
+        shared = (gl.cdiv(u1, k_blocks) - u0 // k_blocks) * (u1 > u0).to(gl.int32)  # (none past the units)
+        return num_pid_m, num_pid_n, k_blocks, 0, dp // programs + shared, 1
     return num_pid_m, num_pid_n, k_blocks, gl.program_id(0), num_pid_m * num_pid_n * SPLIT, gl.num_programs(0)
 
 
