@@ -103,7 +103,8 @@ def main() -> int:
                    help="from 128 tokens also time the Gluon prefill kernel with stream-K (int4p/streamk.py), "
                         "128- and (from 256) 256-token tiles: W4A16 group ('w4a16_streamk_t128' / '_t256'), "
                         "per-channel from 256 ('w4a16_streamk_channel_t128' / '_t256'), W4A8 group on the fused "
-                        "fp8 build ('w4a8_fused_streamk_t128')")
+                        "fp8 build ('w4a8_fused_streamk_t128'); where the default takes stream-K, the plan's "
+                        "tiling without it ('w4a16_plan', 'w4a16_plan_channel')")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -304,6 +305,21 @@ def main() -> int:
                     False, dev, None, tokens=tiling[0], split=tiling[1], x_kind="vector", sx_stride=1, fused=True))
                 record(s, name, m, n, k, "w4a8_fused", prefill.kernel_name("fp8", "group", *tiling),
                        lambda gf=gf: gf(xf8, w_pp.data, sx, sw4, None), ref8, b4)
+            if args.streamk and m >= 128 and prefill.plan(m, n, k, sms) is not None:
+                # where the default takes stream-K (prefill.streamk_for): the plan's tiling without it
+                tp, sp = prefill.plan(m, n, k, sms)
+                if prefill.streamk_for(m, n, k, tp, sp, sms)[1]:
+                    for impl, wk, sw_, want in (("w4a16_plan", "group", sw4, ref16),
+                                                ("w4a16_plan_channel", "vector", sw_ch, None)):
+                        if wk == "vector" and (m < DEQUANT_MIN_M or w_ch is None):
+                            continue
+                        st = (sw_.stride(0), sw_.stride(1)) if wk == "group" else (0, 1)
+                        gpl = lazy(lambda m=m, n=n, k=k, wk=wk, st=st, tp=tp, sp=sp: prefill.GluonPrefillLaunch(
+                            m, n, k, torch.bfloat16, torch.bfloat16, wk, st, 128, False, dev, None, tokens=tp,
+                            split=sp))
+                        record(s, name, m, n, k, impl, prefill.kernel_name("bf16", wk, tp, sp),
+                               lambda gpl=gpl, sw_=sw_: gpl(x, w_pp.data, None, sw_, None),
+                               want if want is not None else x.float() @ w_ch.t(), b4)
             if args.streamk and m >= 128:
                 variants = [("w4a16", "group", torch.bfloat16, sw4, ref16, x)]
                 if m >= DEQUANT_MIN_M:

@@ -581,9 +581,12 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
     assert "registers capped at 128 (heuristic: 448 programs" in out.stdout, out.stdout
     out = explain("--a", "fp8", "--m", "1024", "--n", "5120", "--k", "17408")
     assert out.returncode == 0 and "dequant-fp8+tileq" in out.stdout and "bquant GEMM" in out.stdout, out.stdout
-    out = explain("--a", "bf16", "--m", "512", "--n", "5120", "--k", "17408")
+    out = explain("--a", "bf16", "--m", "512", "--n", "5120", "--k", "5120")
     assert out.returncode == 0 and "bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90" in out.stdout
     assert "1 waves of 256-token tiles (x 1.7) against 2 of 128-token ones" in out.stdout, out.stdout
+    out = explain("--a", "bf16", "--m", "512", "--n", "5120", "--k", "17408")  # (stream-K)
+    assert out.returncode == 0 and "bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_stk_ws2x64_sm90" in out.stdout
+    assert "stream-K: 0 whole tiles of 256 tokens, then 21 of the other 2720" in out.stdout, out.stdout
     out = explain("--a", "int8", "--m", "1", "--n", "64", "--k", "128")
     assert out.returncode != 0 and "--prepacked: expected" in out.stderr
 
@@ -676,6 +679,33 @@ def test_256_token_tiles_from_256_tokens(monkeypatch):
         prefill.constexprs("bf16", "group", 128, False, True, 256)
     with pytest.raises(ValueError, match="no activation scale"):
         prefill.constexprs("bf16", "group", 128, False, False, 256, 1, "vector")
+
+
+def test_stream_k_choice():
+    """streamk_for: W4A16 from 128 to 1023 tokens, stream-K where its cost (whole tiles' K blocks +
+    per + STREAMK_OVERHEAD) beats the plan's waves x K blocks per item by STREAMK_MARGIN, with the
+    token tile of the cheaper cost; never for W4A8 or outside that range; explain names it."""
+    from tileq.int4p import prefill
+
+    # Mistral-24B down at 512 tokens: 80 tiles of 256 tokens x 64 K blocks in one wave against
+    # 39 + 3 blocks per SM with stream-K
+    assert prefill.plan(512, 5120, 32768, 132) == (256, 1)
+    assert prefill.streamk_for(512, 5120, 32768, 256, 1, 132) == (256, True)
+    assert prefill.plan_cost(512, 5120, 32768, 256, 1, 132) == 64 * prefill.TILE256_COST
+    assert prefill.streamk_cost(512, 5120, 32768, 256, 132) == (39 + prefill.STREAMK_OVERHEAD) * prefill.TILE256_COST
+    assert prefill.streamk_for(512, 5120, 32768, 256, 1, 132, x_scale=True) == (256, False)
+    assert prefill.streamk_for(1024, 5120, 32768, 256, 1, 132) == (256, False)  # (STREAMK_MAX_M)
+    assert prefill.streamk_for(100, 34816, 5120, 128, 1, 132) == (128, False)  # (below 128 tokens)
+    # Qwen3-14B gate_up at 128 tokens: 272 tiles in 3 waves of 10 blocks; stream-K 132 whole tiles
+    # then 11 units: 24 against 30
+    assert prefill.streamk_for(128, 34816, 5120, 128, 1, 132) == (128, True)
+    # Qwen3-14B o at 512 tokens: 80 tiles of 256 in one wave of 10 blocks (17 with the tile's cost)
+    # against (7 + 3) x 1.7 x 1.1: not enough
+    assert prefill.streamk_for(512, 5120, 5120, 256, 1, 132) == (256, False)
+    text = describe_prepacked(512, 5120, 32768)
+    assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_stk_ws2x64_sm90"), text
+    assert "stream-K: 0 whole tiles of 256 tokens, then 39 of the other 5120" in text, text
+    assert describe_prepacked(512, 5120, 32768, torch.float8_e4m3fn).startswith("dequant-fp8+tileq")
 
 
 def test_prefill_kernel_below_dequant_min_m():
@@ -1102,6 +1132,26 @@ def test_gpu_prefill_stream_k(m, n, k, tokens, gk, xt, prefill_launches):
     assert launch.name.endswith(f"__gluon_w128t{tokens}k512_stk_ws2x64_sm90"), launch.name
     y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
     assert torch.equal(launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda()), y)
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("w_scale", ["group", "vector"])
+def test_gpu_stream_k_is_routed(w_scale, prefill_launches):
+    """linear_prepacked takes stream-K where streamk_for picks it (200 tokens x an 11008 x 4096
+    weight: 172 tiles, 14 against 16 blocks per SM): one launch of the prefill kernel (and the
+    fix-up) matching the reference."""
+    m, n, k = 200, 11008, 4096
+    assert "_stk_" in describe_prepacked(m, n, k, w_scale=w_scale, device=torch.device("cuda"))
+    torch.manual_seed(7)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to("cuda")
+    ws = torch.rand(k // 128, n) * 0.02 + 0.01 if w_scale == "group" else torch.rand(n) * 0.02 + 0.01
+    x = torch.randn(m, k).to(torch.bfloat16)
+    y = linear_prepacked(x.cuda(), w, None, ws.cuda())
+    assert len(prefill_launches) == 1
+    want = _reference(x, v, ws, None, None, 128)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
 
 
 @GPU

@@ -436,11 +436,12 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
             fused) is None
         if served:
             tokens, split = gluon_plan
+            tokens, streamk = prefill.streamk_for(m, n, k, tokens, split, _num_sms(x.device), x_kind != "none")
             launch = prefill.GluonPrefillLaunch(m, n, k, x.dtype, out_dtype, w_kind, sw_strides, group_k,
                                                 b is not None, x.device,
                                                 DequantLaunch(n, k, w_kind, x_kind, sw_strides, group_k, out_dtype,
-                                                              x.dtype), tokens=tokens, split=split,
-                                                x_kind=x_kind, sx_stride=sx_stride, fused=fused)
+                                                              x.dtype), tokens=tokens, split=1 if streamk else split,
+                                                x_kind=x_kind, sx_stride=sx_stride, fused=fused, streamk=streamk)
         elif fp8_values:
             launch = fp8_prefill.Fp8PrefillLaunch(n, k, w_kind, x_kind, group_k, out_dtype, x.dtype)
         elif dequant:
@@ -473,8 +474,17 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
                if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale, tokens, fused))
         if why is None:
             t, split = gluon_plan
+            t_sk, streamk = prefill.streamk_for(m, n, k, t, split, sms, x_kind != "none")
             tiles = prefill.tiles(m, n, t)
-            if split > 1:
+            if streamk:
+                s = prefill.streamk_schedule(prefill.tiles(m, n, t_sk), k, sms)
+                when = (f"stream-K: {s.dp} whole tiles of {t_sk} tokens, then {s.per} of the other {s.units} "
+                        f"(tile, K block) units per SM: {prefill.streamk_cost(m, n, k, t_sk, sms):.1f} K blocks "
+                        f"per SM one after another against {prefill.plan_cost(m, n, k, t, split, sms):.1f} with "
+                        f"{tiles} tiles of {t} tokens{f' split over K {split} ways' if split > 1 else ''} "
+                        f"(x {prefill.STREAMK_MARGIN} needed)")
+                t, split = t_sk, 1
+            elif split > 1:
                 when = (f"{tiles} tiles of {t} tokens for {sms} SMs, at most {prefill.SPLIT_FILL} x SMs: "
                         f"split over K {split} ways")
             elif m >= DEQUANT_MIN_M and t == 256:
@@ -491,7 +501,7 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
             elif x_kind != "none":
                 cast = f"; {x_type} activations cast to bf16 first, their scale in the epilogue"
             ct_name = "fp8" if fused else ("bf16" if cast else x_type)
-            return (f"{prefill.kernel_name(ct_name, w_scale, t, split)} ({when}: the sm_90 "
+            return (f"{prefill.kernel_name(ct_name, w_scale, t, split, streamk)} ({when}: the sm_90 "
                     f"Gluon prefill kernel, {t}-token x 128-row tiles, int4 converted in registers{cast})")
         if m >= DEQUANT_MIN_M and x_kind != "none" and fp8_prefill.selected():
             return (f"{fp8_prefill.Fp8PrefillLaunch.name} (M >= {DEQUANT_MIN_M}, "

@@ -163,6 +163,50 @@ T256_MIN_M = DEQUANT_MIN_M
 TILE256_COST = 1.7
 
 
+# Stream-K (streamk.py) where its waves cost clearly less than the plan's tiling: W4A16 from
+# TOKENS to STREAMK_MAX_M - 1 tokens. A stream-K program costs its K blocks (whole data-parallel
+# tiles, then ``per`` units) plus STREAMK_OVERHEAD blocks (its partial tiles' epilogues and the
+# fix-up), against the plan's waves x K blocks per item (256-token tiles at TILE256_COST either
+# way), and must win by STREAMK_MARGIN. Fitted on an H200 (bench/results/h200/int4/streamk-hybrid/,
+# 18 weights at M 128 / 200 / 256 / 512 / 1024, 128- and 256-token stream-K forced beside the
+# default path): the measured overhead was 1.5-4.1 blocks (median 2.7); at 1024 tokens stream-K
+# won on 1 of 18 weights with group scales (0.73-1.04x), so it stops below.
+STREAMK_OVERHEAD = 3
+STREAMK_MARGIN = 1.1
+STREAMK_MAX_M = 1024
+
+
+def plan_cost(m: int, n: int, k: int, tokens: int, split: int, num_sms: int) -> float:
+    """The plan's tiling in K blocks per SM one after another: waves x K blocks per item (a
+    256-token tile's at TILE256_COST)."""
+    f = TILE256_COST if tokens == 256 else 1.0
+    return -(-tiles(m, n, tokens) * split // num_sms) * -(-(-(-k // 512)) // split) * f
+
+
+def streamk_cost(m: int, n: int, k: int, tokens: int, num_sms: int) -> float:
+    """Stream-K's in the same units: a program's data-parallel tiles' K blocks, its ``per``
+    units and STREAMK_OVERHEAD."""
+    s = streamk_schedule(tiles(m, n, tokens), k, num_sms)
+    f = TILE256_COST if tokens == 256 else 1.0
+    return (s.dp // num_sms * s.k_blocks + s.per + STREAMK_OVERHEAD) * f
+
+
+def streamk_for(m: int, n: int, k: int, tokens: int, split: int, num_sms: int, x_scale: bool = False
+                ) -> tuple[int, bool]:
+    """(token tile, stream-K) for a call the plan gave (``tokens``, ``split``): stream-K with 128-
+    or (from T256_MIN_M) 256-token tiles where its cost beats the plan's by STREAMK_MARGIN, else
+    the plan's tiles. W4A16 only (``x_scale``: W4A8 keeps its tiling; its fp8 build with stream-K
+    ran 0.89x at 128 tokens, median of 18 weights)."""
+    if x_scale or not TOKENS <= m < STREAMK_MAX_M:
+        return tokens, False
+    best = (plan_cost(m, n, k, tokens, split, num_sms), tokens, False)
+    for t in (TOKENS, 256) if m >= T256_MIN_M else (TOKENS,):
+        cost = streamk_cost(m, n, k, t, num_sms) * STREAMK_MARGIN
+        if cost < best[0]:
+            best = (cost, t, True)
+    return best[1], best[2]
+
+
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 40, 168
 
 # With group scales the kernel multiplies every converted value by its scale (a packed multiply
