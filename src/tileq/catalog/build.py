@@ -118,8 +118,9 @@ def wants_int4p_prefill_build(fam: KernelFamily, arch: ArchInfo) -> bool:
 
 def int4p_prefill_impls(fam: KernelFamily) -> list[str]:
     """The prefill kernel's instances built for a family (``_INT4P_PREFILL_TILES``): the fp8 build
-    takes no 256-token tiles (they refuse activation scales)."""
-    return [impl for impl, (tokens, _) in _INT4P_PREFILL_TILES.items() if fam.a.value != "fp8" or tokens <= 128]
+    takes no 256-token tiles (they refuse activation scales) and no stream-K (W4A16 only)."""
+    return [impl for impl, (tokens, _, streamk) in _INT4P_PREFILL_TILES.items()
+            if fam.a.value != "fp8" or (tokens <= 128 and not streamk)]
 
 
 def _attempt(name: str, family: str, config: str, t0: float, build) -> tuple[BuildResult, object]:
@@ -134,26 +135,31 @@ def _attempt(name: str, family: str, config: str, t0: float, build) -> tuple[Bui
     return BuildResult(name, family, config, True, time.time() - t0), compiled
 
 
-def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens: int = 128, split: int = 1
-                           ) -> tuple[BuildResult, object]:
+def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens: int = 128, split: int = 1,
+                           streamk: bool = False) -> tuple[BuildResult, object]:
     from ..int4p.launch import W_SCALE_OF_SCHEME
     from ..int4p.prefill import TMA_STORE_MAX_TOKENS, compile_sm90, config_tag, kernel_name
 
     w_kind = W_SCALE_OF_SCHEME[fam.scheme.value]
     # (the fp8 build, W4A8, always has its activations' per-token scale)
     x_scale = "vector" if fam.a.value == "fp8" else "none"
-    return _attempt(kernel_name(fam.a.value, w_kind, tokens, split), fam.name, config_tag(tokens, split), t0,
+    return _attempt(kernel_name(fam.a.value, w_kind, tokens, split, streamk), fam.name,
+                    config_tag(tokens, split, streamk), t0,
                     lambda: compile_sm90(fam.a.value, w_kind, tokens=tokens, split=split,
-                                         tma_store=split == 1 and tokens <= TMA_STORE_MAX_TOKENS, x_scale=x_scale))
+                                         tma_store=split == 1 and tokens <= TMA_STORE_MAX_TOKENS, x_scale=x_scale,
+                                         streamk=streamk))
 
 
-# The int4 prefill kernel's instances built per family: (token tile, split over K) by impl name.
-# 64 tokens: calls of 33-64 tokens; split two ways: narrow weights (int4p.prefill.plan); 256 tokens:
-# from 256 where their waves cost less (masked stores; not for the fp8 build, ``int4p_prefill_impls``).
-# Other split counts differ in one constant (the K range of an item) and compile on first use.
-_INT4P_PREFILL_TILES = {"int4p_prefill": (128, 1), "int4p_prefill64": (64, 1),
-                        "int4p_prefill_split": (64, 2), "int4p_prefill_split128": (128, 2),
-                        "int4p_prefill256": (256, 1)}
+# The int4 prefill kernel's instances built per family: (token tile, split over K, stream-K) by
+# impl name. 64 tokens: calls of 33-64 tokens; split two ways: narrow weights (int4p.prefill.plan);
+# 256 tokens: from 256 where their waves cost less (masked stores); stream-K with 128- and
+# 256-token tiles: W4A16 at 128-1023 tokens where prefill.streamk_for picks it (neither for the
+# fp8 build, ``int4p_prefill_impls``). Other split counts differ in one constant (the K range of
+# an item) and compile on first use.
+_INT4P_PREFILL_TILES = {"int4p_prefill": (128, 1, False), "int4p_prefill64": (64, 1, False),
+                        "int4p_prefill_split": (64, 2, False), "int4p_prefill_split128": (128, 2, False),
+                        "int4p_prefill256": (256, 1, False), "int4p_prefill_stk": (128, 1, True),
+                        "int4p_prefill256_stk": (256, 1, True)}
 
 
 def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
@@ -186,8 +192,8 @@ def _compile_gluon_fast(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[B
 
 # The kernels built beside a family's portable Triton kernel, by ``compile_one``'s impl.
 _SPECIAL = {"gluon": _compile_gluon, "gluon_fast": _compile_gluon_fast, "int4p": _compile_int4p,
-            **{impl: partial(_compile_int4p_prefill, tokens=tokens, split=split)
-               for impl, (tokens, split) in _INT4P_PREFILL_TILES.items()}}
+            **{impl: partial(_compile_int4p_prefill, tokens=tokens, split=split, streamk=streamk)
+               for impl, (tokens, split, streamk) in _INT4P_PREFILL_TILES.items()}}
 
 
 def _tool(name: str) -> str:

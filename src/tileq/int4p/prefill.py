@@ -10,6 +10,8 @@ else cast to bf16) and the fp8 GEMM on the values from there (``fp8_prefill.py``
 ``dequant.py`` with ``TILEQ_W4A8_PREFILL=bf16``).
 From ``MIN_M`` tokens below ``DEQUANT_MIN_M`` it takes the calls ``plan`` gives it (split over K
 on narrow weights, unsplit where the tiles fill the SMs); the decode kernel takes the others.
+W4A16 from TOKENS to STREAMK_MAX_M - 1 tokens runs stream-K (``streamk.py``) instead of the
+plan's tiling where ``streamk_for`` finds its waves clearly cheaper.
 """
 
 from __future__ import annotations

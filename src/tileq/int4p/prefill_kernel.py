@@ -26,7 +26,9 @@ memory. A tile is 128 weight rows x BT tokens:
   epilogue (exact);
 - the grid is persistent with a grouped tile order; the epilogue (token scale, weight scale, bias, cast) is
   stored transposed through shared memory by TMA, or with masked stores when C's rows are not
-  16-byte aligned.
+  16-byte aligned. Split over K (SPLIT) or with stream-K (STREAM_K, ``streamk.py``: whole tiles
+  for all full waves but the last, then the other tiles' K blocks shared out evenly) a tile that
+  a work item covers only in part is written as an fp32 partial, summed afterwards in order.
 
 CT = 'fp8' (W4A8 fused, ``_consumer_fp8``): fp8 activations (e4m3 or e5m2) stay fp8 in shared
 memory ([BT, 64] tiles, 64-byte rows) and the weight is converted to e4m3 (-8..7 are exact) in
