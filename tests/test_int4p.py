@@ -1329,6 +1329,29 @@ def test_gpu_prefill_out_graphs_and_fallback(prefill_launches):
 
 @GPU
 @pytest.mark.gpu
+def test_gpu_stream_k_in_a_cuda_graph(prefill_launches):
+    """Stream-K (routed: 200 tokens x 11008 x 4096) into out=, captured in a CUDA graph and
+    replayed on fresh activations: the workspace and the fix-up launch are captured too; the
+    replay equals a direct call bit for bit."""
+    m, n, k = 200, 11008, 4096
+    assert "_stk_" in describe_prepacked(m, n, k, device=torch.device("cuda"))
+    v, w, ws, x = _w4a16_problem(m, n, k, seed=9)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    linear_prepacked(x, w, None, ws, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        linear_prepacked(x, w, None, ws, out=out)
+    x.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = _reference(x.cpu(), v, ws.cpu(), None, None, 128)
+    assert float((out.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+    assert torch.equal(linear_prepacked(x, w, None, ws), out)
+
+
+@GPU
+@pytest.mark.gpu
 def test_gpu_prefill_direct_launches(monkeypatch):
     """Later calls skip Triton's JIT launch: the same results, and a kept handle."""
     from tileq.int4p import launch as ilaunch
