@@ -1298,6 +1298,18 @@ def test_gpu_w4a8_decode_both_fp8_types_and_the_cast(cast_min_bytes, monkeypatch
             assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2, (m, dtype)
 
 
+def _replay_in_graph(call, x, out):
+    """``call()`` captured in a CUDA graph, then replayed on fresh activations in ``x`` with
+    ``out`` filled with NaN first."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    x.copy_(torch.randn(x.shape, device="cuda").to(x.dtype))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+
+
 @GPU
 @pytest.mark.gpu
 def test_gpu_prefill_out_graphs_and_fallback(prefill_launches):
@@ -1310,13 +1322,7 @@ def test_gpu_prefill_out_graphs_and_fallback(prefill_launches):
     assert y.data_ptr() == out.data_ptr() and len(prefill_launches) == 1
     check = lambda xx: float((out.double() - _reference(xx.cpu(), v, ws.cpu(), None, None, 128).cuda()).abs().max())  # noqa: E731
     assert check(x) < 1e-2 * float(out.double().abs().max())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        linear_prepacked(x, w, None, ws, out=out)
-    x.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16))
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    _replay_in_graph(lambda: linear_prepacked(x, w, None, ws, out=out), x, out)
     assert check(x) < 1e-2 * float(out.double().abs().max())
     buf = torch.empty(m * k + 8, dtype=torch.bfloat16, device="cuda")
     xu = buf[1:1 + m * k].view(m, k)
@@ -1338,13 +1344,7 @@ def test_gpu_stream_k_in_a_cuda_graph(prefill_launches):
     v, w, ws, x = _w4a16_problem(m, n, k, seed=9)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     linear_prepacked(x, w, None, ws, out=out)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        linear_prepacked(x, w, None, ws, out=out)
-    x.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16))
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    _replay_in_graph(lambda: linear_prepacked(x, w, None, ws, out=out), x, out)
     want = _reference(x.cpu(), v, ws.cpu(), None, None, 128)
     assert float((out.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
     assert torch.equal(linear_prepacked(x, w, None, ws), out)
