@@ -878,7 +878,8 @@ def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale,
 
 @pytest.mark.parametrize("bias,tma_store,tokens,split,x_scale,streamk", [
     (False, True, 128, 1, "vector", False), (True, False, 128, 1, "vector", False),
-    (False, False, 128, 3, "vector", False), (True, True, 64, 1, "scalar", False), (False, True, 128, 1, "vector", True)])
+    (False, False, 128, 3, "vector", False), (True, True, 64, 1, "scalar", False),
+    (False, True, 128, 1, "vector", True)])
 def test_sm90_fused_w4a8_build(bias, tma_store, tokens, split, x_scale, streamk):
     """The fused W4A8 build (W4A8 below 256 tokens with group scales) compiled for sm_90 on
     the CPU: per consumer and 512 of K, 16 fp8 wgmmas m64n{BT}k32 with the e4m3 weights as
