@@ -296,7 +296,7 @@ def main() -> int:
                     g8 = lazy(lambda m=m, n=n, k=k, wk=wk, st=st, tiling=tiling: prefill.GluonPrefillLaunch(
                         m, n, k, torch.float8_e4m3fn, torch.bfloat16, wk, st, 128, False, dev, None,
                         tokens=tiling[0], split=tiling[1], x_kind="vector", sx_stride=1))
-                    record(s, name, m, n, k, impl, prefill.kernel_name("bf16", wk, *tiling),
+                    record(s, name, m, n, k, impl, prefill.kernel_name("bf16", wk, *tiling, x_scale=True),
                            lambda g8=g8, sw_=sw_: g8(xf8, w_pp.data, sx, sw_, None), want, b4)
             if args.w4a8_fused and m >= prefill.MIN_M:
                 tiling = prefill.plan(m, n, k, sms, True) or (prefill.tokens_for(m, n, sms, True), 1)

@@ -146,11 +146,13 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert int4p == ["bquant_fp8xi4_rcr_decode", "bquant_bf8xi4_rcr_decode", "bquant_bf16xi4_rcr_decode",
                      "bquant_fp16xi4_rcr_decode"]
     int4p_prefill = [f.name for f in catalog() if wants_int4p_prefill_build(f, sm90)]
-    assert int4p_prefill == ["bquant_fp8xi4_rcr_prefill", "bquant_bf16xi4_rcr_prefill", "bquant_fp16xi4_rcr_prefill"]
+    assert int4p_prefill == ["bquant_fp8xi4_rcr_prefill", "bquant_bf8xi4_rcr_prefill", "bquant_bf16xi4_rcr_prefill",
+                             "bquant_fp16xi4_rcr_prefill"]
     # (the prefill kernel's 64- and 128-token tiles, split or not, and for 16-bit activations its
-    # 256-token tiles and stream-K with 128- and 256-token tiles; W4A8's fp8 build takes neither)
+    # 256-token tiles and stream-K with 128- and 256-token tiles; W4A8's builds take neither: e4m3
+    # the fp8 build, e5m2 the 16-bit build with the activations' scale, '_xs')
     prefill_builds = [f for f in int4p_prefill for _ in int4p_prefill_impls(parse_family(f))]
-    assert len(prefill_builds) == 4 + 7 + 7
+    assert len(prefill_builds) == 4 + 4 + 7 + 7
     expected = (len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon) + len(gluon_fast)
                 + len(int4p) + len(prefill_builds))
     assert len(kernels) == expected and all(k["ok"] for k in kernels)
@@ -164,12 +166,16 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert sorted(k["family"] for k in built_int4p) == sorted(int4p + prefill_builds)
     assert sorted(k["name"] for k in built_int4p if "_prefill__gluon_" in k["name"]) == [
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_sk2_ws2x64_sm90",
+        "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_sk2_ws2x64_xs_sm90",
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_stk_ws2x64_sm90",
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90",
+        "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_xs_sm90",
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_stk_ws2x64_sm90",
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90",
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk2_ws2x64_sm90",
+        "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk2_ws2x64_xs_sm90",
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_sm90",
+        "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_xs_sm90",
         "bquant_fp16xi4p_rcr_prefill__gluon_w128t128k512_sk2_ws2x64_sm90",
         "bquant_fp16xi4p_rcr_prefill__gluon_w128t128k512_stk_ws2x64_sm90",
         "bquant_fp16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90",

@@ -733,7 +733,9 @@ def test_prefill_kernel_below_dequant_min_m():
     # W4A8 follows the same choice: with group scales the kernel's fp8 build (fused_for), else its
     # activations cast to bf16
     assert describe_prepacked(48, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_fp8xi4p_rcr_prefill__gluon_")
-    assert describe_prepacked(48, 34816, 5120, torch.float8_e5m2).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
+    # (the 16-bit build with the activations' scale is another binary: '_xs')
+    assert describe_prepacked(48, 34816, 5120, torch.float8_e5m2).startswith(
+        "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_xs_sm90")
     assert describe_prepacked(32, 34816, 5120, torch.float8_e4m3fn).startswith("bquant_bf16xi4p_rcr_decode__")
     assert describe_prepacked(16, 34816, 5120).startswith("bquant_bf16xi4p_rcr_decode__")
 

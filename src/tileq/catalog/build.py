@@ -109,18 +109,19 @@ def wants_int4p_build(fam: KernelFamily, arch: ArchInfo) -> bool:
 
 
 def wants_int4p_prefill_build(fam: KernelFamily, arch: ArchInfo) -> bool:
-    """Prefill families of nn.Linear int4 weights with 16-bit or e4m3 activations (rcr, bquant:
-    W4A16, and W4A8 below 256 tokens on the kernel's fp8 build) get the sm_90 Gluon prefill
-    kernel on prepacked weights (tileq.int4p.prefill) built too."""
+    """Prefill families of nn.Linear int4 weights with 16-bit or fp8 activations (rcr, bquant:
+    W4A16, and W4A8 below 256 tokens: e4m3 on the kernel's fp8 build, e5m2 cast to bf16 on its
+    16-bit build with the activations' scale) get the sm_90 Gluon prefill kernel on prepacked
+    weights (tileq.int4p.prefill) built too."""
     return (arch.name == "sm_90" and fam.pipeline == "prefill" and fam.b.value == "i4" and fam.layout == "rcr"
-            and fam.a.value in ("bf16", "fp16", "fp8") and fam.scheme.value == "bquant")
+            and fam.a.value in ("bf16", "fp16", "fp8", "bf8") and fam.scheme.value == "bquant")
 
 
 def int4p_prefill_impls(fam: KernelFamily) -> list[str]:
-    """The prefill kernel's instances built for a family (``_INT4P_PREFILL_TILES``): the fp8 build
-    takes no 256-token tiles (they refuse activation scales) and no stream-K (W4A16 only)."""
+    """The prefill kernel's instances built for a family (``_INT4P_PREFILL_TILES``): W4A8's builds
+    take no 256-token tiles (they refuse activation scales) and no stream-K (W4A16 only)."""
     return [impl for impl, (tokens, _, streamk) in _INT4P_PREFILL_TILES.items()
-            if fam.a.value != "fp8" or (tokens <= 128 and not streamk)]
+            if fam.a.value not in ("fp8", "bf8") or (tokens <= 128 and not streamk)]
 
 
 def _attempt(name: str, family: str, config: str, t0: float, build) -> tuple[BuildResult, object]:
@@ -141,11 +142,14 @@ def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens:
     from ..int4p.prefill import TMA_STORE_MAX_TOKENS, compile_sm90, config_tag, kernel_name
 
     w_kind = W_SCALE_OF_SCHEME[fam.scheme.value]
-    # (the fp8 build, W4A8, always has its activations' per-token scale)
-    x_scale = "vector" if fam.a.value == "fp8" else "none"
-    return _attempt(kernel_name(fam.a.value, w_kind, tokens, split, streamk), fam.name,
-                    config_tag(tokens, split, streamk), t0,
-                    lambda: compile_sm90(fam.a.value, w_kind, tokens=tokens, split=split,
+    # W4A8 always has its activations' per-token scale: e4m3 on the fp8 build, e5m2 cast to bf16
+    # on the 16-bit build ('_xs')
+    ct = "bf16" if fam.a.value == "bf8" else fam.a.value
+    x_scale = "vector" if fam.a.value in ("fp8", "bf8") else "none"
+    cast = fam.a.value == "bf8"
+    return _attempt(kernel_name(ct, w_kind, tokens, split, streamk, cast), fam.name,
+                    config_tag(tokens, split, streamk, cast), t0,
+                    lambda: compile_sm90(ct, w_kind, tokens=tokens, split=split,
                                          tma_store=split == 1 and tokens <= TMA_STORE_MAX_TOKENS, x_scale=x_scale,
                                          streamk=streamk))
 
@@ -153,8 +157,8 @@ def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens:
 # The int4 prefill kernel's instances built per family: (token tile, split over K, stream-K) by
 # impl name. 64 tokens: calls of 33-64 tokens; split two ways: narrow weights (int4p.prefill.plan);
 # 256 tokens: from 256 where their waves cost less (masked stores); stream-K with 128- and
-# 256-token tiles: W4A16 at 128-1023 tokens where prefill.streamk_for picks it (neither for the
-# fp8 build, ``int4p_prefill_impls``). Other split counts differ in one constant (the K range of
+# 256-token tiles: W4A16 at 128-1023 tokens where prefill.streamk_for picks it (neither for
+# W4A8's builds, ``int4p_prefill_impls``). Other split counts differ in one constant (the K range of
 # an item) and compile on first use.
 _INT4P_PREFILL_TILES = {"int4p_prefill": (128, 1, False), "int4p_prefill64": (64, 1, False),
                         "int4p_prefill_split": (64, 2, False), "int4p_prefill_split128": (128, 2, False),

@@ -42,9 +42,11 @@ def tiles(m: int, n: int, tokens: int) -> int:
     return -(-m // tokens) * -(-n // 128)
 
 
-def config_tag(tokens: int = TOKENS, split: int = 1, streamk: bool = False) -> str:
-    """The kernel name's config part for a token tile (and a split over K, or stream-K)."""
-    return f"gluon_w128t{tokens}k512{f'_sk{split}' if split > 1 else ''}{'_stk' if streamk else ''}_ws2x64"
+def config_tag(tokens: int = TOKENS, split: int = 1, streamk: bool = False, x_scale: bool = False) -> str:
+    """The kernel name's config part for a token tile (and a split over K, or stream-K; ``x_scale``:
+    the 16-bit build with an activation scale in its epilogue, W4A8 on activations cast to bf16)."""
+    return (f"gluon_w128t{tokens}k512{f'_sk{split}' if split > 1 else ''}{'_stk' if streamk else ''}_ws2x64"
+            f"{'_xs' if x_scale else ''}")
 
 
 MAX_SPLIT = 8
@@ -376,7 +378,7 @@ class GluonPrefillLaunch:
         self.ct = "fp8" if x_dtype in _FP8 and fused else _CT[self.cast_to or x_dtype]
         self.tokens = tokens or tokens_for(m, n, _num_sms(device))
         self.split = split
-        self.name = kernel_name(self.ct, w_kind, self.tokens, split, streamk)
+        self.name = kernel_name(self.ct, w_kind, self.tokens, split, streamk, self.ct != "fp8" and x_kind != "none")
         self.direct = device.type == "cuda"
         # Stream-K (streamk.py): one program per SM (the kernel derives its data-parallel tiles
         # from the grid), ``per`` (tile, K block) units of the rest per program.
@@ -449,13 +451,16 @@ class GluonPrefillLaunch:
         return out
 
 
-def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS, split: int = 1, streamk: bool = False) -> str:
-    """The kernel's catalog-style name: scheme, activation x prepacked int4, rcr, the prefill
-    pipeline, the Gluon tile (128 weight rows x ``tokens`` tokens x 512 of K, two consumers; a
-    split over K, or stream-K)."""
+def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS, split: int = 1, streamk: bool = False,
+                x_scale: bool = False) -> str:
+    """The kernel's catalog-style name: scheme, the kernel's activation type x prepacked int4, rcr,
+    the prefill pipeline, the Gluon tile (128 weight rows x ``tokens`` tokens x 512 of K, two
+    consumers; a split over K, or stream-K; ``x_scale``: a 16-bit build with the activations'
+    scale in its epilogue, '_xs', for W4A8 cast to bf16: another binary than W4A16's)."""
     from .launch import _SCHEME_OF_W_SCALE
 
-    return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__{config_tag(tokens, split, streamk)}_sm90"
+    tag = config_tag(tokens, split, streamk, x_scale)
+    return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__{tag}_sm90"
 
 
 def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True,
