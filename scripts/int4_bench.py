@@ -101,7 +101,7 @@ def main() -> int:
                         "the plan's tiling ('w4a8_fused')")
     p.add_argument("--streamk", action="store_true",
                    help="from 128 tokens also time the Gluon prefill kernel with stream-K (int4p/streamk.py), "
-                        "128- and (from 256) 256-token tiles: W4A16 group ('w4a16_streamk_t128' / '_t256'), "
+                        "128- and (above 128) 256-token tiles: W4A16 group ('w4a16_streamk_t128' / '_t256'), "
                         "per-channel from 256 ('w4a16_streamk_channel_t128' / '_t256'), W4A8 group on the fused "
                         "fp8 build ('w4a8_fused_streamk_t128'); where the default takes stream-K, the plan's "
                         "tiling without it ('w4a16_plan', 'w4a16_plan_channel')")
@@ -326,7 +326,7 @@ def main() -> int:
                     variants.append(("w4a16", "vector", torch.bfloat16, sw_ch, x.float() @ w_ch.t(), x))
                 variants.append(("w4a8_fused", "group", torch.float8_e4m3fn, sw4, ref8, xf8))
                 for kind, wk, xdt, sw_, want, xin in variants:
-                    for tokens in ((128, 256) if m >= DEQUANT_MIN_M and kind == "w4a16" else (128,)):
+                    for tokens in ((128, 256) if m > 128 and kind == "w4a16" else (128,)):
                         st = (sw_.stride(0), sw_.stride(1)) if wk == "group" else (0, 1)
                         fp8 = xdt == torch.float8_e4m3fn
                         gs = lazy(lambda m=m, n=n, k=k, wk=wk, st=st, xdt=xdt, tokens=tokens, fp8=fp8:
