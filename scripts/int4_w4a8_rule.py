@@ -51,8 +51,10 @@ def chosen(m: int, n: int, k: int, w_kind: str) -> str:
     from tileq.int4p.launch import compute_type
 
     plan = prefill.plan(m, n, k, SMS, x_scale=True)
+    if plan is not None and fused_for(m, "fp8", w_kind, n, k):
+        return "fused"
     if plan is not None and m < prefill.W4A8_MAX_M:
-        return "fused" if fused_for(m, "fp8", w_kind) else "gluon"
+        return "gluon"
     if m >= DEQUANT_MIN_M:
         return "fp8_gemm"
     return "cast" if compute_type(m, n, k, "fp8") == "bf16" else "fp8_kernel"

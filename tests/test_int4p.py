@@ -916,12 +916,24 @@ def test_w4a8_fused_build_routing(monkeypatch):
 
     f8 = torch.float8_e4m3fn
     assert fp8_prefill.mode() == "fp8"
-    assert fp8_prefill.fused_for(255, "fp8", "group") and not fp8_prefill.fused_for(256, "fp8", "group")
-    assert not fp8_prefill.fused_for(100, "bf8", "group") and not fp8_prefill.fused_for(100, "fp8", "vector")
+    assert fp8_prefill.fused_for(255, "fp8", "group", 5120, 5120)
+    assert not fp8_prefill.fused_for(256, "fp8", "group", 5120, 5120)
+    assert not fp8_prefill.fused_for(100, "bf8", "group", 5120, 5120)
+    assert not fp8_prefill.fused_for(100, "fp8", "vector", 5120, 5120)
+    # up to FUSED_WIDE_MAX_M (256) on weights with N >= 16384 or K >= 8192
+    assert fp8_prefill.fused_for(256, "fp8", "group", 16384, 4096)
+    assert fp8_prefill.fused_for(256, "fp8", "group", 5120, 8192)
+    assert not fp8_prefill.fused_for(256, "fp8", "group", 16383, 8191)
+    assert not fp8_prefill.fused_for(257, "fp8", "group", 28672, 8192)
+    assert not fp8_prefill.fused_for(256, "fp8", "vector", 28672, 8192)
+    text = describe_prepacked(256, 5120, 17408, f8)
+    assert text.startswith("bquant_fp8xi4p_rcr_prefill__gluon_w128t128k512_sk3_ws2x64_sm90"), text
+    assert "from 256 tokens on weights with N >= 16384 or K >= 8192 only" in text, text
+    assert describe_prepacked(256, 5120, 5120, f8).startswith("dequant-fp8+tileq")
     assert describe_prepacked(200, 5120, 5120, f8).startswith("bquant_fp8xi4p_rcr_prefill__gluon_")
     assert describe_prepacked(1024, 5120, 5120, f8).startswith("dequant-fp8+tileq")
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", "bf16")
-    assert not fp8_prefill.fused_for(100, "fp8", "group")
+    assert not fp8_prefill.fused_for(100, "fp8", "group", 5120, 5120)
     assert describe_prepacked(200, 5120, 5120, f8).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fused")
     text = describe_prepacked(1024, 5120, 5120, f8)

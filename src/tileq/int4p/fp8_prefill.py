@@ -49,22 +49,36 @@ def mode() -> str:
     return value
 
 
-def fused_for(m: int, x_type: str, w_kind: str) -> bool:
-    """Whether a W4A8 call of ``m`` tokens runs the fused fp8 build of the Gluon prefill kernel
-    where that kernel takes it: by default (TILEQ_W4A8_PREFILL unset or 'fp8') e4m3 activations
-    with group scales below ``prefill.W4A8_MAX_M`` tokens (instead of the activations cast to
-    bf16 for its bf16 build); with 'fused' at every M (where it does not serve: the other paths,
-    and ``prefill.unserved`` says why); never with 'bf16'. H200, 18 weights, every path in one run
-    (bench/results/h200/int4/w4a8-fused/): against the bf16 build on the cast activations, 1.13x
-    / 1.23x faster at 48 / 128 tokens (medians; faster on all 18 weights), and against the fp8
-    GEMM at 256 tokens 1.07x but slower on 4 of 18 (down to 0.88x), at 512 0.84x (slower on all):
-    conversion-bound at 0.51-0.53x fp8 rowcol's speed from 256 tokens."""
+# The fused build also takes W4A8 calls of W4A8_MAX_M up to FUSED_WIDE_MAX_M tokens on wide or deep
+# weights (N >= FUSED_WIDE_N or K >= FUSED_WIDE_K), where its waves of 128-token tiles cost less
+# than the fp8 GEMM's copy of the weight. H200, 18 weights, both paths in one run at 256 tokens
+# (bench/results/h200/int4/round7/): on the 13 weights this picks, the fused build took 0.77-1.005x
+# the fp8 GEMM path's time (median 0.90); on the other five 1.06-1.13x. Not measured between 257
+# and 511 tokens (at 512 it lost on all 18), hence the bound at 256.
+FUSED_WIDE_MAX_M = 256
+FUSED_WIDE_N = 16384
+FUSED_WIDE_K = 8192
+
+
+def fused_for(m: int, x_type: str, w_kind: str, n: int, k: int) -> bool:
+    """Whether a W4A8 call of ``m`` tokens on an N x K weight runs the fused fp8 build of the
+    Gluon prefill kernel where that kernel takes it: by default (TILEQ_W4A8_PREFILL unset or
+    'fp8') e4m3 activations with group scales below ``prefill.W4A8_MAX_M`` tokens (instead of the
+    activations cast to bf16 for its bf16 build), and up to FUSED_WIDE_MAX_M tokens on wide or
+    deep weights (instead of the fp8 GEMM); with 'fused' at every M (where it does not serve: the
+    other paths, and ``prefill.unserved`` says why); never with 'bf16'. H200, 18 weights, every
+    path in one run (bench/results/h200/int4/w4a8-fused/): against the bf16 build on the cast
+    activations, 1.13x / 1.23x faster at 48 / 128 tokens (medians; faster on all 18 weights), and
+    against the fp8 GEMM at 512 0.84x (slower on all): conversion-bound at 0.51-0.53x fp8
+    rowcol's speed from 256 tokens."""
     from .prefill import W4A8_MAX_M
 
     value = mode()
     if value == "fused":
         return True
-    return value == "fp8" and x_type == "fp8" and w_kind == "group" and m < W4A8_MAX_M
+    if value != "fp8" or x_type != "fp8" or w_kind != "group":
+        return False
+    return m < W4A8_MAX_M or (m <= FUSED_WIDE_MAX_M and (n >= FUSED_WIDE_N or k >= FUSED_WIDE_K))
 
 
 def selected() -> bool:

@@ -429,7 +429,7 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
         # (read for every W4A8 prefill call, so that a wrong value is an error wherever the call goes)
         w4a8_mode = fp8_prefill.mode() if x_kind != "none" and m >= prefill.MIN_M else None
         fp8_values = dequant and x_kind != "none" and w4a8_mode != "bf16"
-        fused = w4a8_mode is not None and fp8_prefill.fused_for(m, x_type, w_kind)
+        fused = w4a8_mode is not None and fp8_prefill.fused_for(m, x_type, w_kind, n, k)
         # (the key holds what unserved() reads: the device, the interpreter, TILEQ_GLUON)
         served = (dequant or small_prefill) and prefill.unserved(
             m, k, x_type, x_kind, w_kind, out_dtype, x.device, gluon_plan[0] if gluon_plan else None,
@@ -469,7 +469,7 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
     if config is None and (m >= DEQUANT_MIN_M or gluon_plan is not None):
         out = x_dtype if x_type in ("bf16", "fp16") else torch.bfloat16
         tokens = gluon_plan[0] if gluon_plan else None
-        fused = x_kind != "none" and fp8_prefill.fused_for(m, x_type, w_scale)
+        fused = x_kind != "none" and fp8_prefill.fused_for(m, x_type, w_scale, n, k)
         why = (prefill.unserved(m, k, x_type, x_kind, w_scale, out, device, tokens, fused)
                if device is not None else prefill.unserved_on_sm90(m, k, x_type, w_scale, tokens, fused))
         if why is None:
@@ -498,6 +498,9 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
             if fused:
                 cast = ("; its fp8 build: the fp8 activations as they are, the weight converted to e4m3, fp8 "
                         "wgmma promoted every 128 of K, their scale in the epilogue")
+                if m >= prefill.W4A8_MAX_M and fp8_prefill.mode() == "fp8":
+                    cast += (f"; from {prefill.W4A8_MAX_M} tokens on weights with N >= {fp8_prefill.FUSED_WIDE_N} "
+                             f"or K >= {fp8_prefill.FUSED_WIDE_K} only, up to {fp8_prefill.FUSED_WIDE_MAX_M}")
             elif x_kind != "none":
                 cast = f"; {x_type} activations cast to bf16 first, their scale in the epilogue"
             ct_name = "fp8" if fused else ("bf16" if cast else x_type)
