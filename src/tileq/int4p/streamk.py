@@ -13,9 +13,10 @@ tiles wide. Here (the hybrid of data-parallel tiles and stream-K) one program ru
 A tile one program covers whole is finished by it (epilogue and store as usual); a tile shared by
 several programs gets an fp32 partial from each (its scales applied, the bias in the one holding
 K block 0) in slab r of a [slabs, M, N] workspace, r the program's rank among the tile's programs,
-and ``_fixup_kernel`` sums those slabs in rank order (deterministic: no atomics) and casts. At
-most one shared tile starts in each program, so the partials' traffic is bounded by the number
-of programs, not by the output's size (a split over K writes every tile once per range).
+and ``_fixup_kernel`` sums those slabs in rank order (deterministic: no atomics) and casts. A
+program writes at most two partial tiles (where its units start and where they end), so the
+partials' traffic is bounded by twice the number of programs, not by the output's size (a split
+over K writes every tile once per range).
 
 ``schedule`` and ``segments`` are the kernel's walk (``prefill_kernel._walk`` / ``_item``) in
 Python: the launcher sizes the workspace with them, the tests check the layout with them.
