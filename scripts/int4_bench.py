@@ -99,6 +99,10 @@ def main() -> int:
                    help="from 33 tokens also time W4A8 with group scales on the fused fp8 build of the Gluon "
                         "prefill kernel (TILEQ_W4A8_PREFILL=fused's kernel, e4m3 weights in registers), forced at "
                         "the plan's tiling ('w4a8_fused')")
+    p.add_argument("--w4a8-fp16", action="store_true",
+                   help="below 256 tokens also time W4A8 on the decode kernel with the fp8 activations "
+                        "converted inside to bf16 ('w4a8_fp8_kernel_bf16') and to fp16 (Int4pConfig.fp16, "
+                        "'w4a8_fp8_kernel_h16'), the decode rule's config")
     p.add_argument("--streamk", action="store_true",
                    help="from 128 tokens also time the Gluon prefill kernel with stream-K (int4p/streamk.py), "
                         "128- and (above 128) 256-token tiles: W4A16 group ('w4a16_streamk_t128' / '_t256'), "
@@ -347,6 +351,15 @@ def main() -> int:
                         m, n, k, ct, torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), "vector", 1, 128,
                         False, dev, c, cast_x=ct == "bf16"))
                     record(s, name, m, n, k, impl, c.tag, lambda lc=lc: lc(xf8, w_pp.data, sx, sw4, None), ref8, b4)
+            if args.w4a8_fp16 and m < DEQUANT_MIN_M:
+                # the decode kernel on the fp8 activations themselves, converted to bf16 inside (the
+                # default's kernel where compute_type keeps fp8) and to fp16 (Int4pConfig.fp16)
+                for impl, h16 in (("w4a8_fp8_kernel_bf16", False), ("w4a8_fp8_kernel_h16", True)):
+                    c = replace(config_for(m, n, k, "fp8")[0], fp16=h16)
+                    lc = lazy(lambda m=m, n=n, k=k, c=c: Int4pLaunch(
+                        m, n, k, "fp8", torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), "vector", 1, 128,
+                        False, dev, c))
+                    record(s, name, m, n, k, impl, c.tag, lambda lc=lc: lc(xf8, w_pp.data, sx, sw4, None), ref8, b4)
             if args.split_sweep and m > 16:
                 plan_ = prefill.plan(m, n, k, sms)
                 tokens = plan_[0] if plan_ else (64 if m <= 64 else prefill.TOKENS)
@@ -491,6 +504,14 @@ def summarize(rows) -> None:
             ("W4A16 channel stream-K t128", "bf16_cublas", "w4a16_streamk_channel_t128"),
             ("W4A16 channel stream-K t256", "bf16_cublas", "w4a16_streamk_channel_t256"),
             ("W4A8 fused stream-K", "fp8_rowcol", "w4a8_fused_streamk_t128"))
+    # --w4a8-fp16: the decode kernel's fp8 activations converted to fp16 against bf16 (same config)
+    h16 = [(m, t[(sh, m, "w4a8_fp8_kernel_bf16")] / t[(sh, m, "w4a8_fp8_kernel_h16")]) for (sh, m, i) in t
+           if i == "w4a8_fp8_kernel_h16" and (sh, m, "w4a8_fp8_kernel_bf16") in t]
+    for lo, hi in ((1, 16), (17, 255)):
+        vals = [r for m, r in h16 if lo <= m <= hi]
+        if vals:
+            print(f"W4A8 decode kernel, M {lo}-{hi}: bf16-converting time / fp16-converting time "
+                  f"{statistics.median(vals):.3f} ({min(vals):.3f}-{max(vals):.3f}, n={len(vals)})")
     if per_m:
         print("\nprefill per M (medians; baseline time / int4 time): " + ", ".join(c[0] for c in cols))
     for m in per_m:

@@ -48,15 +48,21 @@ class Int4pConfig:
     # Group scales loaded one K tile ahead (kernel.py's SCALE_AHEAD): the decode rule's choice
     # for 16-bit activations below the 128-register cap (``_scales_ahead``).
     scale_ahead: bool = False
+    # fp8 activations converted to fp16 inside the kernel (exact: e4m3 and e5m2 values are fp16
+    # values), the weight to fp16 and an fp16 wgmma, instead of bf16: one cvt per two activations
+    # where bf16 goes through fp32. sm_90 build (``scripts/sass_loop.py --prepacked fp8e4nv 16
+    # group --fp16``): 657 instructions per K tile against 753 (no F2F, no PRMT), 155 registers
+    # against 168 with three stages. Opt-in: not timed yet (``int4_bench --w4a8-fp16``).
+    fp16: bool = False
 
     @classmethod
     def parse_tag(cls, tag: str) -> "Int4pConfig":
         """The inverse of ``tag`` (e.g. ``m64n16k512_w4_s2_sk4_r128_swap``)."""
-        m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?(?:_r(\d+))?(_pf)?_swap", tag)
+        m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?(?:_r(\d+))?(_pf)?(_h16)?_swap", tag)
         if not m:
             raise ValueError(f"an int4p config tag like m64n16k512_w4_s2_sk4_swap, got {tag!r}")
         cfg = cls(int(m.group(2)), int(m.group(5) or 1), int(m.group(4)), int(m.group(3)),
-                  int(m.group(6)) if m.group(6) else None, m.group(7) is not None)
+                  int(m.group(6)) if m.group(6) else None, m.group(7) is not None, m.group(8) is not None)
         if cfg.rows != int(m.group(1)):
             raise ValueError(f"{tag!r}: {m.group(3)} warps hold {cfg.rows} weight rows, not {m.group(1)}")
         return cfg
@@ -71,7 +77,17 @@ class Int4pConfig:
         sk = f"_sk{self.split_k}" if self.split_k > 1 else ""
         reg = f"_r{self.maxnreg}" if self.maxnreg else ""
         pf = "_pf" if self.scale_ahead else ""
-        return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}{reg}{pf}_swap"
+        h16 = "_h16" if self.fp16 else ""
+        return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}{reg}{pf}{h16}_swap"
+
+
+def kernel_ct(x_type: str, cfg: Int4pConfig) -> str:
+    """The decode kernel's 16-bit compute type (its constexpr CT) for activations of ``x_type``:
+    fp16 for fp16, and for fp8 ones with ``cfg.fp16``; else bf16. ``cfg.fp16`` with 16-bit
+    activations is an error (bf16 values are not all fp16 values; fp16 ones already run fp16)."""
+    if cfg.fp16 and x_type not in ("fp8", "bf8"):
+        raise ValueError(f"Int4pConfig(fp16=True) is for fp8 activations, not {x_type}")
+    return "fp16" if x_type == "fp16" or cfg.fp16 else "bf16"
 
 
 _TUNED_PATH = os.path.join(os.path.dirname(__file__), "data", "tuned_sm90.json")
@@ -223,7 +239,7 @@ def compile_source(x_type: str, w_scale: str, cfg: Int4pConfig, *, x_scale: str 
              if t.startswith("*") or name in div16}
     if x_scale is None:
         x_scale = "vector" if x_type in ("fp8", "bf8") else "none"
-    consts = dict(CT="fp16" if x_type == "fp16" else "bf16", W_SCALE=w_scale, X_SCALE=x_scale,
+    consts = dict(CT=kernel_ct(x_type, cfg), W_SCALE=w_scale, X_SCALE=x_scale,
                   GROUP_K=group_k, HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=even_k,
                   INTERPRETED=False, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead)
     return triton.compiler.ASTSource(fn=_kernel_module._i4p_kernel, signature=sig, constexprs=consts,
@@ -262,7 +278,7 @@ class Int4pLaunch:
         self.cast_to = _DTYPE_OF[x_type] if cast_x else None
         self.interpreted = interpreter_active()
         self.direct = device.type == "cuda" and not self.interpreted
-        ct = "fp16" if x_type == "fp16" else "bf16"
+        ct = kernel_ct(x_type, cfg)
         grid = (-(-n // cfg.rows) * -(-m // cfg.bm), cfg.split_k)
         ints = (m, n, k, k, n, sw_strides[0], sw_strides[1], sx_stride)
         consts = dict(CT=ct, W_SCALE=w_scale_kind, X_SCALE=x_scale_kind, GROUP_K=group_k,
