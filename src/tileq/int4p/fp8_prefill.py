@@ -53,7 +53,7 @@ def mode() -> str:
 # weights (N >= FUSED_WIDE_N or K >= FUSED_WIDE_K), where its waves of 128-token tiles cost less
 # than the fp8 GEMM's copy of the weight. H200, 18 weights, both paths in one run at 256 tokens
 # (bench/results/h200/int4/round7/): on the 13 weights this picks, the fused build took 0.77-1.005x
-# the fp8 GEMM path's time (median 0.90); on the other five 1.06-1.13x. Not measured between 257
+# the fp8 GEMM path's time (median 0.90); on the other five 0.97-1.13x. Not measured between 257
 # and 511 tokens (at 512 it lost on all 18), hence the bound at 256.
 FUSED_WIDE_MAX_M = 256
 FUSED_WIDE_N = 16384
