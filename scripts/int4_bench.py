@@ -309,9 +309,10 @@ def main() -> int:
                     False, dev, None, tokens=tiling[0], split=tiling[1], x_kind="vector", sx_stride=1, fused=True))
                 record(s, name, m, n, k, "w4a8_fused", prefill.kernel_name("fp8", "group", *tiling),
                        lambda gf=gf: gf(xf8, w_pp.data, sx, sw4, None), ref8, b4)
-            if args.streamk and m >= 128 and prefill.plan(m, n, k, sms) is not None:
+            sk_plan = prefill.plan(m, n, k, sms) if args.streamk and m >= 128 else None
+            if sk_plan is not None:
                 # where the default takes stream-K (prefill.streamk_for): the plan's tiling without it
-                tp, sp = prefill.plan(m, n, k, sms)
+                tp, sp = sk_plan
                 if prefill.streamk_for(m, n, k, tp, sp, sms)[1]:
                     for impl, wk, sw_, want in (("w4a16_plan", "group", sw4, ref16),
                                                 ("w4a16_plan_channel", "vector", sw_ch, None)):

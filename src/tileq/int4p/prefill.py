@@ -24,6 +24,7 @@ from ..kernels import select
 from ..kernels.direct import KernelCall, TableKernel, direct_launch_enabled
 from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
 from .dequant import DEQUANT_MIN_M
+from .streamk import k_blocks
 from .streamk import schedule as streamk_schedule
 
 TOKENS = 128  # BT: tokens per tile (wgmma N); a tile is 128 weight rows x BT tokens
@@ -63,16 +64,10 @@ def split_for(m: int, n: int, k: int, tokens: int, num_sms: int) -> int:
     for DeepSeek-V3 down (36 blocks) at 48-128 tokens ran 1.06-1.13x slower than 2 ways, and 8
     ways for Qwen3-14B down (34 blocks) at 160-256 tokens 1.08-1.16x slower than 3 ways (H200,
     bench/results/h200/int4/split-cost/, every split timed in one run); this cost picks 2 and 3."""
-    count = tiles(m, n, tokens)
-    k_blocks = -(-k // 512)
-    if count >= num_sms:
+    if tiles(m, n, tokens) >= num_sms:
         return 1
-
-    def cost(s):  # waves of the grid's items x the blocks of the longest range
-        return -(-count * s // num_sms) * -(-k_blocks // s)
-
-    cands = [s for s in range(1, MAX_SPLIT + 1) if k_blocks >= min_split_blocks(m) * s]
-    return min(cands, key=lambda s: (cost(s), s)) if cands else 1
+    cands = [s for s in range(1, MAX_SPLIT + 1) if k_blocks(k) >= min_split_blocks(m) * s]
+    return min(cands, key=lambda s: (plan_cost(m, n, k, tokens, s, num_sms), s)) if cands else 1
 
 
 def min_split_blocks(m: int) -> int:
@@ -180,19 +175,22 @@ STREAMK_MARGIN = 1.1
 STREAMK_MAX_M = 1024
 
 
+def _block_cost(tokens: int) -> float:
+    """A K block of one tile, in 128-token tiles' blocks."""
+    return TILE256_COST if tokens == 256 else 1.0
+
+
 def plan_cost(m: int, n: int, k: int, tokens: int, split: int, num_sms: int) -> float:
-    """The plan's tiling in K blocks per SM one after another: waves x K blocks per item (a
-    256-token tile's at TILE256_COST)."""
-    f = TILE256_COST if tokens == 256 else 1.0
-    return -(-tiles(m, n, tokens) * split // num_sms) * -(-(-(-k // 512)) // split) * f
+    """A tiling's K blocks per SM one after another: waves of the grid's items x the blocks of
+    the longest K range (a 256-token tile's at TILE256_COST)."""
+    return -(-tiles(m, n, tokens) * split // num_sms) * -(-k_blocks(k) // split) * _block_cost(tokens)
 
 
 def streamk_cost(m: int, n: int, k: int, tokens: int, num_sms: int) -> float:
     """Stream-K's in the same units: a program's data-parallel tiles' K blocks, its ``per``
     units and STREAMK_OVERHEAD."""
     s = streamk_schedule(tiles(m, n, tokens), k, num_sms)
-    f = TILE256_COST if tokens == 256 else 1.0
-    return (s.dp // num_sms * s.k_blocks + s.per + STREAMK_OVERHEAD) * f
+    return (s.dp // num_sms * s.k_blocks + s.per + STREAMK_OVERHEAD) * _block_cost(tokens)
 
 
 def streamk_for(m: int, n: int, k: int, tokens: int, split: int, num_sms: int, x_scale: bool = False
