@@ -3,6 +3,7 @@ float64 reference on odd shapes. On a CPU the kernel runs in Triton's interprete
 conversion); on a GPU (TILEQ_TEST_GPU=1) the same tests run the inline-PTX conversion. The sm_90
 build test compiles the real kernel on the CPU and checks the K loop it gets."""
 
+from dataclasses import replace
 import os
 import re
 import subprocess
@@ -499,16 +500,18 @@ def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, 
         assert ("registers capped at 128" in why) == (cfg.maxnreg == 128)
         assert cfg.scale_ahead == (cfg.maxnreg == 168) == ("group scales one K tile ahead" in why)
     # fp8 activations take the M = 1 branches at every decode M (their own sweep), except that
-    # beyond four programs per SM only M = 1 keeps the cap
+    # beyond four programs per SM only M = 1 keeps the cap; up to 16 tokens converted to fp16
     fp8, fp8_why = decode_rule(m, n, k, "fp8")
+    assert decode_rule(m, n, k, "bf8")[0] == fp8
     if m > 16:
         assert fp8 == cfg
     else:
+        assert fp8.fp16 and fp8_why.endswith("fp8 converted to fp16"), fp8_why
         at_one, one_why = decode_rule(1, n, k)
         if m > 1 and "over 4 per SM" in one_why:
-            assert fp8 == Int4pConfig(16, at_one.split_k, 3, maxnreg=168, scale_ahead=True), fp8_why
+            assert fp8 == Int4pConfig(16, at_one.split_k, 3, maxnreg=168, scale_ahead=True, fp16=True), fp8_why
         else:
-            assert fp8 == at_one, fp8_why
+            assert fp8 == replace(at_one, fp16=True), fp8_why
 
 
 def test_decode_rule_scales_with_the_number_of_sms():
@@ -755,6 +758,12 @@ def test_stream_k_choice():
     # Qwen3-14B o at 512 tokens: 80 tiles of 256 in one wave of 10 blocks (17 with the tile's cost)
     # against (7 + 3) x 1.7 x 1.1: not enough
     assert prefill.streamk_for(512, 5120, 5120, 256, 1, 132) == (256, False)
+    # DeepSeek-V3 down at 200 tokens: 112 tiles of 128 tokens in one wave of 36 blocks; 256-token
+    # stream-K (from STREAMK_T256_MIN_M) 56 x 36 units, 16 per SM: (16 + 3) x 1.7 x 1.1 = 35.5
+    assert prefill.STREAMK_T256_MIN_M == 129
+    assert prefill.plan(200, 7168, 18432, 132) == (128, 1)
+    assert prefill.streamk_for(200, 7168, 18432, 128, 1, 132) == (256, True)
+    assert prefill.streamk_for(128, 7168, 18432, 128, 2, 132)[0] == 128  # (the plan splits K 2 ways)
     text = describe_prepacked(512, 5120, 32768)
     assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_stk_ws2x64_sm90"), text
     assert "stream-K: 0 whole tiles of 256 tokens, then 39 of the other 5120" in text, text
@@ -1205,12 +1214,13 @@ def test_gpu_prefill_stream_k(m, n, k, tokens, gk, xt, prefill_launches):
 @GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("w_scale", ["group", "vector"])
-def test_gpu_stream_k_is_routed(w_scale, prefill_launches):
+@pytest.mark.parametrize("m,n,k,tile", [(200, 11008, 4096, "t128"), (200, 7168, 18432, "t256")])
+def test_gpu_stream_k_is_routed(w_scale, m, n, k, tile, prefill_launches):
     """linear_prepacked takes stream-K where streamk_for picks it (200 tokens x an 11008 x 4096
-    weight: 172 tiles, 14 against 16 blocks per SM): one launch of the prefill kernel (and the
-    fix-up) matching the reference."""
-    m, n, k = 200, 11008, 4096
-    assert "_stk_" in describe_prepacked(m, n, k, w_scale=w_scale, device=torch.device("cuda"))
+    weight: 172 tiles, 14 against 16 blocks per SM; x a 7168 x 18432 weight: 256-token tiles, the
+    rows past M zero-filled): one launch of the prefill kernel (and the fix-up) matching the
+    reference."""
+    assert f"_w128{tile}k512_stk_" in describe_prepacked(m, n, k, w_scale=w_scale, device=torch.device("cuda"))
     torch.manual_seed(7)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
     w = prepack_int4(v).to("cuda")

@@ -52,7 +52,8 @@ class Int4pConfig:
     # values), the weight to fp16 and an fp16 wgmma, instead of bf16: one cvt per two activations
     # where bf16 goes through fp32. sm_90 build (``scripts/sass_loop.py --prepacked fp8e4nv 16
     # group --fp16``): 657 instructions per K tile against 753 (no F2F, no PRMT), 155 registers
-    # against 168 with three stages. Opt-in: not timed yet (``int4_bench --w4a8-fp16``).
+    # against 168 with three stages. The decode rule's choice for fp8 activations up to 16 tokens
+    # (``decode_rule``, timed there).
     fp16: bool = False
 
     @classmethod
@@ -132,7 +133,21 @@ PER_SM_S3, PER_SM_S2, PER_SM_CAPPED = 2, 3, 4
 
 def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM_SMS_DEFAULT
                 ) -> tuple[Int4pConfig, str]:
-    """(config, why): the decode rule measured on an H200 (bench/results/h200/int4/).
+    """(config, why): the decode rule measured on an H200 (bench/results/h200/int4/), below
+    (``_decode_tiles``); fp8 activations up to 16 tokens converted to fp16 in the kernel
+    (``Int4pConfig.fp16``). Timed on an H200 (bench/results/h200/int4/fp16-decode/, 18 weights at
+    M = 1 and 16, e4m3, the rule's config both ways in one run): 1.10x faster than converting to
+    bf16 at M <= 16 (median of 36; 1.05-1.14x), and 1.02-1.10x faster than the route before it (the
+    bf16 conversion, or from 40 MB of int4 the cast + W4A16 kernel) on every weight up to 67.9 MB
+    (``W4A8_CAST_MIN_BYTES``)."""
+    cfg, why = _decode_tiles(m, n, k, x_type, num_sms)
+    if x_type in ("fp8", "bf8") and m <= 16:
+        return replace(cfg, fp16=True), f"{why}; {x_type} converted to fp16"
+    return cfg, why
+
+
+def _decode_tiles(m: int, n: int, k: int, x_type: str, num_sms: int) -> tuple[Int4pConfig, str]:
+    """The decode kernel's tiles, split over K, stages and register cap (``decode_rule``).
 
     Up to M = 16: 16-token tiles; K split by powers of two until the programs cover the SMs 1.5
     times (each keeping at least two K tiles), at M = 1 with 16-bit activations further while
@@ -194,11 +209,12 @@ def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM
 # kernel. The kernel converts fp8 activations itself, but it must then write them back to shared
 # memory for the wgmma: eight barriers per K tile on the sm_90 build (scripts/sass_loop.py
 # --prepacked fp8e4nv: LDS 39, F2F 64, BAR 8 against none with bf16). The separate cast costs a
-# launch (2-4 us in a CUDA graph). H200, two runs (bench/results/h200/int4/split-cost/,
-# int4/fp8-prefill/), 18 weights: at M = 1 and 16 the cast won on every weight from 44.6 MB of
-# int4 (0.77-0.98x the time) and lost on every one up to 33.9 MB (1.05-1.20x); at M = 48 and 128
-# it won on all 18 (0.68-0.96x, median 0.78 / 0.73).
-W4A8_CAST_MIN_BYTES = 40_000_000
+# launch (2-4 us in a CUDA graph). H200, 18 weights: with the conversion to fp16 (``decode_rule``)
+# at M = 1 and 16 the kernel beat the cast on every weight up to 67.9 MB of int4 (1.02-1.10x) and
+# won or lost by up to 4% from 83.9 MB (one weight 0.86x at M = 1; bench/results/h200/int4/fp16-decode/);
+# converting to bf16 it lost from 44.6 MB (int4/split-cost/, int4/fp8-prefill/). At M = 48 and 128
+# the cast won on all 18 against the bf16 conversion (0.68-0.96x, median 0.78 / 0.73).
+W4A8_CAST_MIN_BYTES = 75_000_000
 W4A8_CAST_MAX_M = 16  # the decode sizes where the weight's size decides; above, always cast
 
 
