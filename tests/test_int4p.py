@@ -129,17 +129,23 @@ def test_kernel_matches_reference(m, n, k, xt, gk, split):
 @pytest.mark.parametrize("xt", FP8)
 def test_w4a8_decode_casts_activations_on_large_weights(xt, monkeypatch):
     """fp8 activations on the decode kernel run the W4A16 kernel after an exact cast to bf16
-    above W4A8_CAST_MAX_M tokens, and at fewer where the weight has W4A8_CAST_MIN_BYTES of int4
-    or more; else the fp8 kernel; explain says which; results match the reference either way."""
+    above W4A8_CAST_MAX_M tokens, and at fewer where the weight has cast_min_bytes(m) of int4
+    (75 MB up to 16 tokens, 40 MB at 17-32) or more; else the fp8 kernel converting to fp16;
+    explain says which; results match the reference either way."""
     big_n, big_k = 28672, 8192  # 117 MB of int4
+    mid_n, mid_k = 14336, 4096  # 29 MB
     cap = launch_mod.W4A8_CAST_MAX_M
-    assert "cast to bf16 first: 117.4 MB" in describe_prepacked(1, big_n, big_k, xt)
+    assert cap == 32 and launch_mod.cast_min_bytes(16) == launch_mod.W4A8_CAST_MIN_BYTES
+    assert launch_mod.cast_min_bytes(17) == launch_mod.W4A8_CAST_MIN_BYTES_32 < launch_mod.W4A8_CAST_MIN_BYTES
+    assert "cast to bf16 first: 117.4 MB of int4 >= 75 MB" in describe_prepacked(1, big_n, big_k, xt)
     assert describe_prepacked(1, big_n, big_k, xt).startswith("bquant_bf16xi4p_rcr_decode__")
     assert "cast to bf16" in describe_prepacked(cap, big_n, big_k, xt)
-    assert describe_prepacked(1, 4096, 4096, xt).startswith(f"bquant_{launch_mod._X_TYPES[xt]}xi4p_rcr_decode__")
-    assert "cast" not in describe_prepacked(cap, 4096, 4096, xt)
-    for m in (cap + 1, 32):  # M the decode kernel takes above the cap (from 33 the Gluon kernel here)
-        assert f"cast to bf16 first: M > {cap}" in describe_prepacked(m, 4096, 4096, xt)
+    assert "cast to bf16 first: 58.7 MB of int4 >= 40 MB" in describe_prepacked(24, 2 * mid_n, mid_k, xt)
+    assert "cast" not in describe_prepacked(16, 2 * mid_n, mid_k, xt)
+    for m in (1, 16, 17, cap):  # (up to the cap the weight's size decides)
+        text = describe_prepacked(m, mid_n, mid_k, xt)
+        assert text.startswith(f"bquant_{launch_mod._X_TYPES[xt]}xi4p_rcr_decode__") and "_h16_swap" in text, text
+        assert "cast" not in text and "converted to fp16" in text, text
     # (from 33 tokens the Gluon kernel: e4m3 with group scales on its fp8 build, e5m2 cast to bf16)
     fused = xt == torch.float8_e4m3fn
     assert describe_prepacked(100, 4096, 4096, xt).startswith(
@@ -447,7 +453,7 @@ def test_w4a8_prefill_path_is_chosen_by_the_environment(monkeypatch):
     # (on the CPU the Gluon kernel serves nothing: from DEQUANT_MIN_M tokens the fp8 GEMM)
     assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8, device=torch.device("cpu")).startswith(
         "dequant-fp8+tileq")
-    below = describe_prepacked(32, 4096, 4096, f8)
+    below = describe_prepacked(33, 4096, 4096, f8, device=torch.device("cpu"))
     assert below.startswith("bquant_bf16xi4p_rcr_decode__") and "fp8 activations cast to bf16 first" in below
     y = linear_prepacked(x.to(DEV), w, sx.to(DEV), sw.to(DEV))
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
@@ -500,13 +506,13 @@ def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, 
         assert ("registers capped at 128" in why) == (cfg.maxnreg == 128)
         assert cfg.scale_ahead == (cfg.maxnreg == 168) == ("group scales one K tile ahead" in why)
     # fp8 activations take the M = 1 branches at every decode M (their own sweep), except that
-    # beyond four programs per SM only M = 1 keeps the cap; up to 16 tokens converted to fp16
+    # beyond four programs per SM only M = 1 keeps the cap; converted to fp16
     fp8, fp8_why = decode_rule(m, n, k, "fp8")
     assert decode_rule(m, n, k, "bf8")[0] == fp8
+    assert fp8.fp16 and fp8_why.endswith("fp8 converted to fp16"), fp8_why
     if m > 16:
-        assert fp8 == cfg
+        assert fp8 == replace(cfg, fp16=True)
     else:
-        assert fp8.fp16 and fp8_why.endswith("fp8 converted to fp16"), fp8_why
         at_one, one_why = decode_rule(1, n, k)
         if m > 1 and "over 4 per SM" in one_why:
             assert fp8 == Int4pConfig(16, at_one.split_k, 3, maxnreg=168, scale_ahead=True, fp16=True), fp8_why
@@ -764,6 +770,11 @@ def test_stream_k_choice():
     assert prefill.plan(200, 7168, 18432, 132) == (128, 1)
     assert prefill.streamk_for(200, 7168, 18432, 128, 1, 132) == (256, True)
     assert prefill.streamk_for(128, 7168, 18432, 128, 2, 132)[0] == 128  # (the plan splits K 2 ways)
+    # Llama-2-7B up: 128-token stream-K at 200 tokens (172 tiles, 14 against 16 blocks), not at
+    # 160, whose last token tile holds 32 tokens (STREAMK_T128_MIN_FILL)
+    assert prefill.streamk_for(200, 11008, 4096, 128, 1, 132) == (128, True)
+    assert prefill.streamk_for(160, 11008, 4096, 128, 1, 132) == (128, False)
+    assert [prefill.streamk_for(m, 11008, 4096, 128, 1, 132)[1] for m in (191, 192)] == [False, True]
     text = describe_prepacked(512, 5120, 32768)
     assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_stk_ws2x64_sm90"), text
     assert "stream-K: 0 whole tiles of 256 tokens, then 39 of the other 5120" in text, text

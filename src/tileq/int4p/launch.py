@@ -134,14 +134,14 @@ PER_SM_S3, PER_SM_S2, PER_SM_CAPPED = 2, 3, 4
 def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM_SMS_DEFAULT
                 ) -> tuple[Int4pConfig, str]:
     """(config, why): the decode rule measured on an H200 (bench/results/h200/int4/), below
-    (``_decode_tiles``); fp8 activations up to 16 tokens converted to fp16 in the kernel
-    (``Int4pConfig.fp16``). Timed on an H200 (bench/results/h200/int4/fp16-decode/, 18 weights at
-    M = 1 and 16, e4m3, the rule's config both ways in one run): 1.10x faster than converting to
-    bf16 at M <= 16 (median of 36; 1.05-1.14x), and 1.02-1.10x faster than the route before it (the
-    bf16 conversion, or from 40 MB of int4 the cast + W4A16 kernel) on every weight up to 67.9 MB
-    (``W4A8_CAST_MIN_BYTES``)."""
+    (``_decode_tiles``); fp8 activations converted to fp16 in the kernel (``Int4pConfig.fp16``).
+    Timed on an H200 (18 weights, e4m3, the rule's config both ways in one run): 1.10x faster
+    than converting to bf16 at M = 1 and 16 (median of 36, 1.05-1.14x; int4/fp16-decode/), 1.10x
+    at M = 4 and 8 (median of 36; int4/fp16-routed/), 1.27x and 1.29x at 32-224 tokens (medians
+    of 72 and 36, both runs; from 33 tokens a call this kernel takes is cast to bf16 first,
+    ``compute_type``)."""
     cfg, why = _decode_tiles(m, n, k, x_type, num_sms)
-    if x_type in ("fp8", "bf8") and m <= 16:
+    if x_type in ("fp8", "bf8"):
         return replace(cfg, fp16=True), f"{why}; {x_type} converted to fp16"
     return cfg, why
 
@@ -209,20 +209,31 @@ def _decode_tiles(m: int, n: int, k: int, x_type: str, num_sms: int) -> tuple[In
 # kernel. The kernel converts fp8 activations itself, but it must then write them back to shared
 # memory for the wgmma: eight barriers per K tile on the sm_90 build (scripts/sass_loop.py
 # --prepacked fp8e4nv: LDS 39, F2F 64, BAR 8 against none with bf16). The separate cast costs a
-# launch (2-4 us in a CUDA graph). H200, 18 weights: with the conversion to fp16 (``decode_rule``)
-# at M = 1 and 16 the kernel beat the cast on every weight up to 67.9 MB of int4 (1.02-1.10x) and
-# won or lost by up to 4% from 83.9 MB (one weight 0.86x at M = 1; bench/results/h200/int4/fp16-decode/);
-# converting to bf16 it lost from 44.6 MB (int4/split-cost/, int4/fp8-prefill/). At M = 48 and 128
-# the cast won on all 18 against the bf16 conversion (0.68-0.96x, median 0.78 / 0.73).
-W4A8_CAST_MIN_BYTES = 75_000_000
-W4A8_CAST_MAX_M = 16  # the decode sizes where the weight's size decides; above, always cast
+# launch (2-4 us in a CUDA graph). H200, 18 weights, the kernel converting to fp16
+# (``decode_rule``) against the cast, one run per line (bench/results/h200/int4/):
+# - M = 1 and 16 (fp16-decode/): the kernel won on every weight up to 67.9 MB of int4 (1.02-1.10x)
+#   and won or lost by up to 4% from 83.9 MB (one weight 0.86x at M = 1); M = 4 and 8
+#   (fp16-routed/, after the rule): the same from 83.9 MB (0.98-1.12x);
+# - M = 32 (32-token tiles; fp16-routed/): the kernel won on every weight up to 33.9 MB (1.07-1.23x),
+#   tied from 44.6 to 67.9 MB (0.98-1.03x) and lost from 83.9 MB (0.94-1.00x);
+# - converting to bf16 it lost from 44.6 MB at M <= 16 (int4/split-cost/, int4/fp8-prefill/), and at
+#   M = 48 and 128 on all 18 (0.68-0.96x, median 0.78 / 0.73).
+W4A8_CAST_MIN_BYTES = 75_000_000  # up to 16 tokens
+W4A8_CAST_MIN_BYTES_32 = 40_000_000  # 17-32 tokens
+W4A8_CAST_MAX_M = 32  # the decode sizes where the weight's size decides; above, always cast
+
+
+def cast_min_bytes(m: int) -> int:
+    """The int4 bytes from which fp8 activations of ``m`` tokens (at most W4A8_CAST_MAX_M) are cast
+    to bf16 for the decode kernel."""
+    return W4A8_CAST_MIN_BYTES if m <= 16 else W4A8_CAST_MIN_BYTES_32
 
 
 def compute_type(m: int, n: int, k: int, x_type: str) -> str:
     """The activation type the decode kernel runs for ``x_type``: fp8 cast to 'bf16' above
-    ``W4A8_CAST_MAX_M`` tokens, or at fewer for weights of ``W4A8_CAST_MIN_BYTES`` of int4 and
+    ``W4A8_CAST_MAX_M`` tokens, or at fewer for weights of ``cast_min_bytes(m)`` of int4 and
     more; else ``x_type`` itself."""
-    if x_type in ("fp8", "bf8") and (m > W4A8_CAST_MAX_M or n * k // 2 >= W4A8_CAST_MIN_BYTES):
+    if x_type in ("fp8", "bf8") and (m > W4A8_CAST_MAX_M or n * k // 2 >= cast_min_bytes(m)):
         return "bf16"
     return x_type
 
@@ -552,7 +563,7 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
     cfg, source = (config, "given config") if config else config_for(m, n, k, ct)
     if ct != x_type:
         why = (f"M > {W4A8_CAST_MAX_M}" if m > W4A8_CAST_MAX_M else
-               f"{n * k // 2 / 1e6:.1f} MB of int4 >= {W4A8_CAST_MIN_BYTES / 1e6:.0f} MB")
+               f"{n * k // 2 / 1e6:.1f} MB of int4 >= {cast_min_bytes(m) / 1e6:.0f} MB")
         source = f"{x_type} activations cast to {ct} first: {why}; {source}"
     return f"{kernel_name(ct, w_scale, cfg)} ({source})"
 
