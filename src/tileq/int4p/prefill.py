@@ -176,17 +176,13 @@ STREAMK_MAX_M = 1024
 # 256-token stream-K from 129 tokens (the cost model as it stands; the plain 256-token tiling
 # keeps T256_MIN_M): at 129-255 tokens 128-token tiles convert each weight twice, a 256-token
 # tile once. H200, 18 weights, every stream-K tiling timed beside the default path in one run per
-# pair of M: fitted at 160 and 200 tokens (bench/results/h200/int4/fp16-decode/), checked at 144
-# and 224 (int4/fp16-routed/, with this rule routed). Against the rule before (with the fill guard
-# below): 6-7 calls change per M, 1.14-1.19x faster (medians; 0.98-1.44x), the geometric mean over
-# all 18 weights 1.049 / 1.049 at 160 / 200 and 1.055 / 1.048 at 144 / 224.
+# line (bench/results/h200/int4/): fitted at 160 and 200 tokens (fp16-decode/), checked at 144 /
+# 224 (fp16-routed/) and 176 / 240 (fp16-checks/). Against the rule before, 6 calls change per
+# M, 1.09-1.16x faster (medians per M; 0.98-1.27x); geometric means over all 18 weights
+# 1.031-1.049x per M. Left alone: 128-token stream-K on Llama-2-7B up (8 K blocks) at 144 and
+# 160 tokens ran 0.70x and 0.73x the plan's time (0.91x in streamk-routed/) and 1.13-1.14x at
+# 200 and 224; a guard on the last token tile's fill cost 0.61-0.90x on six weights at 288.
 STREAMK_T256_MIN_M = TOKENS + 1
-# 128-token stream-K only where the last token tile is at least half full: on Llama-2-7B up
-# (11008 x 4096, 8 K blocks) it ran 0.70x / 0.73x / 0.91x the plan's time at 144 / 160 / 160 tokens
-# (three runs: int4/fp16-routed/, int4/fp16-decode/, int4/streamk-routed/) and 1.13-1.14x at 200 /
-# 224 (the cost model sees no difference); those were its only picks with a last tile under 64
-# tokens in the four stream-K runs.
-STREAMK_T128_MIN_FILL = TOKENS // 2
 
 
 def _block_cost(tokens: int) -> float:
@@ -210,16 +206,13 @@ def streamk_cost(m: int, n: int, k: int, tokens: int, num_sms: int) -> float:
 def streamk_for(m: int, n: int, k: int, tokens: int, split: int, num_sms: int, x_scale: bool = False
                 ) -> tuple[int, bool]:
     """(token tile, stream-K) for a call the plan gave (``tokens``, ``split``): stream-K with 128-
-    (the last one at least STREAMK_T128_MIN_FILL tokens) or (from STREAMK_T256_MIN_M) 256-token
-    tiles where its cost beats the plan's by STREAMK_MARGIN, else
-    the plan's tiles. W4A16 only (``x_scale``: W4A8 keeps its tiling; its fp8 build with stream-K
+    or (from STREAMK_T256_MIN_M) 256-token tiles where its cost beats the plan's by STREAMK_MARGIN,
+    else the plan's tiles. W4A16 only (``x_scale``: W4A8 keeps its tiling; its fp8 build with stream-K
     ran 0.89x at 128 tokens, median of 18 weights)."""
     if x_scale or not TOKENS <= m < STREAMK_MAX_M:
         return tokens, False
     best = (plan_cost(m, n, k, tokens, split, num_sms), tokens, False)
     for t in (TOKENS, 256) if m >= STREAMK_T256_MIN_M else (TOKENS,):
-        if t == TOKENS and 0 < m % TOKENS < STREAMK_T128_MIN_FILL:
-            continue
         cost = streamk_cost(m, n, k, t, num_sms) * STREAMK_MARGIN
         if cost < best[0]:
             best = (cost, t, True)
