@@ -49,23 +49,33 @@ def mode() -> str:
     return value
 
 
-# The fused build also takes W4A8 calls of W4A8_MAX_M up to FUSED_WIDE_MAX_M tokens on wide or deep
-# weights (N >= FUSED_WIDE_N or K >= FUSED_WIDE_K), where its waves of 128-token tiles cost less
-# than the fp8 GEMM's copy of the weight. H200, 18 weights, both paths in one run at 256 tokens
-# (bench/results/h200/int4/round7/): on the 13 weights this picks, the fused build took 0.77-1.005x
-# the fp8 GEMM path's time (median 0.90); on the other five 0.97-1.13x. Not measured between 257
-# and 511 tokens (at 512 it lost on all 18), hence the bound at 256.
+# The fused build also takes W4A8 calls from W4A8_MAX_M tokens on wide weights (N >= FUSED_WIDE_N)
+# up to FUSED_WIDE_N_MAX_M tokens, and on deep ones (K >= FUSED_WIDE_K) up to FUSED_WIDE_MAX_M,
+# where its waves of 128-token tiles cost less than the fp8 GEMM's copy of the weight. H200, 18
+# weights, both paths in one run per M (bench/results/h200/int4/):
+# - 256 tokens (round7/): on the 13 weights with N >= 16384 or K >= 8192 the fused build took
+#   0.77-1.005x the fp8 GEMM path's time (median 0.90); on the other five 0.97-1.13x;
+# - 288 tokens (fp16-checks/): 0.84-0.96x on the six with N >= 16384, 0.93-1.29x on the seven deep ones;
+# - 384 tokens (fp16-checks/): 1.01-1.12x on the wide ones, slower on all 18; at 512 slower on all 18.
+# Between 257 and 320 only 288 was measured.
 FUSED_WIDE_MAX_M = 256
+FUSED_WIDE_N_MAX_M = 320
 FUSED_WIDE_N = 16384
 FUSED_WIDE_K = 8192
+
+
+def fused_wide_rule() -> str:
+    """Where the fused build takes W4A8 from ``prefill.W4A8_MAX_M`` tokens, in words."""
+    return (f"on weights with N >= {FUSED_WIDE_N} up to {FUSED_WIDE_N_MAX_M} tokens, with K >= {FUSED_WIDE_K} "
+            f"up to {FUSED_WIDE_MAX_M}")
 
 
 def fused_for(m: int, x_type: str, w_kind: str, n: int, k: int) -> bool:
     """Whether a W4A8 call of ``m`` tokens on an N x K weight runs the fused fp8 build of the
     Gluon prefill kernel where that kernel takes it: by default (TILEQ_W4A8_PREFILL unset or
     'fp8') e4m3 activations with group scales below ``prefill.W4A8_MAX_M`` tokens (instead of the
-    activations cast to bf16 for its bf16 build), and up to FUSED_WIDE_MAX_M tokens on wide or
-    deep weights (instead of the fp8 GEMM); with 'fused' at every M (where it does not serve: the
+    activations cast to bf16 for its bf16 build), and a little above on wide or deep weights
+    (``fused_wide_rule``, instead of the fp8 GEMM); with 'fused' at every M (where it does not serve: the
     other paths, and ``prefill.unserved`` says why); never with 'bf16'. H200, 18 weights, every
     path in one run (bench/results/h200/int4/w4a8-fused/): against the bf16 build on the cast
     activations, 1.13x / 1.23x faster at 48 / 128 tokens (medians; faster on all 18 weights), and
@@ -78,7 +88,8 @@ def fused_for(m: int, x_type: str, w_kind: str, n: int, k: int) -> bool:
         return True
     if value != "fp8" or x_type != "fp8" or w_kind != "group":
         return False
-    return m < W4A8_MAX_M or (m <= FUSED_WIDE_MAX_M and (n >= FUSED_WIDE_N or k >= FUSED_WIDE_K))
+    return (m < W4A8_MAX_M or (m <= FUSED_WIDE_N_MAX_M and n >= FUSED_WIDE_N)
+            or (m <= FUSED_WIDE_MAX_M and k >= FUSED_WIDE_K))
 
 
 def selected() -> bool:

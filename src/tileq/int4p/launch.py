@@ -542,8 +542,7 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
                 cast = ("; its fp8 build: the fp8 activations as they are, the weight converted to e4m3, fp8 "
                         "wgmma promoted every 128 of K, their scale in the epilogue")
                 if m >= prefill.W4A8_MAX_M and fp8_prefill.mode() == "fp8":
-                    cast += (f"; from {prefill.W4A8_MAX_M} tokens on weights with N >= {fp8_prefill.FUSED_WIDE_N} "
-                             f"or K >= {fp8_prefill.FUSED_WIDE_K} only, up to {fp8_prefill.FUSED_WIDE_MAX_M}")
+                    cast += f"; from {prefill.W4A8_MAX_M} tokens only {fp8_prefill.fused_wide_rule()}"
             elif x_kind != "none":
                 cast = f"; {x_type} activations cast to bf16 first, their scale in the epilogue"
             ct_name = "fp8" if fused else ("bf16" if cast else x_type)

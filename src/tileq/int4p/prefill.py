@@ -272,11 +272,10 @@ def _problem_reason(x_type: str, x_kind: str, out_dtype: torch.dtype, k: int, m:
         return ("bf16/fp16 activations without an activation scale (W4A16) or fp8 ones with a per-token "
                 "or per-tensor scale (W4A8) only")
     if w4a8 and m >= W4A8_MAX_M:
-        from .fp8_prefill import FUSED_WIDE_K, FUSED_WIDE_MAX_M, FUSED_WIDE_N
+        from .fp8_prefill import fused_wide_rule
 
         return (f"W4A8 from {W4A8_MAX_M} tokens: the fp8 GEMM on the int4 values (measured faster; with group "
-                f"scales and e4m3 the fp8 build up to {FUSED_WIDE_MAX_M} on weights with N >= {FUSED_WIDE_N} or "
-                f"K >= {FUSED_WIDE_K})")
+                f"scales and e4m3 the fp8 build {fused_wide_rule()})")
     if out_dtype not in _CT:
         return "bf16/fp16 outputs only"
     if k % 8:
