@@ -988,20 +988,21 @@ def test_w4a8_fused_build_routing(monkeypatch):
     assert not fp8_prefill.fused_for(256, "fp8", "group", 5120, 5120)
     assert not fp8_prefill.fused_for(100, "bf8", "group", 5120, 5120)
     assert not fp8_prefill.fused_for(100, "fp8", "vector", 5120, 5120)
-    # up to FUSED_WIDE_N_MAX_M (320) on weights with N >= 16384, FUSED_WIDE_MAX_M (256) with K >= 8192
+    # up to FUSED_WIDE_N_MAX_M (288) on weights with N >= 16384, FUSED_WIDE_MAX_M (256) with K >= 8192
     assert fp8_prefill.fused_for(256, "fp8", "group", 16384, 4096)
     assert fp8_prefill.fused_for(256, "fp8", "group", 5120, 8192)
     assert not fp8_prefill.fused_for(256, "fp8", "group", 16383, 8191)
-    assert fp8_prefill.fused_for(320, "fp8", "group", 16384, 4096)
-    assert not fp8_prefill.fused_for(321, "fp8", "group", 28672, 8192)
+    assert fp8_prefill.fused_for(288, "fp8", "group", 16384, 4096)
+    assert not fp8_prefill.fused_for(289, "fp8", "group", 28672, 8192)
     assert not fp8_prefill.fused_for(257, "fp8", "group", 8192, 28672)
     assert not fp8_prefill.fused_for(256, "fp8", "vector", 28672, 8192)
     text = describe_prepacked(256, 5120, 17408, f8)
     assert text.startswith("bquant_fp8xi4p_rcr_prefill__gluon_w128t128k512_sk3_ws2x64_sm90"), text
-    rule = "on weights with N >= 16384 up to 320 tokens, with K >= 8192 up to 256"
+    rule = "on weights with N >= 16384 up to 288 tokens, with K >= 8192 up to 256"
     assert f"from 256 tokens only {rule}" in text, text
-    assert describe_prepacked(300, 28672, 4096, f8).startswith("bquant_fp8xi4p_rcr_prefill__gluon_w128t128k512_")
-    assert describe_prepacked(300, 5120, 17408, f8).startswith("dequant-fp8+tileq")
+    assert describe_prepacked(280, 28672, 4096, f8).startswith("bquant_fp8xi4p_rcr_prefill__gluon_w128t128k512_")
+    assert describe_prepacked(280, 5120, 17408, f8).startswith("dequant-fp8+tileq")
+    assert describe_prepacked(300, 28672, 4096, f8).startswith("dequant-fp8+tileq")
     assert describe_prepacked(256, 5120, 5120, f8).startswith("dequant-fp8+tileq")
     assert describe_prepacked(200, 5120, 5120, f8).startswith("bquant_fp8xi4p_rcr_prefill__gluon_")
     assert describe_prepacked(1024, 5120, 5120, f8).startswith("dequant-fp8+tileq")

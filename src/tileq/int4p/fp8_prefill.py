@@ -55,11 +55,12 @@ def mode() -> str:
 # weights, both paths in one run per M (bench/results/h200/int4/):
 # - 256 tokens (round7/): on the 13 weights with N >= 16384 or K >= 8192 the fused build took
 #   0.77-1.005x the fp8 GEMM path's time (median 0.90); on the other five 0.97-1.13x;
+# - 264 tokens (fused-320/, with this rule routed): 0.80-0.93x on the six with N >= 16384;
 # - 288 tokens (fp16-checks/): 0.84-0.96x on the six with N >= 16384, 0.93-1.29x on the seven deep ones;
+# - 320 tokens (fused-320/): 0.94-1.10x on the wide ones (three slower), 1.00-1.43x on the others;
 # - 384 tokens (fp16-checks/): 1.01-1.12x on the wide ones, slower on all 18; at 512 slower on all 18.
-# Between 257 and 320 only 288 was measured.
 FUSED_WIDE_MAX_M = 256
-FUSED_WIDE_N_MAX_M = 320
+FUSED_WIDE_N_MAX_M = 288
 FUSED_WIDE_N = 16384
 FUSED_WIDE_K = 8192
 
