@@ -325,6 +325,40 @@ def _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c
 
 
 @gluon.jit
+def _item_rows(item, num_pid_m, num_pid_n, k_blocks, per, N, HALF: gl.constexpr, BT: gl.constexpr,
+               GROUP_M: gl.constexpr, SPLIT: gl.constexpr, STREAM_K: gl.constexpr, rows_l: gl.constexpr):
+    """A consumer's work item: (ks, kb0, kb1, off_t, off_w, rows, row_ok): its K range, its first
+    token and weight row, and its warpgroup's 64 weight rows (``rows_l``) with their bound."""
+    pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, per, GROUP_M, SPLIT, STREAM_K)
+    off_t = pid_m * BT
+    off_w = pid_n * BLOCK_W + HALF * HALF_W
+    rows = off_w + gl.arange(0, HALF_W, layout=rows_l)
+    return ks, kb0, kb1, off_t, off_w, rows, rows < N
+
+
+@gluon.jit
+def _load_words(w_bufs, s, HALF: gl.constexpr, half_l: gl.constexpr, words_l: gl.constexpr):
+    """The warpgroup's [64, 64] words of ring slot ``s`` (two [128, 32] halves of a 512-wide K
+    block) in ``words_l``: [64, 32] x 2 -> [64, 64] with c = 32 j + c': the join's register bit
+    becomes c's bit 5, which ``words_l`` keeps in registers too (a renaming, asserted trivial)."""
+    lo = w_bufs.index(2 * s).slice(HALF * HALF_W, HALF_W, dim=0).load(half_l)
+    hi = w_bufs.index(2 * s + 1).slice(HALF * HALF_W, HALF_W, dim=0).load(half_l)
+    w = gl.reshape(gl.permute(gl.join(lo, hi), (0, 2, 1)), (HALF_W, 64))
+    return gl.convert_layout(w, words_l, assert_trivial=True)
+
+
+@gluon.jit
+def _wait_x(x_bufs, x_ready, xi, XS: gl.constexpr):
+    """(s0, s1, x0, x1): the next two activation slots of the ring once loaded, as [64, BT] views
+    of the K-major [BT, 64] tiles (one 128-wide slice of K)."""
+    s0 = xi % XS
+    s1 = (xi + 1) % XS
+    mbarrier.wait(x_ready.index(s0), (xi // XS) & 1)
+    mbarrier.wait(x_ready.index(s1), ((xi + 1) // XS) & 1)
+    return s0, s1, x_bufs.index(s0).permute((1, 0)), x_bufs.index(s1).permute((1, 0))
+
+
+@gluon.jit
 def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr, sw_ptr,
               bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per,
               HALF: gl.constexpr, CT: gl.constexpr, W_SCALE: gl.constexpr, X_SCALE: gl.constexpr,
@@ -345,11 +379,8 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
     wi = 0
     xi = 0
     for item in range(first, last, step):
-        pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, per, GROUP_M, SPLIT, STREAM_K)
-        off_t = pid_m * BT
-        off_w = pid_n * BLOCK_W + HALF * HALF_W
-        rows = off_w + gl.arange(0, HALF_W, layout=rows_l)
-        row_ok = rows < N
+        ks, kb0, kb1, off_t, off_w, rows, row_ok = _item_rows(item, num_pid_m, num_pid_n, k_blocks, per, N, HALF,
+                                                              BT, GROUP_M, SPLIT, STREAM_K, rows_l)
         w_rows = off_w + gl.arange(0, HALF_W, layout=gl.SliceLayout(1, words_l))
         w_rows_ok = w_rows < N
         acc = gl.zeros((HALF_W, BT), gl.float32, mma)
@@ -362,12 +393,7 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
         for b in range(kb0, kb1):
             s = wi % WS
             mbarrier.wait(w_ready.index(s), (wi // WS) & 1)
-            lo = w_bufs.index(2 * s).slice(HALF * HALF_W, HALF_W, dim=0).load(half_l)
-            hi = w_bufs.index(2 * s + 1).slice(HALF * HALF_W, HALF_W, dim=0).load(half_l)
-            # [64, 32] x 2 -> [64, 64] with c = 32 j + c': the join's register bit becomes c's
-            # bit 5, which words_l keeps in registers too (a renaming, asserted trivial).
-            w = gl.reshape(gl.permute(gl.join(lo, hi), (0, 2, 1)), (HALF_W, 64))
-            w = gl.convert_layout(w, words_l, assert_trivial=True)
+            w = _load_words(w_bufs, s, HALF, half_l, words_l)
             mbarrier.arrive(w_empty.index(s), count=1)  # the words are in registers now
             wi += 1
             for i in gl.static_range(SLICES):
@@ -389,12 +415,7 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
                     a0, a1 = _operands(w, s2, ASM2, CT, GROUPED, dot)
                 else:
                     a0, a1 = _operands(w, s2, ASM3, CT, GROUPED, dot)
-                s0 = xi % XS
-                s1 = (xi + 1) % XS
-                mbarrier.wait(x_ready.index(s0), (xi // XS) & 1)
-                mbarrier.wait(x_ready.index(s1), ((xi + 1) // XS) & 1)
-                x0 = x_bufs.index(s0).permute((1, 0))  # [64, BT] views of the K-major [BT, 64]
-                x1 = x_bufs.index(s1).permute((1, 0))
+                s0, s1, x0, x1 = _wait_x(x_bufs, x_ready, xi, XS)
                 acc = warpgroup_mma(a0, x0, acc, use_acc=True, is_async=True)
                 acc = warpgroup_mma(a1, x1, acc, use_acc=True, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -441,11 +462,8 @@ def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_
     wi = 0
     xi = 0
     for item in range(first, last, step):
-        pid_m, pid_n, ks, kb0, kb1 = _item(item, num_pid_m, num_pid_n, k_blocks, per, GROUP_M, SPLIT, STREAM_K)
-        off_t = pid_m * BT
-        off_w = pid_n * BLOCK_W + HALF * HALF_W
-        rows = off_w + gl.arange(0, HALF_W, layout=rows_l)
-        row_ok = rows < N
+        ks, kb0, kb1, off_t, off_w, rows, row_ok = _item_rows(item, num_pid_m, num_pid_n, k_blocks, per, N, HALF,
+                                                              BT, GROUP_M, SPLIT, STREAM_K, rows_l)
         acc = gl.zeros((HALF_W, BT), gl.float32, mma)
         for b in range(kb0, kb1):
             s = wi % WS
@@ -453,10 +471,7 @@ def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_
             for i in gl.static_range(SLICES):
                 # The words, reloaded from shared memory for each slice (only its two words of a
                 # quad stay live): 32 registers held through the block's four slices spilled.
-                lo = w_bufs.index(2 * s).slice(HALF * HALF_W, HALF_W, dim=0).load(half_l)
-                hi = w_bufs.index(2 * s + 1).slice(HALF * HALF_W, HALF_W, dim=0).load(half_l)
-                w = gl.reshape(gl.permute(gl.join(lo, hi), (0, 2, 1)), (HALF_W, 64))
-                w = gl.convert_layout(w, words_l, assert_trivial=True)
+                w = _load_words(w_bufs, s, HALF, half_l, words_l)
                 if i == 0:
                     a0, a1 = _operands_fp8(w, ASM0, dot)
                 elif i == 1:
@@ -465,12 +480,7 @@ def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_
                     a0, a1 = _operands_fp8(w, ASM2, dot)
                 else:
                     a0, a1 = _operands_fp8(w, ASM3, dot)
-                s0 = xi % XS
-                s1 = (xi + 1) % XS
-                mbarrier.wait(x_ready.index(s0), (xi // XS) & 1)
-                mbarrier.wait(x_ready.index(s1), ((xi + 1) // XS) & 1)
-                x0 = x_bufs.index(s0).permute((1, 0))  # [64, BT] views of the K-major [BT, 64]
-                x1 = x_bufs.index(s1).permute((1, 0))
+                s0, s1, x0, x1 = _wait_x(x_bufs, x_ready, xi, XS)
                 # This slice's sum alone (use_acc=False first), in the fp8 wgmma's reduced
                 # precision over 128 of K at most, then promoted.
                 part = warpgroup_mma(a0, x0, gl.zeros((HALF_W, BT), gl.float32, mma), use_acc=False,
