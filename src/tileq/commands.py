@@ -175,13 +175,14 @@ def _explain_prepacked(args) -> int:
         source = path.split(" (", 1)[1][:-1]
         cap = f", registers capped at {cfg.maxnreg}" if cfg.maxnreg else ""
         cap += ", group scales loaded one K tile ahead" if cfg.scale_ahead else ""
+        cap += ", fp8 activations converted to fp16 (an fp16 wgmma)" if cfg.fp16 else ""
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
               f"{cfg.stages} stages, split-K {cfg.split_k}{cap} ({source})")
     print("executor: the kernels of tileq.int4p on an sm_90 GPU (Triton decode kernel; from "
           "33 tokens the Gluon prefill kernel where int4p.prefill.plan gives it the call: split over K "
           "on narrow weights, unsplit where its tiles fill the SMs, always from 256 tokens where it "
-          "serves the call (W4A8 below 256 tokens only: its fp8 build for e4m3 with group scales, "
-          "else on activations cast to bf16); else W4A8 the values as fp8 and tileq's fp8 GEMM (TILEQ_W4A8_PREFILL=bf16: "
+          "serves the call (W4A8 below 256 tokens, and a little above on wide or deep weights: its fp8 "
+          "build for e4m3 with group scales, else on activations cast to bf16); else W4A8 the values as fp8 and tileq's fp8 GEMM (TILEQ_W4A8_PREFILL=bf16: "
           "dequantize to bf16), W4A16 dequantize + cuBLAS), "
           "or the reference executor on the unprepacked weight (backend='reference', CPU tensors)")
     return 0
