@@ -90,7 +90,8 @@ def main() -> int:
                         "('w4a8_via_bf16'), and the fp8 activations converted inside the kernel ('w4a8_fp8_kernel')")
     p.add_argument("--t256", action="store_true",
                    help="from 256 tokens also time W4A16 on the Gluon kernel with 256-token tiles, group "
-                        "('w4a16_gluon_t256') and per-channel scales ('w4a16_gluon_t256_channel')")
+                        "('w4a16_gluon_t256') and per-channel scales ('w4a16_gluon_t256_channel'), and "
+                        "the 128-token tiling unsplit, group ('w4a16_gluon_t128')")
     p.add_argument("--w4a8-gluon", action="store_true",
                    help="from 33 tokens also time W4A8 on the Gluon prefill kernel (activations cast to bf16), "
                         "forced at the plan's tiling: group scales ('w4a8_gluon'), per-channel from 256 "
@@ -240,6 +241,12 @@ def main() -> int:
                         m, n, k, torch.bfloat16, torch.bfloat16, wk, st, 128, False, dev, None, tokens=256))
                     record(s, name, m, n, k, impl, prefill.kernel_name("bf16", wk, 256),
                            lambda g256=g256, sw_=sw_: g256(x, w_pp.data, None, sw_, None), want, b4)
+                # ... and the 128-token tiling unsplit (group scales), the other side of tokens_for
+                g128 = lazy(lambda m=m, n=n, k=k: prefill.GluonPrefillLaunch(
+                    m, n, k, torch.bfloat16, torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), 128, False,
+                    dev, None, tokens=128))
+                record(s, name, m, n, k, "w4a16_gluon_t128", prefill.kernel_name("bf16", "group", 128),
+                       lambda g128=g128: g128(x, w_pp.data, None, sw4, None), ref16, b4)
             if m >= DEQUANT_MIN_M:  # per-channel scales, the path they take
                 record(s, name, m, n, k, "w4a16_prepacked_channel",
                        describe_prepacked(m, n, k, w_scale="vector", device=dev).split()[0],
