@@ -726,6 +726,12 @@ def test_256_token_tiles_from_256_tokens(monkeypatch):
     assert prefill.tokens_for(1024, 5120) == 128  # 3 waves against 2 (x 1.7)
     assert prefill.tokens_for(256, 8192) == 128  # 1 wave either way
     assert prefill.tokens_for(512, 5120) == 256 and prefill.tokens_for(512, 4096) == 128  # 160 / 128 tiles of 128
+    # below T256_THIN_MAX_M not where the last 256-token tile holds fewer than 128 tokens (Qwen3-14B
+    # qkv at 288-352 tokens: 168 / 112 tiles of 128 / 256)
+    assert [prefill.tokens_for(m, 7168) for m in (288, 383, 384)] == [128, 128, 256]
+    assert prefill.T256_THIN_MAX_M == 512 and prefill.tokens_for(544, 4096) == 256  # (from 512 as before)
+    assert prefill.plan(320, 7168, 5120, 132) == (128, 1)
+    assert prefill.streamk_for(320, 7168, 5120, 128, 1, 132) == (128, True)
     # an activation scale (W4A8) keeps 128-token tiles: the 256-token build with one spilled
     assert prefill.tokens_for(512, 5120, 132, x_scale=True) == 128
     assert prefill.plan(512, 5120, 5120, 132, x_scale=True) == (128, 1)

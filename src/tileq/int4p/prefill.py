@@ -131,14 +131,16 @@ def tokens_for(m: int, n: int | None = None, num_sms: int = 132, x_scale: bool =
     each weight is converted once per token tile); below DEQUANT_MIN_M the one of 64 and 128
     with the cheaper waves of the persistent grid, a 64-token tile costing TILE64_COST of a
     128-token one; from T256_MIN_M 256 where its waves cost less (a 256-token tile at
-    TILE256_COST) and the call has no activation scale (``x_scale``), else 128; 128 without ``n``."""
+    TILE256_COST), the call has no activation scale (``x_scale``) and, below T256_THIN_MAX_M, the
+    last 256-token tile holds at least 128 tokens; else 128; 128 without ``n``."""
     if m <= 64:
         return 64
     if n is None:
         return TOKENS
     if m >= T256_MIN_M:
         cheaper = TILE256_COST * waves(m, n, 256, num_sms) < waves(m, n, TOKENS, num_sms)
-        return 256 if cheaper and not x_scale else TOKENS
+        thin = m < T256_THIN_MAX_M and 0 < m % 256 < TOKENS
+        return 256 if cheaper and not x_scale and not thin else TOKENS
     if m >= DEQUANT_MIN_M:
         return TOKENS
     return 64 if TILE64_COST * waves(m, n, 64, num_sms) < waves(m, n, TOKENS, num_sms) else TOKENS
@@ -160,6 +162,13 @@ def waves(m: int, n: int, tokens: int, num_sms: int) -> int:
 # 1.22x, none slower by more than 3%.
 T256_MIN_M = DEQUANT_MIN_M
 TILE256_COST = 1.7
+# ... but not where the last 256-token tile would hold fewer than 128 tokens, below 512 tokens:
+# such a tile ran slower than a full one (DeepSeek-V3 down, 112 tiles in one wave: 282 / 265 / 234
+# us at 288 / 320 / 352 tokens against 206 at 512). H200, 18 weights at 288 / 320 / 352 tokens,
+# both tilings and stream-K timed in one run (bench/results/h200/int4/thin-t256/): the wave cost
+# picks 256 for four weights; stream-K already replaced it on three, and on Qwen3-14B qkv the
+# 128-token tiling (with stream-K) runs 1.29 / 1.23 / 1.11x faster (1.28x at 288 in int4/fp16-checks/).
+T256_THIN_MAX_M = 512
 
 
 # Stream-K (streamk.py) where its waves cost clearly less than the plan's tiling: W4A16 from
