@@ -52,8 +52,8 @@ class Int4pConfig:
     # values), the weight to fp16 and an fp16 wgmma, instead of bf16: one cvt per two activations
     # where bf16 goes through fp32. sm_90 build (``scripts/sass_loop.py --prepacked fp8e4nv 16
     # group --fp16``): 657 instructions per K tile against 753 (no F2F, no PRMT), 155 registers
-    # against 168 with three stages. The decode rule's choice for fp8 activations up to 16 tokens
-    # (``decode_rule``, timed there).
+    # against 168 with three stages. The decode rule's choice for fp8 activations (``decode_rule``,
+    # timed there).
     fp16: bool = False
 
     @classmethod
@@ -212,10 +212,11 @@ def _decode_tiles(m: int, n: int, k: int, x_type: str, num_sms: int) -> tuple[In
 # launch (2-4 us in a CUDA graph). H200, 18 weights, the kernel converting to fp16
 # (``decode_rule``) against the cast, one run per line (bench/results/h200/int4/):
 # - M = 1 and 16 (fp16-decode/): the kernel won on every weight up to 67.9 MB of int4 (1.02-1.10x)
-#   and won or lost by up to 4% from 83.9 MB (one weight 0.86x at M = 1); M = 4 and 8
-#   (fp16-routed/, after the rule): the same from 83.9 MB (0.98-1.12x);
+#   and won or lost by up to 4% from 83.9 MB (one weight 0.86x at M = 1); at M = 4 and 8
+#   (fp16-routed/) 0.98-1.12x from 83.9 MB;
 # - M = 32 (32-token tiles; fp16-routed/): the kernel won on every weight up to 33.9 MB (1.07-1.23x),
-#   tied from 44.6 to 67.9 MB (0.98-1.03x) and lost from 83.9 MB (0.94-1.00x);
+#   tied from 44.6 to 67.9 MB (0.98-1.03x) and lost from 83.9 MB (0.94-1.00x); at M = 24
+#   (fp16-checks/) it lost on every weight from 44.6 MB (0.81-0.91x);
 # - converting to bf16 it lost from 44.6 MB at M <= 16 (int4/split-cost/, int4/fp8-prefill/), and at
 #   M = 48 and 128 on all 18 (0.68-0.96x, median 0.78 / 0.73).
 W4A8_CAST_MIN_BYTES = 75_000_000  # up to 16 tokens
