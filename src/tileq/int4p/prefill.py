@@ -396,18 +396,19 @@ class GluonPrefillLaunch:
         # epilogue; ``fused``: the kernel's fp8 build reads them as they are
         self.cast_to = torch.bfloat16 if x_dtype in _FP8 and not fused else None
         self.ct = "fp8" if x_dtype in _FP8 and fused else _CT[self.cast_to or x_dtype]
-        self.tokens = tokens or tokens_for(m, n, _num_sms(device))
+        sms = _num_sms(device)
+        self.tokens = tokens or tokens_for(m, n, sms)
         self.split = split
         self.name = kernel_name(self.ct, w_kind, self.tokens, split, streamk, self.ct != "fp8" and x_kind != "none")
         self.direct = device.type == "cuda"
+        count = tiles(m, n, self.tokens)
         # Stream-K (streamk.py): one program per SM (the kernel derives its data-parallel tiles
         # from the grid), ``per`` (tile, K block) units of the rest per program.
-        self.streamk = streamk_schedule(tiles(m, n, self.tokens), k, _num_sms(device)) if streamk else None
+        self.streamk = streamk_schedule(count, k, sms) if streamk else None
         per = self.streamk.per if streamk else 0
         ints = (m, n, k, n, sw_strides[0], sw_strides[1], sx_stride, per)
         options = dict(num_warps=4, maxnreg=MAXNREG)
-        items = tiles(m, n, self.tokens) * split
-        grid = (self.streamk.programs if streamk else max(1, min(_num_sms(device), items)),)
+        grid = (self.streamk.programs if streamk else max(1, min(sms, count * split)),)
         # The first launch of each output path goes through Triton's JIT launch, later ones
         # straight to the compiled kernel (whose launcher encodes the TMA descriptors). Split
         # over K, every item writes an fp32 partial into a [split, M, N] workspace, summed in
