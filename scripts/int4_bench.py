@@ -110,6 +110,11 @@ def main() -> int:
                         "per-channel from 256 ('w4a16_streamk_channel_t128' / '_t256'), W4A8 group on the fused "
                         "fp8 build ('w4a8_fused_streamk_t128'); where the default takes stream-K, the plan's "
                         "tiling without it ('w4a16_plan', 'w4a16_plan_channel')")
+    p.add_argument("--fixup", action="store_true",
+                   help="where the decode kernel runs a split over K (W4A16, and W4A8 on its fp8 kernel): the "
+                        "same config with the partials summed in the kernel (Int4pConfig.fixup: 'w4a16_fixup', "
+                        "'w4a8_fixup'), and with twice the split ('w4a16_fixup_x2', 'w4a8_fixup_x2'; a split of 2 "
+                        "where the rule does not split)")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -350,6 +355,21 @@ def main() -> int:
                                prefill.kernel_name("fp8" if fp8 else "bf16", wk, tokens, 1, True),
                                lambda gs=gs, sw_=sw_, xin=xin, fp8=fp8: gs(xin, w_pp.data, sx if fp8 else None, sw_,
                                                                            None), want, b4)
+            if args.fixup and decode_path:
+                # the decode config's split-K partials summed by the kernel itself, and the split doubled
+                ktiles = -(-k // 512)
+                path8 = describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev)
+                kinds = [("w4a16", cfg, x, None, ref16)]
+                if "_decode__" in path8 and "cast to" not in path8:
+                    kinds.append(("w4a8", config_for(m, n, k, "fp8")[0], xf8, sx, ref8))
+                for kind, c0, xin, sxin, want in kinds:
+                    variants = [(f"{kind}_fixup", replace(c0, fixup=True))] if c0.split_k > 1 else []
+                    if ktiles >= 2 * 2 * c0.split_k:
+                        variants.append((f"{kind}_fixup_x2", replace(c0, split_k=2 * c0.split_k, fixup=True)))
+                    for impl, c in variants:
+                        record(s, name, m, n, k, impl, c.tag,
+                               lambda c=c, xin=xin, sxin=sxin: linear_prepacked(xin, w_pp, sxin, sw4, config=c),
+                               want, b4)
             if args.w4a8_via_bf16 and m < DEQUANT_MIN_M:
                 # both decode-kernel routes of W4A8, whichever the default took: the fp8 activations
                 # cast to bf16 before the W4A16 kernel (its config), and converted inside the kernel
@@ -529,6 +549,15 @@ def summarize(rows) -> None:
                     if mm == m and i == impl and (sh, m, base) in t]
             cells.append(f"{label} {statistics.median(vals):.3f} (n={len(vals)})" if vals else f"{label} -")
         print(f"  M = {m}: " + ", ".join(cells))
+    # --fixup: the decode kernel's split-K sum in the kernel, against the default, per M
+    for kind in ("w4a16", "w4a8"):
+        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2"):
+            for m in sorted({m for (_, m, i) in t if i == impl}):
+                vals = [t[(sh, m, f"{kind}_prepacked")] / t[(sh, m, impl)] for (sh, mm, i) in t
+                        if mm == m and i == impl and (sh, m, f"{kind}_prepacked") in t]
+                if vals:
+                    print(f"{impl} M = {m}: {statistics.median(vals):.3f}x the default's speed "
+                          f"({min(vals):.3f}-{max(vals):.3f}, n={len(vals)})")
     # --small-m-prefill / --prefill-split: the Gluon prefill kernel forced (token tiles, split over K)
     # and the decode kernel where the routing passed it over, against the path the call took,
     # medians over the weights timed with each

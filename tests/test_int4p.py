@@ -212,6 +212,45 @@ def test_fp16_conversion_of_fp8_activations_matches_reference(xt, m, n, k, split
         linear_prepacked(torch.randn(m, k).to(torch.bfloat16).to(DEV), w, None, ws.to(DEV), config=cfg)
 
 
+@pytest.mark.parametrize("m,n,k,xt,gk,split,bias", [(3, 70, 1000, torch.bfloat16, 128, 2, True),
+                                                     (16, 130, 2048, torch.float16, 0, 4, False),
+                                                     (20, 64, 1536, torch.bfloat16, 128, 3, True),
+                                                     (2, 96, 1024, torch.float8_e4m3fn, 128, 2, True)])
+def test_in_kernel_splitk_sum_matches_the_reduction_kernel(m, n, k, xt, gk, split, bias):
+    """Int4pConfig(fixup=True): the last program of each tile sums the split-K partials in slab
+    order, so the output is bit for bit the reduction kernel's (bias in the first slab, the
+    activations' scales in each), call after call (the tile counters go back to zero); its tag
+    ('_fx') names another binary and needs a split."""
+    from tileq.kernels import launch as kl
+
+    torch.manual_seed(m + n + split)
+    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+    w = prepack_int4(v).to(DEV)
+    x = torch.randn(m, k).to(xt)
+    ws = torch.rand(-(-k // gk), n) + 0.5 if gk else torch.rand(n) + 0.5
+    xs = torch.rand(m) + 0.5 if xt in FP8 else None
+    b = torch.randn(n) if bias else None
+    d = lambda t: None if t is None else t.to(DEV)  # noqa: E731
+    bm = 16 if m <= 16 else 32
+    plain, fixed = Int4pConfig(bm, split, 2), Int4pConfig(bm, split, 2, fixup=True)
+    assert fixed.tag.endswith("_fx_swap") and Int4pConfig.parse_tag(fixed.tag) == fixed
+    assert Int4pConfig(bm, 1, 2, fixup=True).tag == Int4pConfig(bm, 1, 2).tag  # (no split: nothing to sum)
+    with pytest.raises(ValueError, match="needs a split"):
+        Int4pConfig.parse_tag("m64n16k512_w4_s2_fx_swap")
+    for out_dtype in (torch.float32, torch.bfloat16):
+        want = linear_prepacked(d(x), w, d(xs), d(ws), bias=d(b), group_k=gk or 128, config=plain,
+                                out_dtype=out_dtype)
+        for _ in range(2):
+            got = linear_prepacked(d(x), w, d(xs), d(ws), bias=d(b), group_k=gk or 128, config=fixed,
+                                   out_dtype=out_dtype)
+            assert torch.equal(got, want)
+    if DEV != "cpu":  # (on a CPU each call makes its own zeroed counters)
+        assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
+    ref = _reference(x, v, ws, xs, b, gk or 128)
+    y = linear_prepacked(d(x), w, d(xs), d(ws), bias=d(b), group_k=gk or 128, config=fixed, out_dtype=torch.float32)
+    assert float((y.cpu().double() - ref).abs().max() / ref.abs().max()) < 2e-6
+
+
 def test_register_capped_config_matches_reference():
     # maxnreg=128 (four programs per SM) makes ptxas spill a few registers: still exact.
     torch.manual_seed(5)

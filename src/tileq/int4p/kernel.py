@@ -11,8 +11,12 @@ two by two into the 128-wide operands. Weight scales, per group (group_k a multi
 per channel, are applied to each 128-wide partial sum (promotion); the rest follows DESIGN.md's
 order: ``acc -> * x_scale (tokens) -> (* a per-tensor w_scale) -> + bias -> cast``.
 
-SPLIT_K > 1 writes fp32 partials [SPLIT_K, N, M] that ``gemm_kernel._splitk_reduce_kernel``
-(SWAPPED) sums in a fixed order. Under the interpreter the conversion runs as plain shifts and
+SPLIT_K > 1 writes fp32 partials [SPLIT_K, N, M] into ``ws_ptr``: ``gemm_kernel._splitk_reduce_kernel``
+(SWAPPED) sums them in a fixed order afterwards, or with FIXUP the kernel does: each program
+counts itself in on its tile's counter (``sem_ptr``, zero between calls) once its partial is
+stored, and the last of the tile's SPLIT_K programs sums the partials in slab order (the
+reduction kernel's order: bit for bit the same result), stores the tile and puts the counter
+back to zero. That saves the second launch (a few microseconds of a decode call). Under the interpreter the conversion runs as plain shifts and
 masks on the same words (Triton's interpreter has no inline PTX), element for element the same.
 """
 
@@ -134,11 +138,12 @@ def _slice_dot(v, x, INTERPRETED: tl.constexpr):
 
 @triton.jit
 def _i4p_kernel(
-    w_ptr, x_ptr, c_ptr, sw_ptr, sx_ptr, bias_ptr,
+    w_ptr, x_ptr, c_ptr, sw_ptr, sx_ptr, bias_ptr, ws_ptr, sem_ptr,
     M, N, K, ldx, ldc, stride_sw_g, stride_sw_n, stride_sx,
     CT: tl.constexpr, W_SCALE: tl.constexpr, X_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     INTERPRETED: tl.constexpr, BN: tl.constexpr = 64, SCALE_AHEAD: tl.constexpr = False,
+    FIXUP: tl.constexpr = False,
 ):
     # BN: weight rows per program, 64 per warpgroup (wgmma M); the token tile BM is shared.
     pid = tl.program_id(0)
@@ -227,8 +232,22 @@ def _i4p_kernel(
             b = tl.load(bias_ptr + rn, mask=n_ok, other=0.0)
             y = y + b[:, None]
     mask = n_ok[:, None] & t_ok[None, :]
+    c_ptrs = c_ptr + rt.to(tl.int64)[None, :] * ldc + rn64[:, None]
     if SPLIT_K == 1:
-        tl.store(c_ptr + rt.to(tl.int64)[None, :] * ldc + rn64[:, None], y.to(c_ptr.dtype.element_ty), mask=mask)
+        tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty), mask=mask)
     else:
         # Workspace [SPLIT_K, N, M] fp32 (the kernel's orientation).
-        tl.store(c_ptr + pid_k.to(tl.int64) * N * M + rn64[:, None] * M + rt[None, :], y, mask=mask)
+        slab = rn64[:, None] * M + rt[None, :]
+        tl.store(ws_ptr + pid_k.to(tl.int64) * N * M + slab, y, mask=mask)
+        if FIXUP:
+            # Every thread's partial is stored before one thread counts the program in (a CTA
+            # barrier, then a gpu-scope release); the count's acquire and Triton's broadcast of
+            # it (a barrier) order the last program's loads after the other programs' stores.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(sem_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros((BN, BM), dtype=tl.float32)
+                for i in tl.static_range(SPLIT_K):  # (L2 only: other SMs wrote them)
+                    total += tl.load(ws_ptr + i * N * M + slab, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(sem_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next call

@@ -21,7 +21,7 @@ from ..errors import DTypeError, ShapeError, expect
 from ..kernels import gemm_kernel
 from ..kernels.direct import KernelCall, direct_launch_enabled
 from ..kernels.gluon.launch import _num_sms
-from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
+from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace, tile_counters
 from ..kernels.select import GLUON_ENV
 from . import kernel as _kernel_module
 from . import fp8_prefill, prefill
@@ -55,15 +55,21 @@ class Int4pConfig:
     # against 168 with three stages. The decode rule's choice for fp8 activations (``decode_rule``,
     # timed there).
     fp16: bool = False
+    # With split_k > 1: the kernel sums its partials itself (kernel.py's FIXUP: the last program
+    # of a tile, by an atomic count), instead of a second launch of the reduction kernel.
+    fixup: bool = False
 
     @classmethod
     def parse_tag(cls, tag: str) -> "Int4pConfig":
         """The inverse of ``tag`` (e.g. ``m64n16k512_w4_s2_sk4_r128_swap``)."""
-        m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?(?:_r(\d+))?(_pf)?(_h16)?_swap", tag)
+        m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?(?:_r(\d+))?(_pf)?(_h16)?(_fx)?_swap", tag)
         if not m:
             raise ValueError(f"an int4p config tag like m64n16k512_w4_s2_sk4_swap, got {tag!r}")
         cfg = cls(int(m.group(2)), int(m.group(5) or 1), int(m.group(4)), int(m.group(3)),
-                  int(m.group(6)) if m.group(6) else None, m.group(7) is not None, m.group(8) is not None)
+                  int(m.group(6)) if m.group(6) else None, m.group(7) is not None, m.group(8) is not None,
+                  m.group(9) is not None)
+        if cfg.fixup and cfg.split_k == 1:
+            raise ValueError(f"{tag!r}: _fx (the in-kernel split-K sum) needs a split over K")
         if cfg.rows != int(m.group(1)):
             raise ValueError(f"{tag!r}: {m.group(3)} warps hold {cfg.rows} weight rows, not {m.group(1)}")
         return cfg
@@ -79,7 +85,8 @@ class Int4pConfig:
         reg = f"_r{self.maxnreg}" if self.maxnreg else ""
         pf = "_pf" if self.scale_ahead else ""
         h16 = "_h16" if self.fp16 else ""
-        return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}{reg}{pf}{h16}_swap"
+        fx = "_fx" if self.fixup and self.split_k > 1 else ""
+        return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}{reg}{pf}{h16}{fx}_swap"
 
 
 def kernel_ct(x_type: str, cfg: Int4pConfig) -> str:
@@ -259,8 +266,9 @@ def compile_source(x_type: str, w_scale: str, cfg: Int4pConfig, *, x_scale: str 
     LLM shapes (16-byte aligned pointers, N, K and strides multiples of 16)."""
     import triton
 
-    sig = {"w_ptr": "*i32", "x_ptr": _PTR[x_type], "c_ptr": "*bf16" if cfg.split_k == 1 else "*fp32",
-           "sw_ptr": "*fp32", "sx_ptr": "*fp32", "bias_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+    sig = {"w_ptr": "*i32", "x_ptr": _PTR[x_type], "c_ptr": "*bf16",
+           "sw_ptr": "*fp32", "sx_ptr": "*fp32", "bias_ptr": "*fp32", "ws_ptr": "*fp32", "sem_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32",
            "ldx": "i32", "ldc": "i32", "stride_sw_g": "i32", "stride_sw_n": "i32", "stride_sx": "i32"}
     div16 = ("N", "K", "ldx", "ldc", "stride_sw_g")
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, t) in enumerate(sig.items())
@@ -269,9 +277,13 @@ def compile_source(x_type: str, w_scale: str, cfg: Int4pConfig, *, x_scale: str 
         x_scale = "vector" if x_type in ("fp8", "bf8") else "none"
     consts = dict(CT=kernel_ct(x_type, cfg), W_SCALE=w_scale, X_SCALE=x_scale,
                   GROUP_K=group_k, HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=even_k,
-                  INTERPRETED=False, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead)
+                  INTERPRETED=False, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead, FIXUP=_fixup(cfg))
     return triton.compiler.ASTSource(fn=_kernel_module._i4p_kernel, signature=sig, constexprs=consts,
                                      attrs=attrs)
+
+
+def _fixup(cfg: Int4pConfig) -> bool:
+    return cfg.fixup and cfg.split_k > 1
 
 
 def compile_options(cfg: Int4pConfig) -> dict:
@@ -312,17 +324,19 @@ class Int4pLaunch:
         consts = dict(CT=ct, W_SCALE=w_scale_kind, X_SCALE=x_scale_kind, GROUP_K=group_k,
                       HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=k % BLOCK_K == 0,
                       INTERPRETED=self.interpreted, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead,
-                      num_warps=cfg.warps, num_stages=cfg.stages)
+                      FIXUP=_fixup(cfg), num_warps=cfg.warps, num_stages=cfg.stages)
         if cfg.maxnreg and not self.interpreted:
             consts["maxnreg"] = cfg.maxnreg
         self.name = kernel_name(x_type, w_scale_kind, cfg)
-        target = torch.float32 if cfg.split_k > 1 else out_dtype
+        split = cfg.split_k > 1
+        self.tiles = grid[0]
         # The activations' dtype is part of the launch's identity: e4m3, e5m2 and bf16 activations
         # share every constexpr (CT 'bf16') and would otherwise share one compiled kernel.
         self.main = KernelCall(_kernel_module, "_i4p_kernel", grid, ints, consts,
-                               (torch.int32, _DTYPE_OF[x_type], target, torch.float32, torch.float32, torch.float32))
+                               (torch.int32, _DTYPE_OF[x_type], out_dtype, torch.float32, torch.float32, torch.float32,
+                                torch.float32 if split else None, torch.int32 if _fixup(cfg) else None))
         self.reduce = None
-        if cfg.split_k > 1:
+        if split and not _fixup(cfg):
             total = n * m
             self.reduce = KernelCall(gemm_kernel, "_splitk_reduce_kernel", (-(-total // REDUCE_BLOCK),),
                                      (total, m, n), dict(SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK,
@@ -335,13 +349,15 @@ class Int4pLaunch:
         direct = self.direct and direct_launch_enabled()
         if self.cast_to is not None:
             x2 = x2.to(self.cast_to)
-        target = out
+        ws = counters = None
         if self.cfg.split_k > 1:
             numel = self.cfg.split_k * self.n * self.m
-            target = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
-        self.main((wdata, x2, target, sw, sx, bias), direct)
+            ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
+            if _fixup(self.cfg):
+                counters = tile_counters(self.device, self.tiles)
+        self.main((wdata, x2, out, sw, sx, bias, ws, counters), direct)
         if self.reduce is not None:
-            self.reduce((target, out), direct)
+            self.reduce((ws, out), direct)
         return out
 
 

@@ -276,6 +276,28 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+_RETIRED_COUNTERS: list[torch.Tensor] = []
+
+
+def tile_counters(device: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 tile counters for a kernel that sums its split-K partials itself (the
+    int4 decode kernel's FIXUP), per (device, stream) like the workspaces: such a kernel puts
+    every counter it used back to zero, so they are zeroed once, when made. A grown table keeps
+    the old one alive: a CUDA graph captured with it still points there."""
+    if device.type != "cuda":
+        return torch.zeros(count, dtype=torch.int32, device=device)
+    index = _device_index(device)
+    key = (index, raw_stream()(index))
+    counters = _COUNTERS.get(key)
+    if counters is None or counters.numel() < count:
+        if counters is not None:
+            _RETIRED_COUNTERS.append(counters)
+        counters = torch.zeros(max(count, 1 << 14), dtype=torch.int32, device=device)
+        _COUNTERS[key] = counters
+    return counters
+
+
 def _stream_workspace(device: torch.device, numel: int) -> torch.Tensor:
     """``_workspace``'s buffer for ``device``'s current stream (same table, same key), whole."""
     index = _device_index(device)
