@@ -144,7 +144,7 @@ def test_w4a8_decode_casts_activations_on_large_weights(xt, monkeypatch):
     assert "cast" not in describe_prepacked(16, 2 * mid_n, mid_k, xt)
     for m in (1, 16, 17, cap):  # (up to the cap the weight's size decides)
         text = describe_prepacked(m, mid_n, mid_k, xt)
-        assert text.startswith(f"bquant_{launch_mod._X_TYPES[xt]}xi4p_rcr_decode__") and "_h16_swap" in text, text
+        assert text.startswith(f"bquant_{launch_mod._X_TYPES[xt]}xi4p_rcr_decode__") and "_h16" in text, text
         assert "cast" not in text and "converted to fp16" in text, text
     # (from 33 tokens the Gluon kernel: e4m3 with group scales on its fp8 build, e5m2 cast to bf16)
     fused = xt == torch.float8_e4m3fn
@@ -508,24 +508,25 @@ def test_default_config_covers_the_gpu():
 
 
 @pytest.mark.parametrize("m, n, k, tag", [
-    # programs = 64-row tiles x split-K: up to 2 per SM (264 on 132 SMs) three stages,
-    (16, 7168, 5120, "m64n16k512_w4_s3_sk2_r168_pf_swap"),        # 224 programs
-    (16, 8192, 28672, "m64n16k512_w4_s3_sk2_r168_pf_swap"),       # 256
-    (1, 3072, 4096, "m64n16k512_w4_s3_sk4_r168_pf_swap"),         # 192
+    # programs = 64-row tiles x split-K (the partials summed in the kernel, _fx): up to 2 per SM
+    # (264 on 132 SMs) three stages,
+    (16, 7168, 5120, "m64n16k512_w4_s3_sk2_r168_pf_fx_swap"),        # 224 programs
+    (16, 8192, 28672, "m64n16k512_w4_s3_sk2_r168_pf_fx_swap"),       # 256
+    (1, 3072, 4096, "m64n16k512_w4_s3_sk4_r168_pf_fx_swap"),         # 192
     # up to 3 per SM two stages; uncapped configs load group scales one K tile ahead under a
     # 168-register cap (_r168_pf),
-    (1, 6144, 4096, "m64n16k512_w4_s2_sk4_r168_pf_swap"),         # 384
-    (4, 6144, 4096, "m64n16k512_w4_s2_sk4_r168_pf_swap"),
-    (16, 5120, 17408, "m64n16k512_w4_s2_sk4_r168_pf_swap"),       # 320
+    (1, 6144, 4096, "m64n16k512_w4_s2_sk4_r168_pf_fx_swap"),         # 384
+    (4, 6144, 4096, "m64n16k512_w4_s2_sk4_r168_pf_fx_swap"),
+    (16, 5120, 17408, "m64n16k512_w4_s2_sk4_r168_pf_fx_swap"),       # 320
     # up to 4 per SM two stages under the 128-register cap: at M > 1 without split-K only,
     (1, 28672, 8192, "m64n16k512_w4_s2_r128_swap"),       # 448
     (16, 28672, 8192, "m64n16k512_w4_s2_r128_swap"),
     # at M = 1 K split further while four per SM hold the programs (a 16-token split-K tile
     # under the cap lost at M = 16, so M > 1 keeps the 1.5-waves split and three stages),
-    (1, 8192, 28672, "m64n16k512_w4_s2_sk4_r128_swap"),   # 512
-    (16, 8192, 28672, "m64n16k512_w4_s3_sk2_r168_pf_swap"),
-    (1, 3584, 18944, "m64n16k512_w4_s2_sk8_r128_swap"),   # 448
-    (8, 3584, 18944, "m64n16k512_w4_s3_sk4_r168_pf_swap"),        # 224
+    (1, 8192, 28672, "m64n16k512_w4_s2_sk4_r128_fx_swap"),   # 512
+    (16, 8192, 28672, "m64n16k512_w4_s3_sk2_r168_pf_fx_swap"),
+    (1, 3584, 18944, "m64n16k512_w4_s2_sk8_r128_fx_swap"),   # 448
+    (8, 3584, 18944, "m64n16k512_w4_s3_sk4_r168_pf_fx_swap"),        # 224
     # beyond four per SM: capped at M = 1, three stages above.
     (1, 34816, 5120, "m64n16k512_w4_s2_r128_swap"),       # 544
     (16, 34816, 5120, "m64n16k512_w4_s3_r168_pf_swap"),
@@ -536,6 +537,7 @@ def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, 
 
     cfg, why = decode_rule(m, n, k)
     assert cfg.tag == tag, why
+    assert cfg.fixup == ("the partials summed in the kernel" in why) == (cfg.split_k > 1)
     assert default_config(m, n, k) == cfg and decode_rule(m, n, k, "fp16")[0] == cfg
     programs = -(-n // 64) * -(-m // cfg.bm) * cfg.split_k
     assert f"{programs} programs" in why
@@ -673,12 +675,14 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
     assert out.returncode == 0, out.stderr
     assert ("bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk2_r168_pf_swap_sm90" in out.stdout
             and "(tuned table)" in out.stdout), out.stdout
+    assert "split-K 2 (partials summed by a second kernel)" in out.stdout, out.stdout  # (as it was measured)
     out = explain("--a", "bf16", "--m", "1", "--n", "3072", "--k", "4096")
-    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk4_r168_pf_swap_sm90" in out.stdout
+    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk4_r168_pf_fx_swap_sm90" in out.stdout
     assert ("(heuristic: 192 programs (48 row tiles x split-K 4), up to 2 per SM: three stages; group scales "
-            "one K tile ahead (168 registers))") in out.stdout, out.stdout
+            "one K tile ahead (168 registers); the partials summed in the kernel)") in out.stdout, out.stdout
+    assert "split-K 4 (partials summed in the kernel by each tile's last program)" in out.stdout, out.stdout
     out = explain("--a", "bf16", "--m", "1", "--n", "3584", "--k", "18944")  # the rule's register cap
-    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s2_sk8_r128_swap_sm90" in out.stdout, out.stdout
+    assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s2_sk8_r128_fx_swap_sm90" in out.stdout, out.stdout
     assert "registers capped at 128 (heuristic: 448 programs" in out.stdout, out.stdout
     out = explain("--a", "fp8", "--m", "1024", "--n", "5120", "--k", "17408")
     assert out.returncode == 0 and "dequant-fp8+tileq" in out.stdout and "bquant GEMM" in out.stdout, out.stdout

@@ -176,8 +176,12 @@ def _explain_prepacked(args) -> int:
         cap = f", registers capped at {cfg.maxnreg}" if cfg.maxnreg else ""
         cap += ", group scales loaded one K tile ahead" if cfg.scale_ahead else ""
         cap += ", fp8 activations converted to fp16 (an fp16 wgmma)" if cfg.fp16 else ""
+        split = f"split-K {cfg.split_k}"
+        if cfg.split_k > 1:
+            split += (" (partials summed in the kernel by each tile's last program)" if cfg.fixup
+                      else " (partials summed by a second kernel)")
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
-              f"{cfg.stages} stages, split-K {cfg.split_k}{cap} ({source})")
+              f"{cfg.stages} stages, {split}{cap} ({source})")
     print("executor: the kernels of tileq.int4p on an sm_90 GPU (Triton decode kernel; from "
           "33 tokens the Gluon prefill kernel where int4p.prefill.plan gives it the call: split over K "
           "on narrow weights, unsplit where its tiles fill the SMs, always from 256 tokens where it "

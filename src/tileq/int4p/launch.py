@@ -146,8 +146,14 @@ def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM
     than converting to bf16 at M = 1 and 16 (median of 36, 1.05-1.14x; int4/fp16-decode/), 1.10x
     at M = 4 and 8 (median of 36; int4/fp16-routed/), 1.27x and 1.29x at 32-224 tokens (medians
     of 72 and 36, both runs; from 33 tokens a call this kernel takes is cast to bf16 first,
-    ``compute_type``)."""
+    ``compute_type``). A split over K sums its partials in the kernel (``Int4pConfig.fixup``): on
+    an H200 (int4/fixup/, 13 weights split per M, one run, e4m3 on 10) 1.04x / 1.06x / 1.10x /
+    1.09x / 1.23x faster than the reduction kernel at M = 1 / 4 / 16 / 24 / 32 (medians; W4A8
+    1.04-1.22x), slower on 2 of 65 (0.94x, 0.96x: two M = 1 configs of the tuned table, which
+    keep the reduction kernel)."""
     cfg, why = _decode_tiles(m, n, k, x_type, num_sms)
+    if cfg.split_k > 1:
+        cfg, why = replace(cfg, fixup=True), f"{why}; the partials summed in the kernel"
     if x_type in ("fp8", "bf8"):
         return replace(cfg, fp16=True), f"{why}; {x_type} converted to fp16"
     return cfg, why
