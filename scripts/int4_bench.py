@@ -114,7 +114,9 @@ def main() -> int:
                    help="where the decode kernel runs a split over K (W4A16, and W4A8 on its fp8 kernel): the "
                         "same config with the partials summed in the kernel (Int4pConfig.fixup: 'w4a16_fixup', "
                         "'w4a8_fixup'), and with twice the split ('w4a16_fixup_x2', 'w4a8_fixup_x2'; a split of 2 "
-                        "where the rule does not split)")
+                        "where the rule does not split); where the Gluon prefill kernel's plan splits 64- or "
+                        "16-token tiles (33-127 tokens), that split with fixup ('w4a16_fixup', W4A8 on its fp8 "
+                        "build 'w4a8_fixup')")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -370,6 +372,24 @@ def main() -> int:
                         record(s, name, m, n, k, impl, c.tag,
                                lambda c=c, xin=xin, sxin=sxin: linear_prepacked(xin, w_pp, sxin, sw4, config=c),
                                want, b4)
+            gplan = prefill.plan(m, n, k, sms) if args.fixup and not decode_path and m < DEQUANT_MIN_M else None
+            if gplan is not None and gplan[1] > 1 and gplan[0] <= prefill.FIXUP_MAX_TOKENS:
+                # the Gluon prefill kernel's split (the plan's tiling) with its partials summed in the kernel
+                tp, sp = gplan
+                gfx = lazy(lambda m=m, n=n, k=k, tp=tp, sp=sp: prefill.GluonPrefillLaunch(
+                    m, n, k, torch.bfloat16, torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), 128, False, dev,
+                    None, tokens=tp, split=sp, fixup=True))
+                record(s, name, m, n, k, "w4a16_fixup", prefill.kernel_name("bf16", "group", tp, sp, fixup=True),
+                       lambda gfx=gfx: gfx(x, w_pp.data, None, sw4, None), ref16, b4)
+                p8 = prefill.plan(m, n, k, sms, True)
+                if p8 is not None and p8[1] > 1 and p8[0] <= prefill.FIXUP_MAX_TOKENS and "its fp8 build" in \
+                        describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev):
+                    g8fx = lazy(lambda m=m, n=n, k=k, p8=p8: prefill.GluonPrefillLaunch(
+                        m, n, k, torch.float8_e4m3fn, torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), 128,
+                        False, dev, None, tokens=p8[0], split=p8[1], x_kind="vector", sx_stride=1, fused=True,
+                        fixup=True))
+                    record(s, name, m, n, k, "w4a8_fixup", prefill.kernel_name("fp8", "group", *p8, fixup=True),
+                           lambda g8fx=g8fx: g8fx(xf8, w_pp.data, sx, sw4, None), ref8, b4)
             if args.w4a8_via_bf16 and m < DEQUANT_MIN_M:
                 # both decode-kernel routes of W4A8, whichever the default took: the fp8 activations
                 # cast to bf16 before the W4A16 kernel (its config), and converted inside the kernel

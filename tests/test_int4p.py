@@ -943,14 +943,14 @@ def _sm90_build(compile_line: str, name: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none", streamk=False):
+def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none", streamk=False, fixup=False):
     r = _sm90_build("from tileq.int4p.prefill import compile_sm90\n"
                     f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r}, "
-                    f"streamk={streamk})", "i4p-prefill")
+                    f"streamk={streamk}, fixup={fixup})", "i4p-prefill")
     sass = r["sass"]
     r["ops"] = {o: len(re.findall(r"\b" + o + r"\b", sass)) for o in
                 ("HGMMA", "QGMMA", "F2FP", "LDS", "STS", "LDL", "STL", "HMUL2", "HADD2", "PRMT", "SHFL", "UTMALDG",
-                 "UTMASTG")}
+                 "UTMASTG", "ATOMG", "RED")}
     r["ops"]["DEPBAR"] = sass.count("WARPGROUP.DEPBAR")
     return r
 
@@ -993,6 +993,36 @@ def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale,
     assert ops["UTMALDG"] >= 2 and ops["UTMASTG"] == (2 if tma_store else 0), ops
     assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
     assert r["shared"] <= 232448
+
+
+@pytest.mark.parametrize("ct,w_kind,bias,tokens,split,x_scale", [
+    ("bf16", "group", True, 64, 3, "none"), ("fp16", "scalar", False, 16, 2, "none"),
+    ("bf16", "vector", False, 64, 2, "scalar"), ("fp8", "group", True, 64, 2, "vector")])
+def test_sm90_prefill_build_sums_split_partials_itself(ct, w_kind, bias, tokens, split, x_scale):
+    """Split over K with fixup (the split's partials summed by the kernel): the main loop as
+    without it (its wgmmas, one wait per slice and consumer, no spills); after each consumer's
+    partial, a barrier of its own warpgroup (a named barrier of 128 threads, not the CTA's: the
+    producer warp never reaches it), one gpu-scope acq_rel atomic add by one thread of the
+    consumer (its count broadcast through shared memory) and the exchange that puts the counter
+    back to zero; the sum's loads bypass L1 (ld.global.cg)."""
+    r = _prefill_build(ct, w_kind, bias, False, tokens, split, x_scale, fixup=True)
+    ops = r["ops"]
+    assert ops["HGMMA" if ct != "fp8" else "QGMMA"] == 2 * (32 if ct != "fp8" else 16), ops
+    assert ops["LDL"] == 0 and ops["STL"] == 0 and ops["DEPBAR"] <= 16, ops
+    assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
+    ptx = r["ptx"]
+    assert len(re.findall(r"atom\.global\.gpu\.acq_rel\.add", ptx)) == 2, "one count per consumer"
+    assert len(re.findall(r"atom\.global\.gpu\.relaxed\.exch", ptx)) == 2
+    assert "ld.global.cg" in ptx
+    # each consumer's barriers are named barriers of its 128 threads
+    assert not re.search(r"\bbar\.sync\s+\d+;", ptx) and re.search(r"bar\.sync\s+0, 128;", ptx), \
+        sorted(set(re.findall(r"bar\.sync[^;]*;", ptx)))
+    from tileq.int4p import prefill
+
+    for bad_tokens, bad_split in ((64, 1), (128, 2)):  # (a 128-token build spilled)
+        with pytest.raises(ValueError, match="split over K"):
+            prefill.constexprs("bf16", "group", 128, False, False, bad_tokens, bad_split, fixup=True)
+    assert prefill.kernel_name("bf16", "group", 64, 3, fixup=True).endswith("w128t64k512_sk3_fx_ws2x64_sm90")
 
 
 @pytest.mark.parametrize("bias,tma_store,tokens,split,x_scale,streamk", [
@@ -1173,7 +1203,7 @@ def test_gpu_prefill_kernel_matches_reference(m, n, k, xt, gk, prefill_launches)
     assert err < (1e-2 if gk > 0 else 5e-3), err
 
 
-def _forced_prefill(m, n, k, gk, seed, tokens, split=1, streamk=False, x_dtype=torch.bfloat16):
+def _forced_prefill(m, n, k, gk, seed, tokens, split=1, streamk=False, x_dtype=torch.bfloat16, fixup=False):
     """A GluonPrefillLaunch forced to a token tile (and split) for CPU-made operands: int4 values,
     their prepacked weight on the GPU, group (gk > 0), per-channel (0) or per-tensor (-1) scales,
     bf16 activations and a bias (dequantize + cuBLAS as the fallback)."""
@@ -1197,7 +1227,7 @@ def _forced_prefill(m, n, k, gk, seed, tokens, split=1, streamk=False, x_dtype=t
     fallback = DequantLaunch(n, k, kind, "none", strides, max(gk, 128), x_dtype, x_dtype)
     launch = prefill.GluonPrefillLaunch(m, n, k, x_dtype, x_dtype, kind, strides, max(gk, 128),
                                         True, torch.device("cuda"), fallback, tokens=tokens, split=split,
-                                        streamk=streamk)
+                                        streamk=streamk, fixup=fixup)
     return launch, v, w, ws, x, bias
 
 
@@ -1251,6 +1281,39 @@ def test_gpu_prefill_split_k(m, n, k, split, gk, prefill_launches):
     launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + split, 64, split)
     y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
     assert torch.equal(launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda()), y)  # the same sums, in order
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,split,tokens", [(100, 577, 1104, 4, 64), (33, 384, 2560, 5, 64),
+                                                (48, 5120, 5120, 3, 64), (7, 1000, 3584, 2, 16),
+                                                (64, 4001, 8192, 8, 64)])
+@pytest.mark.parametrize("gk", [128, 0, -1])
+def test_gpu_prefill_split_k_summed_in_the_kernel(m, n, k, split, tokens, gk, prefill_launches):
+    """fixup: the split's partials summed by the kernel (each half tile's last consumer), one
+    launch, bit for bit the reduction kernel's result (the same sums in the same order), call after
+    call (the counters go back to zero), also replayed in a CUDA graph; an empty last K range (K =
+    1104 in four), odd N, K tails, all three scale kinds, the bias."""
+    from tileq.kernels import launch as kl
+
+    launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + split, tokens, split, fixup=True)
+    assert launch.name.endswith(f"_sk{split}_fx_ws2x64_sm90") and launch.reduce is None
+    y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
+    plain = _forced_prefill(m, n, k, gk, m + n + k + split, tokens, split)[0]
+    xc, wsc, bc = x.cuda(), ws.cuda(), bias.cuda()
+    assert torch.equal(plain(xc, w.data, None, wsc, bc), y)
+    for _ in range(3):
+        assert torch.equal(launch(xc, w.data, None, wsc, bc), y)
+    out = torch.empty_like(y)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        launch(xc, w.data, None, wsc, bc, out)
+    for _ in range(3):
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, y)
+    assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
 
 
 @GPU
@@ -1653,7 +1716,8 @@ def test_prefill_launcher_descriptors(monkeypatch):
     assert (x_desc.shape, x_desc.strides, x_desc.block_shape) == ([m, k], [k, 1], [128, 64])
     assert c_desc is None and kwargs["TMA_STORE"] is False  # 577 bf16 = 1154-byte rows
     assert args[6] is None and kwargs["X_SCALE"] == "none"  # (W4A16: no token scales)
-    assert grid == (min(132, 3 * 5),) and args[7] is None and args[8:] == (m, n, k, n, n, 1, 0, 0)
+    assert grid == (min(132, 3 * 5),) and args[7] is None and args[8] is None  # (no workspace, no counters)
+    assert args[9:] == (m, n, k, n, n, 1, 0, 0)
     assert (kwargs["W_SCALE"], kwargs["GROUP_K"], kwargs["BT"], kwargs["WS"], kwargs["XS"]) == ("group", 128, 128, 2, 8)
     assert kwargs["maxnreg"] == 168 and "mul.rn.bf16x2" in kwargs["ASM0"]
     n2 = 576  # 16-byte rows: TMA stores through a [128, 64] box

@@ -22,7 +22,7 @@ import torch
 
 from ..kernels import select
 from ..kernels.direct import KernelCall, TableKernel, direct_launch_enabled
-from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace
+from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace, tile_counters
 from .dequant import DEQUANT_MIN_M
 from .streamk import k_blocks
 from .streamk import schedule as streamk_schedule
@@ -43,14 +43,17 @@ def tiles(m: int, n: int, tokens: int) -> int:
     return -(-m // tokens) * -(-n // 128)
 
 
-def config_tag(tokens: int = TOKENS, split: int = 1, streamk: bool = False, x_scale: bool = False) -> str:
-    """The kernel name's config part for a token tile (and a split over K, or stream-K; ``x_scale``:
-    the 16-bit build with an activation scale in its epilogue, W4A8 on activations cast to bf16)."""
-    return (f"gluon_w128t{tokens}k512{f'_sk{split}' if split > 1 else ''}{'_stk' if streamk else ''}_ws2x64"
-            f"{'_xs' if x_scale else ''}")
+def config_tag(tokens: int = TOKENS, split: int = 1, streamk: bool = False, x_scale: bool = False,
+               fixup: bool = False) -> str:
+    """The kernel name's config part for a token tile (and a split over K, '_fx' where the kernel
+    sums the split's partials itself, or stream-K; ``x_scale``: the 16-bit build with an
+    activation scale in its epilogue, W4A8 on activations cast to bf16)."""
+    sk = f"_sk{split}{'_fx' if fixup else ''}" if split > 1 else ""
+    return f"gluon_w128t{tokens}k512{sk}{'_stk' if streamk else ''}_ws2x64{'_xs' if x_scale else ''}"
 
 
 MAX_SPLIT = 8
+FIXUP_MAX_TOKENS = 64  # the token tiles whose split partials the kernel can sum itself (constexprs)
 
 
 def split_for(m: int, n: int, k: int, tokens: int, num_sms: int) -> int:
@@ -354,7 +357,7 @@ def layouts(ct: str, tokens: int = TOKENS, out_ct: str | None = None):
 
 
 def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bool, tokens: int = TOKENS,
-               split: int = 1, x_scale: str = "none", streamk: bool = False) -> dict:
+               split: int = 1, x_scale: str = "none", streamk: bool = False, fixup: bool = False) -> dict:
     from .prefill_kernel import asm_for
 
     if tokens not in TOKEN_TILES:
@@ -373,9 +376,13 @@ def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bo
         raise ValueError(f"fp8 activations (W4A8 fused): group scales, token tiles of at most "
                          f"{TMA_STORE_MAX_TOKENS} and an activation scale, not {w_kind} / {tokens} tokens / "
                          f"x_scale {x_scale!r}")
+    if fixup and (split == 1 or tokens > FIXUP_MAX_TOKENS):
+        # (a 128-token build spilled 160 B: the sum's 64 pointers per thread beside its values)
+        raise ValueError(f"the in-kernel sum of partials (fixup) is for a split over K of token tiles of at most "
+                         f"{FIXUP_MAX_TOKENS}, not split {split} / {tokens} tokens")
     grouped = w_kind == "group"
     return dict(CT=ct, W_SCALE=w_kind, X_SCALE=x_scale, GROUP_K=group_k, HAS_BIAS=has_bias, TMA_STORE=tma_store,
-                SPLIT=split, STREAM_K=streamk,
+                SPLIT=split, STREAM_K=streamk, FIXUP=fixup,
                 BT=tokens, GROUP_M=GROUP_M, WS=W_SLOTS, XS=X_SLOTS if tokens <= 128 else X_SLOTS_256,
                 ASM0=asm_for(ct, 0, grouped), ASM1=asm_for(ct, 1, grouped), ASM2=asm_for(ct, 2, grouped),
                 ASM3=asm_for(ct, 3, grouped), CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
@@ -386,7 +393,7 @@ class GluonPrefillLaunch:
 
     def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback,
                  tokens: int | None = None, split: int = 1, x_kind: str = "none", sx_stride: int = 0,
-                 fused: bool = False, streamk: bool = False):
+                 fused: bool = False, streamk: bool = False, fixup: bool = False):
         from ..kernels import gemm_kernel
         from ..kernels.gluon.launch import _num_sms
 
@@ -399,7 +406,10 @@ class GluonPrefillLaunch:
         sms = _num_sms(device)
         self.tokens = tokens or tokens_for(m, n, sms)
         self.split = split
-        self.name = kernel_name(self.ct, w_kind, self.tokens, split, streamk, self.ct != "fp8" and x_kind != "none")
+        # fixup: a split's partials summed by the kernel (the last warpgroup of each half tile)
+        self.fixup_split = fixup and split > 1 and self.tokens <= FIXUP_MAX_TOKENS
+        self.name = kernel_name(self.ct, w_kind, self.tokens, split, streamk, self.ct != "fp8" and x_kind != "none",
+                                self.fixup_split)
         self.direct = device.type == "cuda"
         count = tiles(m, n, self.tokens)
         # Stream-K (streamk.py): one program per SM (the kernel derives its data-parallel tiles
@@ -412,15 +422,16 @@ class GluonPrefillLaunch:
         # The first launch of each output path goes through Triton's JIT launch, later ones
         # straight to the compiled kernel (whose launcher encodes the TMA descriptors). Split
         # over K, every item writes an fp32 partial into a [split, M, N] workspace, summed in
-        # order by the split-K reduction of the portable kernels.
+        # order by the split-K reduction of the portable kernels, or with fixup by the kernel.
         self.calls = {tma: KernelCall(_KERNEL, "_i4p_prefill_kernel", grid, ints,
                                       dict(constexprs(self.ct, w_kind, group_k, has_bias, tma, self.tokens, split,
-                                                      x_kind, streamk), **options),
-                                      (self.cast_to or x_dtype, out_dtype if split == 1 else torch.float32, has_bias,
-                                       tma, x_kind, streamk))
+                                                      x_kind, streamk, self.fixup_split), **options),
+                                      (self.cast_to or x_dtype,
+                                       out_dtype if split == 1 or self.fixup_split else torch.float32, has_bias,
+                                       tma, x_kind, streamk, self.fixup_split))
                       for tma in ((True, False) if split == 1 and self.tokens <= TMA_STORE_MAX_TOKENS else (False,))}
         self.reduce = None
-        if split > 1:
+        if split > 1 and not self.fixup_split:
             total = m * n
             self.reduce = KernelCall(gemm_kernel, "_splitk_reduce_kernel", (-(-total // REDUCE_BLOCK),),
                                      (total, n, n), dict(SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWAPPED=False,
@@ -456,8 +467,12 @@ class GluonPrefillLaunch:
         if self.split > 1:
             numel = self.split * self.m * self.n
             ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
-            self.calls[False]((w_desc, x_desc, None, ws, sw, bias, sx, None), direct)
-            self.reduce((ws, out), direct)
+            if self.fixup_split:
+                counters = tile_counters(self.device, 2 * tiles(self.m, self.n, self.tokens))
+                self.calls[False]((w_desc, x_desc, None, out, sw, bias, sx, ws, counters), direct)
+            else:
+                self.calls[False]((w_desc, x_desc, None, ws, sw, bias, sx, None, None), direct)
+                self.reduce((ws, out), direct)
             return out
         tma_store = (True in self.calls and (self.n * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
                      and out.is_contiguous())
@@ -466,27 +481,27 @@ class GluonPrefillLaunch:
         if self.streamk is not None:
             numel = self.streamk.slabs * self.m * self.n  # (slabs written only where tiles are shared)
             ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
-        self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias, sx, ws), direct)
+        self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias, sx, ws, None), direct)
         if self.fixup is not None:
             self.fixup((ws, out), direct)
         return out
 
 
 def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS, split: int = 1, streamk: bool = False,
-                x_scale: bool = False) -> str:
+                x_scale: bool = False, fixup: bool = False) -> str:
     """The kernel's catalog-style name: scheme, the kernel's activation type x prepacked int4, rcr,
     the prefill pipeline, the Gluon tile (128 weight rows x ``tokens`` tokens x 512 of K, two
     consumers; a split over K, or stream-K; ``x_scale``: a 16-bit build with the activations'
     scale in its epilogue, '_xs', for W4A8 cast to bf16: another binary than W4A16's)."""
     from .launch import _SCHEME_OF_W_SCALE
 
-    tag = config_tag(tokens, split, streamk, x_scale)
+    tag = config_tag(tokens, split, streamk, x_scale, fixup)
     return f"{_SCHEME_OF_W_SCALE[w_kind]}_{x_type}xi4p_rcr_prefill__{tag}_sm90"
 
 
 def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True,
                  tokens: int = TOKENS, split: int = 1, x_scale: str = "none", out_ct: str | None = None,
-                 streamk: bool = False):
+                 streamk: bool = False, fixup: bool = False):
     """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks. ``ct``
     'fp8': e4m3 activations (W4A8 fused), the output ``out_ct`` (default bf16)."""
     import triton
@@ -498,12 +513,12 @@ def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = Fals
     x_ty = "fp8e4nv" if ct == "fp8" else ct
     sig = {"w_desc": f"tensordesc<i32[128, 32],{w_l!r}>", "x_desc": f"tensordesc<{x_ty}[{tokens}, 64],{x_l!r}>",
            "c_desc": f"tensordesc<{out_ct}[{tokens}, 64],{c_l!r}>" if tma_store else "constexpr",
-           "c_ptr": f"*{out_ct}" if split == 1 else "*fp32", "sw_ptr": "*fp32",
+           "c_ptr": f"*{out_ct}" if split == 1 or fixup else "*fp32", "sw_ptr": "*fp32",
            "bias_ptr": "*fp32" if has_bias else "constexpr", "sx_ptr": "*fp32" if x_scale != "none" else "constexpr",
-           "ws_ptr": "*fp32" if streamk else "constexpr"}
+           "ws_ptr": "*fp32" if streamk or fixup else "constexpr", "sem_ptr": "*i32" if fixup else "constexpr"}
     for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n", "stride_sx", "per"):
         sig[name] = "i32"
-    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store, tokens, split, x_scale, streamk)
+    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store, tokens, split, x_scale, streamk, fixup)
     for name in consts:
         sig[name] = "constexpr"
     if not tma_store:
@@ -512,7 +527,9 @@ def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = Fals
         consts["bias_ptr"] = None
     if x_scale == "none":
         consts["sx_ptr"] = None
-    if not streamk:
+    if not streamk and not fixup:
         consts["ws_ptr"] = None
+    if not fixup:
+        consts["sem_ptr"] = None
     src = GluonASTSource(fn=_gl()["kernel"], signature=sig, constexprs=consts, attrs={})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=MAXNREG))

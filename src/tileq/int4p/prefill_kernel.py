@@ -271,6 +271,28 @@ def _store_partial(y, ws_ptr, slab, rows, row_ok, off_t, M, N, cols_l: gl.conste
 
 
 @gluon.jit
+def _sum_partials(y, ws_ptr, sem_ptr, c_ptr, rows, row_ok, off_t, off_w, M, N, ldc, cols_l: gl.constexpr,
+                  BT: gl.constexpr, SPLIT: gl.constexpr):
+    """After a warpgroup stored its partial of a split tile half: count it in on the half tile's
+    counter (every thread's stores first: a barrier of the warpgroup, then a gpu-scope release);
+    the last of the SPLIT arrivals sums the slabs in order (the reduction kernel's order: bit for
+    bit its result), casts and stores the half tile into C, and puts the counter back to zero."""
+    gl.thread_barrier()
+    half_tiles = 2 * gl.cdiv(N, 128)
+    arrived = gl.atomic_add(sem_ptr + (off_t // BT) * half_tiles + off_w // 64, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT - 1:
+        toks = off_t + gl.arange(0, BT, layout=cols_l)
+        offs = toks.to(gl.int64)[None, :] * N + rows[:, None]
+        mask = row_ok[:, None] & (toks < M)[None, :]
+        total = gl.zeros_like(y)  # (y: this warpgroup's own partial, for its layout)
+        for i in gl.static_range(SPLIT):  # (L2 only: other SMs wrote them)
+            total += gl.load(ws_ptr + i * M.to(gl.int64) * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        c_ptrs = c_ptr + toks.to(gl.int64)[None, :] * ldc + rows[:, None]
+        gl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
+        gl.atomic_xchg(sem_ptr + (off_t // BT) * half_tiles + off_w // 64, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
 def _store_tile(out, rows, row_ok, off_t, off_w, c_bufs, c_desc, c_ptr, M, N, ldc, cols_l: gl.constexpr,
                 HALF: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr):
     """A finished tile [64 weight rows, BT tokens] stored transposed into C [M, N]."""
@@ -288,10 +310,10 @@ def _store_tile(out, rows, row_ok, off_t, off_w, c_bufs, c_desc, c_ptr, M, N, ld
 
 
 @gluon.jit
-def _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c_desc, c_ptr, ws_ptr, sw_ptr,
-              bias_ptr, sx_ptr, M, N, ldc, stride_sw_n, stride_sx, cols_l: gl.constexpr, HALF: gl.constexpr,
+def _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c_desc, c_ptr, ws_ptr, sem_ptr,
+              sw_ptr, bias_ptr, sx_ptr, M, N, ldc, stride_sw_n, stride_sx, cols_l: gl.constexpr, HALF: gl.constexpr,
               W_SCALE: gl.constexpr, X_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr,
-              BT: gl.constexpr, SPLIT: gl.constexpr, STREAM_K: gl.constexpr):
+              BT: gl.constexpr, SPLIT: gl.constexpr, STREAM_K: gl.constexpr, FIXUP: gl.constexpr):
     """A consumer's tile: acc [64 weight rows, BT tokens] -> * token scale -> * weight scale
     (per-channel or per-tensor; group scales were applied in the main loop) -> + bias -> cast ->
     stored transposed (C is [M, N]); over part of K (split, or a stream-K tile this program
@@ -308,7 +330,12 @@ def _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c
         y = y * gl.load(sw_ptr)
     if HAS_BIAS:
         y = y + gl.load(bias_ptr + rows, mask=row_ok & (kb0 == 0), other=0.0)[:, None]
-    if SPLIT > 1:
+    if SPLIT > 1 and FIXUP:
+        # Slab ks of the [SPLIT, M, N] workspace (ws_ptr); the warpgroup's last arrival on its
+        # half tile's counter (sem_ptr, zero between calls) sums the slabs in order into C.
+        _store_partial(y, ws_ptr, ks, rows, row_ok, off_t, M, N, cols_l, BT)
+        _sum_partials(y, ws_ptr, sem_ptr, c_ptr, rows, row_ok, off_t, off_w, M, N, ldc, cols_l, BT, SPLIT)
+    elif SPLIT > 1:
         # Slab ks of the [SPLIT, M, N] workspace (c_ptr), summed in order by
         # gemm_kernel._splitk_reduce_kernel; an empty K range writes its zeros (and bias).
         _store_partial(y, c_ptr, ks, rows, row_ok, off_t, M, N, cols_l, BT)
@@ -359,14 +386,14 @@ def _wait_x(x_bufs, x_ready, xi, XS: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr, sw_ptr,
+def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr, sem_ptr, sw_ptr,
               bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per,
               HALF: gl.constexpr, CT: gl.constexpr, W_SCALE: gl.constexpr, X_SCALE: gl.constexpr,
               GROUP_K: gl.constexpr,
               HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr,
               GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
               ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr,
-              SPLIT: gl.constexpr, STREAM_K: gl.constexpr):
+              SPLIT: gl.constexpr, STREAM_K: gl.constexpr, FIXUP: gl.constexpr):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BT, 16])
     dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -422,9 +449,9 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
                 mbarrier.arrive(x_empty.index(s0), count=1)
                 mbarrier.arrive(x_empty.index(s1), count=1)
                 xi += 2
-        _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c_desc, c_ptr, ws_ptr, sw_ptr,
-                  bias_ptr, sx_ptr, M, N, ldc, stride_sw_n, stride_sx, cols_l, HALF, W_SCALE, X_SCALE, HAS_BIAS,
-                  TMA_STORE, BT, SPLIT, STREAM_K)
+        _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c_desc, c_ptr, ws_ptr, sem_ptr,
+                  sw_ptr, bias_ptr, sx_ptr, M, N, ldc, stride_sw_n, stride_sx, cols_l, HALF, W_SCALE, X_SCALE,
+                  HAS_BIAS, TMA_STORE, BT, SPLIT, STREAM_K, FIXUP)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
@@ -441,13 +468,14 @@ def _operands_fp8(w, ASM: gl.constexpr, dot: gl.constexpr):
 
 
 @gluon.jit
-def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr, sw_ptr,
+def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr, sem_ptr,
+                  sw_ptr,
                   bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per,
                   HALF: gl.constexpr, W_SCALE: gl.constexpr, X_SCALE: gl.constexpr, GROUP_K: gl.constexpr,
                   HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr,
                   GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
                   ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr,
-                  SPLIT: gl.constexpr, STREAM_K: gl.constexpr):
+                  SPLIT: gl.constexpr, STREAM_K: gl.constexpr, FIXUP: gl.constexpr):
     """``_consumer`` for fp8 activations (W4A8 fused): e4m3 weights in registers, fp8 wgmma
     partial sums promoted into fp32 every 128 of K (times the group scales)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -507,21 +535,22 @@ def _consumer_fp8(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_
                     swb = gl.full([HALF_W, BT], 1.0, gl.float32, mma)
                 acc = gl.inline_asm_elementwise("fma.rn.f32 $0, $1, $2, $3;", "=r,r,r,r", [part, swb, acc],
                                                 dtype=gl.float32, is_pure=True, pack=1)
-        _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c_desc, c_ptr, ws_ptr, sw_ptr,
-                  bias_ptr, sx_ptr, M, N, ldc, stride_sw_n, stride_sx, cols_l, HALF, W_SCALE, X_SCALE, HAS_BIAS,
-                  TMA_STORE, BT, SPLIT, STREAM_K)
+        _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c_desc, c_ptr, ws_ptr, sem_ptr,
+                  sw_ptr, bias_ptr, sx_ptr, M, N, ldc, stride_sw_n, stride_sx, cols_l, HALF, W_SCALE, X_SCALE,
+                  HAS_BIAS, TMA_STORE, BT, SPLIT, STREAM_K, FIXUP)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _i4p_prefill_kernel(
-    w_desc, x_desc, c_desc, c_ptr, sw_ptr, bias_ptr, sx_ptr, ws_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n,
+    w_desc, x_desc, c_desc, c_ptr, sw_ptr, bias_ptr, sx_ptr, ws_ptr, sem_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n,
     stride_sx, per, CT: gl.constexpr, W_SCALE: gl.constexpr, GROUP_K: gl.constexpr, HAS_BIAS: gl.constexpr,
     TMA_STORE: gl.constexpr, BT: gl.constexpr, GROUP_M: gl.constexpr, WS: gl.constexpr,
     XS: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr,
     ASM3: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     SPLIT: gl.constexpr = 1, X_SCALE: gl.constexpr = "none", STREAM_K: gl.constexpr = False,
+    FIXUP: gl.constexpr = False,
 ):
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [2 * WS, BLOCK_W, 32], w_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [XS, BT, 64], x_desc.layout)
@@ -531,8 +560,10 @@ def _i4p_prefill_kernel(
         # Partition arguments cannot be None: the unused slots carry the output pointer.
         c_bufs = c_ptr
         c_desc = c_ptr
-    if not STREAM_K:
+    if not STREAM_K and not FIXUP:
         ws_ptr = c_ptr
+    if not FIXUP:
+        sem_ptr = c_ptr
     w_ready = gl.allocate_shared_memory(gl.int64, [WS, 1], mbarrier.MBarrierLayout())
     w_empty = gl.allocate_shared_memory(gl.int64, [WS, 1], mbarrier.MBarrierLayout())
     x_ready = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
@@ -548,26 +579,26 @@ def _i4p_prefill_kernel(
     if CT == "fp8":
         gl.warp_specialize([
             (_consumer_fp8, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr,
-                             sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 0,
-                             W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2,
-                             ASM3, SPLIT, STREAM_K)),
+                             sem_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx,
+                             per, 0, W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1,
+                             ASM2, ASM3, SPLIT, STREAM_K, FIXUP)),
             (_consumer_fp8, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr,
-                             sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 1,
-                             W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2,
-                             ASM3, SPLIT, STREAM_K)),
+                             sem_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx,
+                             per, 1, W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1,
+                             ASM2, ASM3, SPLIT, STREAM_K, FIXUP)),
             (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, per, BT,
                          GROUP_M, WS, XS, SPLIT, STREAM_K)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr,
-                         sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 0, CT,
-                         W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3,
-                         SPLIT, STREAM_K)),
+                         sem_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 0,
+                         CT, W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2,
+                         ASM3, SPLIT, STREAM_K, FIXUP)),
             (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr,
-                         sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 1, CT,
-                         W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2, ASM3,
-                         SPLIT, STREAM_K)),
+                         sem_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 1,
+                         CT, W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2,
+                         ASM3, SPLIT, STREAM_K, FIXUP)),
             (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, per, BT,
                          GROUP_M, WS, XS, SPLIT, STREAM_K)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
