@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 import statistics
 import sys
 import time
@@ -117,6 +118,11 @@ def main() -> int:
                         "where the rule does not split); where the Gluon prefill kernel's plan splits 64- or "
                         "16-token tiles (33-127 tokens), that split with fixup ('w4a16_fixup', W4A8 on its fp8 "
                         "build 'w4a8_fixup')")
+    p.add_argument("--overlap", action="store_true",
+                   help="where the default runs the Gluon prefill kernel's 16-bit build with token tiles of at most "
+                        "128 (W4A16, and W4A8 cast to bf16): the same call with prefill.OVERLAP set (each "
+                        "consumer converts its next slice while this slice's wgmmas run): 'w4a16_overlap', "
+                        "'w4a8_overlap'")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -226,6 +232,23 @@ def main() -> int:
             decode_path = m < DEQUANT_MIN_M and (given is not None or "_decode__" in prefill_path)
             record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if decode_path else prefill_path,
                    lambda: linear_prepacked(x, w_pp, None, sw4, config=given), ref16, b4)
+            if args.overlap:
+                # the same routed calls with prefill.OVERLAP (new launches: the cache is cleared)
+                import tileq.int4p.launch as ilaunch
+                for kind, xin, sxin, want, xdt in (("w4a16", x, None, ref16, torch.bfloat16),
+                                                   ("w4a8", xf8, sx, ref8, torch.float8_e4m3fn)):
+                    path = describe_prepacked(m, n, k, xdt, device=dev).split()[0]
+                    tok = re.search(r"_gluon_w128t(\d+)k512", path)
+                    if not tok or int(tok.group(1)) > prefill.OVERLAP_MAX_TOKENS or "_fp8xi4p_" in path:
+                        continue
+                    ilaunch._LAUNCHES.clear()
+                    prefill.OVERLAP = True
+                    try:
+                        record(s, name, m, n, k, f"{kind}_overlap", path + " (overlap)",
+                               lambda xin=xin, sxin=sxin: linear_prepacked(xin, w_pp, sxin, sw4), want, b4)
+                    finally:
+                        prefill.OVERLAP = False
+                        ilaunch._LAUNCHES.clear()
             if args.small_m_prefill and 16 < m < DEQUANT_MIN_M and not decode_path:
                 # the decode kernel, which the routing (int4p.prefill.plan) passed over here
                 record(s, name, m, n, k, "w4a16_decode", cfg.tag,
@@ -569,9 +592,9 @@ def summarize(rows) -> None:
                     if mm == m and i == impl and (sh, m, base) in t]
             cells.append(f"{label} {statistics.median(vals):.3f} (n={len(vals)})" if vals else f"{label} -")
         print(f"  M = {m}: " + ", ".join(cells))
-    # --fixup: the decode kernel's split-K sum in the kernel, against the default, per M
+    # --fixup: the decode kernel's split-K sum in the kernel, against the default, per M; --overlap
     for kind in ("w4a16", "w4a8"):
-        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2"):
+        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2", f"{kind}_overlap"):
             for m in sorted({m for (_, m, i) in t if i == impl}):
                 vals = [t[(sh, m, f"{kind}_prepacked")] / t[(sh, m, impl)] for (sh, mm, i) in t
                         if mm == m and i == impl and (sh, m, f"{kind}_prepacked") in t]

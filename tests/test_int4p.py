@@ -943,10 +943,11 @@ def _sm90_build(compile_line: str, name: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none", streamk=False, fixup=False):
+def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none", streamk=False, fixup=False,
+                   overlap=False):
     r = _sm90_build("from tileq.int4p.prefill import compile_sm90\n"
                     f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r}, "
-                    f"streamk={streamk}, fixup={fixup})", "i4p-prefill")
+                    f"streamk={streamk}, fixup={fixup}, overlap={overlap})", "i4p-prefill")
     sass = r["sass"]
     r["ops"] = {o: len(re.findall(r"\b" + o + r"\b", sass)) for o in
                 ("HGMMA", "QGMMA", "F2FP", "LDS", "STS", "LDL", "STL", "HMUL2", "HADD2", "PRMT", "SHFL", "UTMALDG",
@@ -993,6 +994,28 @@ def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale,
     assert ops["UTMALDG"] >= 2 and ops["UTMASTG"] == (2 if tma_store else 0), ops
     assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
     assert r["shared"] <= 232448
+
+
+@pytest.mark.parametrize("w_kind,tma_store,tokens,split,streamk", [
+    ("group", True, 64, 1, False), ("group", False, 64, 3, False), ("vector", True, 128, 1, False),
+    ("group", False, 128, 1, True), ("scalar", True, 16, 1, False)])
+def test_sm90_prefill_build_overlaps_conversion_and_wgmma(w_kind, tma_store, tokens, split, streamk):
+    """overlap (16-bit build): per consumer and 512 of K, slices 0-2 wait with two wgmma groups
+    left in flight (the next slice converts meanwhile, into a second set of A registers) and
+    slice 3 waits for all; no wgmma serialized by ptxas, no spills; 256-token tiles and the fp8
+    build refuse it (the former spilled)."""
+    r = _prefill_build("bf16", w_kind, False, tma_store, tokens, split, "none", streamk, overlap=True)
+    sass = r["sass"]
+    assert r["ops"]["HGMMA"] == 2 * 32 and r["ops"]["LDL"] == 0 and r["ops"]["STL"] == 0, r["ops"]
+    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", sass)
+    assert waits.count("0x2") == 2 * 3 and waits.count("0x0") == 2 * 1, waits
+    assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
+    from tileq.int4p import prefill
+
+    for ct, tokens_ in (("bf16", 256), ("fp8", 64)):
+        with pytest.raises(ValueError, match="overlap"):
+            prefill.constexprs(ct, "group", 128, False, False, tokens_, 1, "vector" if ct == "fp8" else "none",
+                               overlap=True)
 
 
 @pytest.mark.parametrize("ct,w_kind,bias,tokens,split,x_scale", [
@@ -1203,7 +1226,8 @@ def test_gpu_prefill_kernel_matches_reference(m, n, k, xt, gk, prefill_launches)
     assert err < (1e-2 if gk > 0 else 5e-3), err
 
 
-def _forced_prefill(m, n, k, gk, seed, tokens, split=1, streamk=False, x_dtype=torch.bfloat16, fixup=False):
+def _forced_prefill(m, n, k, gk, seed, tokens, split=1, streamk=False, x_dtype=torch.bfloat16, fixup=False,
+                    overlap=None):
     """A GluonPrefillLaunch forced to a token tile (and split) for CPU-made operands: int4 values,
     their prepacked weight on the GPU, group (gk > 0), per-channel (0) or per-tensor (-1) scales,
     bf16 activations and a bias (dequantize + cuBLAS as the fallback)."""
@@ -1227,7 +1251,7 @@ def _forced_prefill(m, n, k, gk, seed, tokens, split=1, streamk=False, x_dtype=t
     fallback = DequantLaunch(n, k, kind, "none", strides, max(gk, 128), x_dtype, x_dtype)
     launch = prefill.GluonPrefillLaunch(m, n, k, x_dtype, x_dtype, kind, strides, max(gk, 128),
                                         True, torch.device("cuda"), fallback, tokens=tokens, split=split,
-                                        streamk=streamk, fixup=fixup)
+                                        streamk=streamk, fixup=fixup, overlap=overlap)
     return launch, v, w, ws, x, bias
 
 
@@ -1281,6 +1305,24 @@ def test_gpu_prefill_split_k(m, n, k, split, gk, prefill_launches):
     launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + split, 64, split)
     y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
     assert torch.equal(launch(x.cuda(), w.data, None, ws.cuda(), bias.cuda()), y)  # the same sums, in order
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,tokens,split,streamk", [(40, 577, 1104, 64, 1, False), (100, 5120, 5120, 64, 3, False),
+                                                        (7, 1000, 3584, 16, 2, False), (200, 4001, 2560, 128, 1, False),
+                                                        (300, 5120, 5120, 128, 1, True), (1030, 1024, 512, 128, 1, False)])
+@pytest.mark.parametrize("gk", [128, 0, -1])
+def test_gpu_prefill_overlap(m, n, k, tokens, split, streamk, gk, prefill_launches):
+    """overlap: each consumer converts its next slice while this slice's wgmmas run: the same
+    chain of wgmmas in the same order, so bit for bit the result without it (and the reference's);
+    16-, 64- and 128-token tiles, split over K, stream-K, K tails, odd N, all scale kinds, bias."""
+    launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k, tokens, split, streamk, overlap=True)
+    assert launch.overlap
+    y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
+    plain = _forced_prefill(m, n, k, gk, m + n + k, tokens, split, streamk, overlap=False)[0]
+    assert not plain.overlap
+    assert torch.equal(plain(x.cuda(), w.data, None, ws.cuda(), bias.cuda()), y)
 
 
 @GPU

@@ -54,6 +54,10 @@ def config_tag(tokens: int = TOKENS, split: int = 1, streamk: bool = False, x_sc
 
 MAX_SPLIT = 8
 FIXUP_MAX_TOKENS = 64  # the token tiles whose split partials the kernel can sum itself (constexprs)
+# The 16-bit consumers' next slice converted while this slice's wgmmas run (the kernel's OVERLAP):
+# the default for token tiles of at most OVERLAP_MAX_TOKENS when OVERLAP is set.
+OVERLAP = False
+OVERLAP_MAX_TOKENS = 128
 
 
 def split_for(m: int, n: int, k: int, tokens: int, num_sms: int) -> int:
@@ -357,7 +361,8 @@ def layouts(ct: str, tokens: int = TOKENS, out_ct: str | None = None):
 
 
 def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bool, tokens: int = TOKENS,
-               split: int = 1, x_scale: str = "none", streamk: bool = False, fixup: bool = False) -> dict:
+               split: int = 1, x_scale: str = "none", streamk: bool = False, fixup: bool = False,
+               overlap: bool = False) -> dict:
     from .prefill_kernel import asm_for
 
     if tokens not in TOKEN_TILES:
@@ -376,13 +381,17 @@ def constexprs(ct: str, w_kind: str, group_k: int, has_bias: bool, tma_store: bo
         raise ValueError(f"fp8 activations (W4A8 fused): group scales, token tiles of at most "
                          f"{TMA_STORE_MAX_TOKENS} and an activation scale, not {w_kind} / {tokens} tokens / "
                          f"x_scale {x_scale!r}")
+    if overlap and (tokens > OVERLAP_MAX_TOKENS or ct == "fp8"):
+        # (the 256-token build spilled 88 B; the fp8 build promotes per slice, not changed)
+        raise ValueError(f"overlap: the 16-bit build's token tiles of at most {OVERLAP_MAX_TOKENS}, not "
+                         f"{ct} / {tokens} tokens")
     if fixup and (split == 1 or tokens > FIXUP_MAX_TOKENS):
         # (a 128-token build spilled 160 B: the sum's 64 pointers per thread beside its values)
         raise ValueError(f"the in-kernel sum of partials (fixup) is for a split over K of token tiles of at most "
                          f"{FIXUP_MAX_TOKENS}, not split {split} / {tokens} tokens")
     grouped = w_kind == "group"
     return dict(CT=ct, W_SCALE=w_kind, X_SCALE=x_scale, GROUP_K=group_k, HAS_BIAS=has_bias, TMA_STORE=tma_store,
-                SPLIT=split, STREAM_K=streamk, FIXUP=fixup,
+                SPLIT=split, STREAM_K=streamk, FIXUP=fixup, OVERLAP=overlap,
                 BT=tokens, GROUP_M=GROUP_M, WS=W_SLOTS, XS=X_SLOTS if tokens <= 128 else X_SLOTS_256,
                 ASM0=asm_for(ct, 0, grouped), ASM1=asm_for(ct, 1, grouped), ASM2=asm_for(ct, 2, grouped),
                 ASM3=asm_for(ct, 3, grouped), CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
@@ -393,7 +402,7 @@ class GluonPrefillLaunch:
 
     def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback,
                  tokens: int | None = None, split: int = 1, x_kind: str = "none", sx_stride: int = 0,
-                 fused: bool = False, streamk: bool = False, fixup: bool = False):
+                 fused: bool = False, streamk: bool = False, fixup: bool = False, overlap: bool | None = None):
         from ..kernels import gemm_kernel
         from ..kernels.gluon.launch import _num_sms
 
@@ -408,6 +417,9 @@ class GluonPrefillLaunch:
         self.split = split
         # fixup: a split's partials summed by the kernel (the last warpgroup of each half tile)
         self.fixup_split = fixup and split > 1 and self.tokens <= FIXUP_MAX_TOKENS
+        if overlap is None:
+            overlap = OVERLAP
+        self.overlap = overlap and self.tokens <= OVERLAP_MAX_TOKENS and self.ct != "fp8"
         self.name = kernel_name(self.ct, w_kind, self.tokens, split, streamk, self.ct != "fp8" and x_kind != "none",
                                 self.fixup_split)
         self.direct = device.type == "cuda"
@@ -425,10 +437,10 @@ class GluonPrefillLaunch:
         # order by the split-K reduction of the portable kernels, or with fixup by the kernel.
         self.calls = {tma: KernelCall(_KERNEL, "_i4p_prefill_kernel", grid, ints,
                                       dict(constexprs(self.ct, w_kind, group_k, has_bias, tma, self.tokens, split,
-                                                      x_kind, streamk, self.fixup_split), **options),
+                                                      x_kind, streamk, self.fixup_split, self.overlap), **options),
                                       (self.cast_to or x_dtype,
                                        out_dtype if split == 1 or self.fixup_split else torch.float32, has_bias,
-                                       tma, x_kind, streamk, self.fixup_split))
+                                       tma, x_kind, streamk, self.fixup_split, self.overlap))
                       for tma in ((True, False) if split == 1 and self.tokens <= TMA_STORE_MAX_TOKENS else (False,))}
         self.reduce = None
         if split > 1 and not self.fixup_split:
@@ -501,7 +513,7 @@ def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS, split: int = 1, 
 
 def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True,
                  tokens: int = TOKENS, split: int = 1, x_scale: str = "none", out_ct: str | None = None,
-                 streamk: bool = False, fixup: bool = False):
+                 streamk: bool = False, fixup: bool = False, overlap: bool = False):
     """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks. ``ct``
     'fp8': e4m3 activations (W4A8 fused), the output ``out_ct`` (default bf16)."""
     import triton
@@ -518,7 +530,7 @@ def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = Fals
            "ws_ptr": "*fp32" if streamk or fixup else "constexpr", "sem_ptr": "*i32" if fixup else "constexpr"}
     for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n", "stride_sx", "per"):
         sig[name] = "i32"
-    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store, tokens, split, x_scale, streamk, fixup)
+    consts = constexprs(ct, w_kind, group_k, has_bias, tma_store, tokens, split, x_scale, streamk, fixup, overlap)
     for name in consts:
         sig[name] = "constexpr"
     if not tma_store:

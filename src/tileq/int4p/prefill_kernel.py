@@ -393,7 +393,7 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
               HAS_BIAS: gl.constexpr, TMA_STORE: gl.constexpr, BT: gl.constexpr,
               GROUP_M: gl.constexpr, WS: gl.constexpr, XS: gl.constexpr,
               ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr, ASM3: gl.constexpr,
-              SPLIT: gl.constexpr, STREAM_K: gl.constexpr, FIXUP: gl.constexpr):
+              SPLIT: gl.constexpr, STREAM_K: gl.constexpr, FIXUP: gl.constexpr, OVERLAP: gl.constexpr):
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BT, 16])
     dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -445,9 +445,25 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
                 s0, s1, x0, x1 = _wait_x(x_bufs, x_ready, xi, XS)
                 acc = warpgroup_mma(a0, x0, acc, use_acc=True, is_async=True)
                 acc = warpgroup_mma(a1, x1, acc, use_acc=True, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                mbarrier.arrive(x_empty.index(s0), count=1)
-                mbarrier.arrive(x_empty.index(s1), count=1)
+                if OVERLAP and i < SLICES - 1:
+                    # This slice's two wgmmas stay in flight while the next slice converts; the
+                    # previous slice's are done, and their activation slots go back. (Left in
+                    # flight across the K loop's iterations too, ptxas serialized every wgmma
+                    # for lack of registers: the block's last slice waits.)
+                    acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc,))
+                    if i > 0:
+                        mbarrier.arrive(x_empty.index((xi - 2) % XS), count=1)
+                        mbarrier.arrive(x_empty.index((xi - 1) % XS), count=1)
+                elif OVERLAP:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    mbarrier.arrive(x_empty.index((xi - 2) % XS), count=1)
+                    mbarrier.arrive(x_empty.index((xi - 1) % XS), count=1)
+                    mbarrier.arrive(x_empty.index(s0), count=1)
+                    mbarrier.arrive(x_empty.index(s1), count=1)
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    mbarrier.arrive(x_empty.index(s0), count=1)
+                    mbarrier.arrive(x_empty.index(s1), count=1)
                 xi += 2
         _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c_desc, c_ptr, ws_ptr, sem_ptr,
                   sw_ptr, bias_ptr, sx_ptr, M, N, ldc, stride_sw_n, stride_sx, cols_l, HALF, W_SCALE, X_SCALE,
@@ -550,7 +566,7 @@ def _i4p_prefill_kernel(
     XS: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr,
     ASM3: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     SPLIT: gl.constexpr = 1, X_SCALE: gl.constexpr = "none", STREAM_K: gl.constexpr = False,
-    FIXUP: gl.constexpr = False,
+    FIXUP: gl.constexpr = False, OVERLAP: gl.constexpr = False,
 ):
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [2 * WS, BLOCK_W, 32], w_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [XS, BT, 64], x_desc.layout)
@@ -594,11 +610,11 @@ def _i4p_prefill_kernel(
             (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr,
                          sem_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 0,
                          CT, W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2,
-                         ASM3, SPLIT, STREAM_K, FIXUP)),
+                         ASM3, SPLIT, STREAM_K, FIXUP, OVERLAP)),
             (_consumer, (w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc, c_ptr, ws_ptr,
                          sem_ptr, sw_ptr, bias_ptr, sx_ptr, M, N, K, ldc, stride_sw_g, stride_sw_n, stride_sx, per, 1,
                          CT, W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, TMA_STORE, BT, GROUP_M, WS, XS, ASM0, ASM1, ASM2,
-                         ASM3, SPLIT, STREAM_K, FIXUP)),
+                         ASM3, SPLIT, STREAM_K, FIXUP, OVERLAP)),
             (_producer, (w_desc, x_desc, w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, M, N, K, per, BT,
                          GROUP_M, WS, XS, SPLIT, STREAM_K)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
