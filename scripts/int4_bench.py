@@ -120,9 +120,9 @@ def main() -> int:
                         "build 'w4a8_fixup')")
     p.add_argument("--overlap", action="store_true",
                    help="where the default runs the Gluon prefill kernel's 16-bit build with token tiles of at most "
-                        "128 (W4A16, and W4A8 cast to bf16): the same call with prefill.OVERLAP set (each "
-                        "consumer converts its next slice while this slice's wgmmas run): 'w4a16_overlap', "
-                        "'w4a8_overlap'")
+                        "128 (W4A16, and W4A8 cast to bf16), which overlaps each consumer's conversion of its next "
+                        "slice with this slice's wgmmas: the same call with prefill.OVERLAP cleared "
+                        "('w4a16_no_overlap', 'w4a8_no_overlap')")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -233,7 +233,7 @@ def main() -> int:
             record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if decode_path else prefill_path,
                    lambda: linear_prepacked(x, w_pp, None, sw4, config=given), ref16, b4)
             if args.overlap:
-                # the same routed calls with prefill.OVERLAP (new launches: the cache is cleared)
+                # the same routed calls without prefill.OVERLAP (new launches: the cache is cleared)
                 import tileq.int4p.launch as ilaunch
                 for kind, xin, sxin, want, xdt in (("w4a16", x, None, ref16, torch.bfloat16),
                                                    ("w4a8", xf8, sx, ref8, torch.float8_e4m3fn)):
@@ -242,12 +242,12 @@ def main() -> int:
                     if not tok or int(tok.group(1)) > prefill.OVERLAP_MAX_TOKENS or "_fp8xi4p_" in path:
                         continue
                     ilaunch._LAUNCHES.clear()
-                    prefill.OVERLAP = True
+                    prefill.OVERLAP = False
                     try:
-                        record(s, name, m, n, k, f"{kind}_overlap", path + " (overlap)",
+                        record(s, name, m, n, k, f"{kind}_no_overlap", path + " (no overlap)",
                                lambda xin=xin, sxin=sxin: linear_prepacked(xin, w_pp, sxin, sw4), want, b4)
                     finally:
-                        prefill.OVERLAP = False
+                        prefill.OVERLAP = True
                         ilaunch._LAUNCHES.clear()
             if args.small_m_prefill and 16 < m < DEQUANT_MIN_M and not decode_path:
                 # the decode kernel, which the routing (int4p.prefill.plan) passed over here
@@ -594,7 +594,7 @@ def summarize(rows) -> None:
         print(f"  M = {m}: " + ", ".join(cells))
     # --fixup: the decode kernel's split-K sum in the kernel, against the default, per M; --overlap
     for kind in ("w4a16", "w4a8"):
-        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2", f"{kind}_overlap"):
+        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2", f"{kind}_no_overlap"):
             for m in sorted({m for (_, m, i) in t if i == impl}):
                 vals = [t[(sh, m, f"{kind}_prepacked")] / t[(sh, m, impl)] for (sh, mm, i) in t
                         if mm == m and i == impl and (sh, m, f"{kind}_prepacked") in t]

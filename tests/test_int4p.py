@@ -944,7 +944,7 @@ def _sm90_build(compile_line: str, name: str) -> dict:
 
 
 def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none", streamk=False, fixup=False,
-                   overlap=False):
+                   overlap=None):
     r = _sm90_build("from tileq.int4p.prefill import compile_sm90\n"
                     f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r}, "
                     f"streamk={streamk}, fixup={fixup}, overlap={overlap})", "i4p-prefill")
@@ -1000,18 +1000,22 @@ def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale,
     ("group", True, 64, 1, False), ("group", False, 64, 3, False), ("vector", True, 128, 1, False),
     ("group", False, 128, 1, True), ("scalar", True, 16, 1, False)])
 def test_sm90_prefill_build_overlaps_conversion_and_wgmma(w_kind, tma_store, tokens, split, streamk):
-    """overlap (16-bit build): per consumer and 512 of K, slices 0-2 wait with two wgmma groups
+    """overlap (16-bit build, the default): per consumer and 512 of K, slices 0-2 wait with two wgmma groups
     left in flight (the next slice converts meanwhile, into a second set of A registers) and
     slice 3 waits for all; no wgmma serialized by ptxas, no spills; 256-token tiles and the fp8
     build refuse it (the former spilled)."""
-    r = _prefill_build("bf16", w_kind, False, tma_store, tokens, split, "none", streamk, overlap=True)
+    from tileq.int4p import prefill
+
+    assert prefill.overlap_for("bf16", tokens) and not prefill.overlap_for("bf16", 256)  # (the default)
+    assert not prefill.overlap_for("fp8", 64)
+    r = _prefill_build("bf16", w_kind, False, tma_store, tokens, split, "none", streamk)
     sass = r["sass"]
     assert r["ops"]["HGMMA"] == 2 * 32 and r["ops"]["LDL"] == 0 and r["ops"]["STL"] == 0, r["ops"]
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", sass)
     assert waits.count("0x2") == 2 * 3 and waits.count("0x0") == 2 * 1, waits
     assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
-    from tileq.int4p import prefill
-
+    plain = _prefill_build("bf16", w_kind, False, tma_store, tokens, split, "none", streamk, overlap=False)
+    assert re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", plain["sass"]) == ["0x0"] * 8  # (without: every slice)
     for ct, tokens_ in (("bf16", 256), ("fp8", 64)):
         with pytest.raises(ValueError, match="overlap"):
             prefill.constexprs(ct, "group", 128, False, False, tokens_, 1, "vector" if ct == "fp8" else "none",

@@ -54,10 +54,19 @@ def config_tag(tokens: int = TOKENS, split: int = 1, streamk: bool = False, x_sc
 
 MAX_SPLIT = 8
 FIXUP_MAX_TOKENS = 64  # the token tiles whose split partials the kernel can sum itself (constexprs)
-# The 16-bit consumers' next slice converted while this slice's wgmmas run (the kernel's OVERLAP):
-# the default for token tiles of at most OVERLAP_MAX_TOKENS when OVERLAP is set.
-OVERLAP = False
+# The 16-bit consumers' next slice converted while this slice's wgmmas run (the kernel's OVERLAP),
+# for token tiles of at most OVERLAP_MAX_TOKENS unless OVERLAP is cleared. On an H200
+# (bench/results/h200/int4/overlap/, the routed calls with and without it in one run, 18 weights):
+# 1.034x / 1.034x / 1.043x / 1.044x / 1.040x faster at 40 / 64 / 128 / 200 / 256 tokens (medians,
+# 0.999-1.064x over 80 calls); the result is bit for bit the same (the same wgmma chain).
+OVERLAP = True
 OVERLAP_MAX_TOKENS = 128
+
+
+def overlap_for(ct: str, tokens: int) -> bool:
+    """Whether a build of compute type ``ct`` with ``tokens``-token tiles overlaps its conversion
+    with the wgmmas by default (the 16-bit build up to OVERLAP_MAX_TOKENS, while OVERLAP is set)."""
+    return OVERLAP and tokens <= OVERLAP_MAX_TOKENS and ct != "fp8"
 
 
 def split_for(m: int, n: int, k: int, tokens: int, num_sms: int) -> int:
@@ -417,9 +426,7 @@ class GluonPrefillLaunch:
         self.split = split
         # fixup: a split's partials summed by the kernel (the last warpgroup of each half tile)
         self.fixup_split = fixup and split > 1 and self.tokens <= FIXUP_MAX_TOKENS
-        if overlap is None:
-            overlap = OVERLAP
-        self.overlap = overlap and self.tokens <= OVERLAP_MAX_TOKENS and self.ct != "fp8"
+        self.overlap = overlap_for(self.ct, self.tokens) if overlap is None else overlap
         self.name = kernel_name(self.ct, w_kind, self.tokens, split, streamk, self.ct != "fp8" and x_kind != "none",
                                 self.fixup_split)
         self.direct = device.type == "cuda"
@@ -513,14 +520,17 @@ def kernel_name(x_type: str, w_kind: str, tokens: int = TOKENS, split: int = 1, 
 
 def compile_sm90(ct: str, w_kind: str, group_k: int = 128, has_bias: bool = False, tma_store: bool = True,
                  tokens: int = TOKENS, split: int = 1, x_scale: str = "none", out_ct: str | None = None,
-                 streamk: bool = False, fixup: bool = False, overlap: bool = False):
+                 streamk: bool = False, fixup: bool = False, overlap: bool | None = None):
     """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks. ``ct``
-    'fp8': e4m3 activations (W4A8 fused), the output ``out_ct`` (default bf16)."""
+    'fp8': e4m3 activations (W4A8 fused), the output ``out_ct`` (default bf16); ``overlap`` None:
+    as a launch decides (``overlap_for``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     out_ct = out_ct or ("bf16" if ct == "fp8" else ct)
+    if overlap is None:
+        overlap = overlap_for(ct, tokens)
     w_l, x_l, c_l = layouts(ct, tokens, out_ct)
     x_ty = "fp8e4nv" if ct == "fp8" else ct
     sig = {"w_desc": f"tensordesc<i32[128, 32],{w_l!r}>", "x_desc": f"tensordesc<{x_ty}[{tokens}, 64],{x_l!r}>",
