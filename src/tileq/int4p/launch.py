@@ -149,8 +149,8 @@ def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM
     ``compute_type``). A split over K sums its partials in the kernel (``Int4pConfig.fixup``): on
     an H200 (int4/fixup/, 13 weights split per M, one run, e4m3 on 10) 1.04x / 1.06x / 1.10x /
     1.09x / 1.23x faster than the reduction kernel at M = 1 / 4 / 16 / 24 / 32 (medians; W4A8
-    1.04-1.22x), slower on 2 of 65 (0.94x, 0.96x: two M = 1 configs of the tuned table, which
-    keep the reduction kernel)."""
+    1.04-1.22x), slower on 3 of 63 W4A16 calls (0.94x, 0.96x: two M = 1 configs of the tuned
+    table, which keep the reduction kernel; 0.996x)."""
     cfg, why = _decode_tiles(m, n, k, x_type, num_sms)
     if cfg.split_k > 1:
         cfg, why = replace(cfg, fixup=True), f"{why}; the partials summed in the kernel"
