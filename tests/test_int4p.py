@@ -104,14 +104,21 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("m,n,k,xt,gk,split", CASES)
-def test_kernel_matches_reference(m, n, k, xt, gk, split):
-    torch.manual_seed(m + n + k)
+def _decode_problem(m, n, k, xt, gk, seed):
+    """(v, w, x, ws, xs): int4 values [N, K], their prepacked weight on DEV, activations of type
+    ``xt``, group (gk > 0) or per-channel (0) weight scales, per-token scales for fp8."""
+    torch.manual_seed(seed)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
     w = prepack_int4(v).to(DEV)
     x = torch.randn(m, k).to(xt)
     ws = torch.rand(-(-k // gk), n) + 0.5 if gk else torch.rand(n) + 0.5
     xs = torch.rand(m) + 0.5 if xt in FP8 else None
+    return v, w, x, ws, xs
+
+
+@pytest.mark.parametrize("m,n,k,xt,gk,split", CASES)
+def test_kernel_matches_reference(m, n, k, xt, gk, split):
+    v, w, x, ws, xs = _decode_problem(m, n, k, xt, gk, m + n + k)
     bias = torch.randn(n)
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     cfg = Int4pConfig(bm, split, 2) if split > 0 else Int4pConfig(bm, 1, 2, warps=8)
@@ -223,12 +230,7 @@ def test_in_kernel_splitk_sum_matches_the_reduction_kernel(m, n, k, xt, gk, spli
     ('_fx') names another binary and needs a split."""
     from tileq.kernels import launch as kl
 
-    torch.manual_seed(m + n + split)
-    v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
-    w = prepack_int4(v).to(DEV)
-    x = torch.randn(m, k).to(xt)
-    ws = torch.rand(-(-k // gk), n) + 0.5 if gk else torch.rand(n) + 0.5
-    xs = torch.rand(m) + 0.5 if xt in FP8 else None
+    v, w, x, ws, xs = _decode_problem(m, n, k, xt, gk, m + n + split)
     b = torch.randn(n) if bias else None
     d = lambda t: None if t is None else t.to(DEV)  # noqa: E731
     bm = 16 if m <= 16 else 32
