@@ -446,12 +446,13 @@ def main() -> int:
                                lambda gp=gp: gp(x, w_pp.data, None, sw4, None), ref16, b4)
             if (m <= 16 or m in (32, 64)) and not args.no_sweep:
                 if m <= 16:
-                    sweep = [Int4pConfig(16, sk, st, 4, reg) for sk in (1, 2, 4, 8)
+                    # (a split sums its partials in the kernel, as the rule's configs do)
+                    sweep = [Int4pConfig(16, sk, st, 4, reg, fixup=sk > 1) for sk in (1, 2, 4, 8)
                              for st, reg in ((2, None), (3, None), (2, 128), (2, 168), (3, 168))]
                     if args.scale_ahead:
                         sweep += [replace(c, scale_ahead=True) for c in sweep] + [replace(cfg, scale_ahead=True)]
                 elif args.sweep_m32:
-                    sweep = [Int4pConfig(bm, sk, 2) for bm in (16, 32) for sk in (1, 2, 4, 8)]
+                    sweep = [Int4pConfig(bm, sk, 2, fixup=sk > 1) for bm in (16, 32) for sk in (1, 2, 4, 8)]
                 else:
                     sweep = []
                 for c in sweep:
@@ -474,7 +475,7 @@ def main() -> int:
                 # W4A8 (fp8 activations) over the same 16-token configs, with and without group
                 # scales one K tile ahead: its rule keeps three stages, never swept
                 cfg8 = config_for(m, n, k, "fp8")[0]
-                sweep8 = [Int4pConfig(16, sk, st, 4, reg) for sk in (1, 2, 4, 8)
+                sweep8 = [Int4pConfig(16, sk, st, 4, reg, fp16=True, fixup=sk > 1) for sk in (1, 2, 4, 8)
                           for st, reg in ((2, None), (3, None), (2, 128), (2, 168), (3, 168))]
                 sweep8 += [replace(c, scale_ahead=True) for c in sweep8 if c.maxnreg != 128]
                 for c in sweep8:

@@ -691,6 +691,9 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
     out = explain("--a", "bf16", "--m", "512", "--n", "5120", "--k", "5120")
     assert out.returncode == 0 and "bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90" in out.stdout
     assert "1 waves of 256-token tiles (x 1.7) against 2 of 128-token ones" in out.stdout, out.stdout
+    assert "the next slice while" not in out.stdout  # (256-token tiles: no overlap)
+    out = explain("--a", "bf16", "--m", "128", "--n", "5120", "--k", "5120")
+    assert "int4 converted in registers (the next slice while this one's wgmmas run)" in out.stdout, out.stdout
     out = explain("--a", "bf16", "--m", "512", "--n", "5120", "--k", "17408")  # (stream-K)
     assert out.returncode == 0 and "bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_stk_ws2x64_sm90" in out.stdout
     assert "stream-K: 0 whole tiles of 256 tokens, then 21 of the other 2720" in out.stdout, out.stdout

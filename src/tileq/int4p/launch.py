@@ -569,9 +569,11 @@ def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bflo
             elif x_kind != "none":
                 cast = f"; {x_type} activations cast to bf16 first, their scale in the epilogue"
             ct_name = "fp8" if fused else ("bf16" if cast else x_type)
+            overlap = " (the next slice while this one's wgmmas run)" if prefill.overlap_for(ct_name, t) else ""
             xs = x_kind != "none" and not fused  # (the 16-bit build with the activations' scale)
             return (f"{prefill.kernel_name(ct_name, w_scale, t, split, streamk, xs)} ({when}: the sm_90 "
-                    f"Gluon prefill kernel, {t}-token x 128-row tiles, int4 converted in registers{cast})")
+                    f"Gluon prefill kernel, {t}-token x 128-row tiles, int4 converted in registers"
+                    f"{overlap}{cast})")
         if m >= DEQUANT_MIN_M and x_kind != "none" and fp8_prefill.selected():
             return (f"{fp8_prefill.Fp8PrefillLaunch.name} (M >= {DEQUANT_MIN_M}, "
                     f"W4A8: W's int4 values written as {x_type}, then tileq's fp8 "
