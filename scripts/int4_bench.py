@@ -123,6 +123,10 @@ def main() -> int:
                         "128 (W4A16, and W4A8 cast to bf16), which overlaps each consumer's conversion of its next "
                         "slice with this slice's wgmmas: the same call with prefill.OVERLAP cleared "
                         "('w4a16_no_overlap', 'w4a8_no_overlap')")
+    p.add_argument("--decode-gluon", action="store_true",
+                   help="up to 16 tokens also time the Gluon decode kernel (int4p/decode_gluon.py, not routed: "
+                        "conversion overlapped with the wgmmas) at the decode rule's split over K, two and three "
+                        "stages ('w4a16_decode_gluon_s2', '_s3')")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -413,6 +417,16 @@ def main() -> int:
                         fixup=True))
                     record(s, name, m, n, k, "w4a8_fixup", prefill.kernel_name("fp8", "group", *p8, fixup=True),
                            lambda g8fx=g8fx: g8fx(xf8, w_pp.data, sx, sw4, None), ref8, b4)
+            if args.decode_gluon and m <= 16:
+                from tileq.int4p import decode_gluon
+                sk = cfg.split_k
+                for stages in (2, 3):
+                    gd = lazy(lambda m=m, n=n, k=k, sk=sk, stages=stages: decode_gluon.GluonDecodeLaunch(
+                        m, n, k, torch.bfloat16, torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), 128, False,
+                        dev, None, split=sk, stages=stages))
+                    record(s, name, m, n, k, f"w4a16_decode_gluon_s{stages}",
+                           decode_gluon.kernel_name("bf16", "group", sk, stages, sk > 1),
+                           lambda gd=gd: gd(x, w_pp.data, None, sw4, None), ref16, b4)
             if args.w4a8_via_bf16 and m < DEQUANT_MIN_M:
                 # both decode-kernel routes of W4A8, whichever the default took: the fp8 activations
                 # cast to bf16 before the W4A16 kernel (its config), and converted inside the kernel
@@ -595,7 +609,8 @@ def summarize(rows) -> None:
         print(f"  M = {m}: " + ", ".join(cells))
     # --fixup: the decode kernel's split-K sum in the kernel, against the default, per M; --overlap
     for kind in ("w4a16", "w4a8"):
-        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2", f"{kind}_no_overlap"):
+        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2", f"{kind}_no_overlap", f"{kind}_decode_gluon_s2",
+                     f"{kind}_decode_gluon_s3"):
             for m in sorted({m for (_, m, i) in t if i == impl}):
                 vals = [t[(sh, m, f"{kind}_prepacked")] / t[(sh, m, impl)] for (sh, mm, i) in t
                         if mm == m and i == impl and (sh, m, f"{kind}_prepacked") in t]

@@ -1027,6 +1027,30 @@ def test_sm90_prefill_build_overlaps_conversion_and_wgmma(w_kind, tma_store, tok
                                overlap=True)
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(split=4, fixup=True), dict(split=2), dict(w_kind="vector", has_bias=True),
+                                dict(stages=3), dict(ct="fp16", w_kind="scalar")])
+def test_sm90_gluon_decode_build(kw):
+    """The Gluon decode kernel (built, not routed) compiled for sm_90 on the CPU: per 512 of K,
+    32 m64n16k16 wgmmas on the converted weights; slices 0-2 wait with the next slice's two
+    groups in flight (its promotion runs while they do), the block's last slice waits for all;
+    no spills; 64 KB of shared memory at two stages and at most 168 registers (three programs per
+    SM); fp8 activations refused."""
+    from tileq.int4p import decode_gluon
+
+    args = ", ".join(f"{key}={val!r}" for key, val in kw.items())
+    r = _sm90_build(f"from tileq.int4p.decode_gluon import compile_sm90\nk = compile_sm90({args})", "i4p-decode")
+    sass = r["sass"]
+    assert len(re.findall(r"\bHGMMA\.64x16x16\b", sass)) == 32
+    assert re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", sass) == ["0x2", "0x2", "0x2", "0x0"]
+    assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
+    assert int(re.search(r"REG:(\d+)", r["usage"]).group(1)) <= 168
+    assert r["shared"] <= (kw.get("stages", 2) * 32 + 1) * 1024
+    with pytest.raises(ValueError, match="16-bit activations"):
+        decode_gluon.constexprs("fp8", "group", 128, False)
+    assert decode_gluon.kernel_name("bf16", "group", 4, fixup=True) == \
+        "bquant_bf16xi4p_rcr_decode__gluon_m64n16k512_s2_sk4_fx_swap_sm90"
+
+
 @pytest.mark.parametrize("ct,w_kind,bias,tokens,split,x_scale", [
     ("bf16", "group", True, 64, 3, "none"), ("fp16", "scalar", False, 16, 2, "none"),
     ("bf16", "vector", False, 64, 2, "scalar"), ("fp8", "group", True, 64, 2, "vector")])
@@ -1429,6 +1453,34 @@ def test_gpu_prefill_kernel_16_token_tiles_at_decode(m, split, prefill_launches)
     assert len(prefill_launches) == 1
     want = _reference(x.cpu(), v, ws.cpu(), None, bias.cpu(), 128)
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
+
+
+@GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(1, 1000, 3584), (7, 577, 1104), (16, 5120, 5120), (13, 4001, 8192)])
+@pytest.mark.parametrize("gk,xt", [(128, torch.bfloat16), (0, torch.float16), (256, torch.bfloat16)])
+@pytest.mark.parametrize("split,fixup", [(1, False), (3, True), (4, False)])
+def test_gpu_gluon_decode_kernel(m, n, k, gk, xt, split, fixup):
+    """The Gluon decode kernel (built, not routed) against the float64 reference with fp32 outputs:
+    exact products, fp32 promotion per 128 of K as the Triton decode kernel does; odd N (masked
+    stores), K tails (TMA zero fill), token rows past M, group (128, 256) and per-channel scales,
+    bias, split over K with the partials summed by the reduction kernel or in the kernel (the
+    counters back to zero); a second call gives the same bits."""
+    from tileq.int4p import decode_gluon
+    from tileq.kernels import launch as kl
+
+    v, w, x, ws, _ = _decode_problem(m, n, k, xt, gk, m + n + k + split)
+    bias = torch.randn(n)
+    kind, strides = ("group", (ws.stride(0), ws.stride(1))) if gk else ("vector", (0, 1))
+    launch = decode_gluon.GluonDecodeLaunch(m, n, k, xt, torch.float32, kind, strides, gk or 128, True,
+                                            torch.device("cuda"), None, split=split, fixup=fixup)
+    assert launch.name.startswith(f"bquant_{decode_gluon._CT[xt]}xi4p_rcr_decode__gluon_m64n16k512_s2")
+    xc, wsc, bc = x.cuda(), ws.cuda(), bias.cuda()
+    y = launch(xc, w.data, None, wsc, bc)
+    want = _reference(x, v, ws, None, bias, gk or 128)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 2e-6
+    assert torch.equal(launch(xc, w.data, None, wsc, bc), y)
+    assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
 
 
 @GPU

@@ -18,10 +18,9 @@ import torch
 
 from .._runtime import bounded_put, interpreter_active
 from ..errors import DTypeError, ShapeError, expect
-from ..kernels import gemm_kernel
 from ..kernels.direct import KernelCall, direct_launch_enabled
 from ..kernels.gluon.launch import _num_sms
-from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace, tile_counters
+from ..kernels.launch import _stream_workspace, _workspace, splitk_reduce_call, tile_counters
 from ..kernels.select import GLUON_ENV
 from . import kernel as _kernel_module
 from . import fp8_prefill, prefill
@@ -343,11 +342,7 @@ class Int4pLaunch:
                                 torch.float32 if split else None, torch.int32 if _fixup(cfg) else None))
         self.reduce = None
         if split and not _fixup(cfg):
-            total = n * m
-            self.reduce = KernelCall(gemm_kernel, "_splitk_reduce_kernel", (-(-total // REDUCE_BLOCK),),
-                                     (total, m, n), dict(SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK,
-                                                         SWAPPED=True, num_warps=4),
-                                     (torch.float32, out_dtype))
+            self.reduce = splitk_reduce_call(n, m, n, cfg.split_k, out_dtype, swapped=True)
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
         if out is None:

@@ -22,7 +22,7 @@ import torch
 
 from ..kernels import select
 from ..kernels.direct import KernelCall, TableKernel, direct_launch_enabled
-from ..kernels.launch import REDUCE_BLOCK, _stream_workspace, _workspace, tile_counters
+from ..kernels.launch import _stream_workspace, _workspace, splitk_reduce_call, tile_counters
 from .dequant import DEQUANT_MIN_M
 from .streamk import k_blocks
 from .streamk import schedule as streamk_schedule
@@ -412,7 +412,6 @@ class GluonPrefillLaunch:
     def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback,
                  tokens: int | None = None, split: int = 1, x_kind: str = "none", sx_stride: int = 0,
                  fused: bool = False, streamk: bool = False, fixup: bool = False, overlap: bool | None = None):
-        from ..kernels import gemm_kernel
         from ..kernels.gluon.launch import _num_sms
 
         self.fallback = fallback  # for operands TMA cannot read (base pointers not 16-byte aligned)
@@ -451,10 +450,7 @@ class GluonPrefillLaunch:
                       for tma in ((True, False) if split == 1 and self.tokens <= TMA_STORE_MAX_TOKENS else (False,))}
         self.reduce = None
         if split > 1 and not self.fixup_split:
-            total = m * n
-            self.reduce = KernelCall(gemm_kernel, "_splitk_reduce_kernel", (-(-total // REDUCE_BLOCK),),
-                                     (total, n, n), dict(SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWAPPED=False,
-                                                         num_warps=4), (torch.float32, out_dtype))
+            self.reduce = splitk_reduce_call(m, n, n, split, out_dtype, swapped=False)
         self.fixup = None
         if streamk and self.streamk.shared:
             from . import streamk as sk

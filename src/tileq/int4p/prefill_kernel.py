@@ -163,6 +163,21 @@ def _operands(w, s, ASM: gl.constexpr, CT: gl.constexpr, SCALED: gl.constexpr, d
 
 
 @gluon.jit
+def _slice_operands(w, s, i: gl.constexpr, ASM0: gl.constexpr, ASM1: gl.constexpr, ASM2: gl.constexpr,
+                    ASM3: gl.constexpr, CT: gl.constexpr, SCALED: gl.constexpr, dot: gl.constexpr):
+    """``_operands`` of slice ``i`` of a 512 block, whose conversions are ASM0 .. ASM3."""
+    if i == 0:
+        a0, a1 = _operands(w, s, ASM0, CT, SCALED, dot)
+    elif i == 1:
+        a0, a1 = _operands(w, s, ASM1, CT, SCALED, dot)
+    elif i == 2:
+        a0, a1 = _operands(w, s, ASM2, CT, SCALED, dot)
+    else:
+        a0, a1 = _operands(w, s, ASM3, CT, SCALED, dot)
+    return a0, a1
+
+
+@gluon.jit
 def _dp_tiles(tiles, programs):
     """Stream-K's data-parallel part (``streamk.dp_tiles``): whole tiles, program p taking p,
     p + programs, ...: all full waves but the last, so the other tiles (the last full wave and
@@ -434,14 +449,7 @@ def _consumer(w_bufs, x_bufs, w_ready, w_empty, x_ready, x_empty, c_bufs, c_desc
                                       mask=w_rows_ok & (k1 < K), other=0.0)
                 else:
                     s2 = w
-                if i == 0:
-                    a0, a1 = _operands(w, s2, ASM0, CT, GROUPED, dot)
-                elif i == 1:
-                    a0, a1 = _operands(w, s2, ASM1, CT, GROUPED, dot)
-                elif i == 2:
-                    a0, a1 = _operands(w, s2, ASM2, CT, GROUPED, dot)
-                else:
-                    a0, a1 = _operands(w, s2, ASM3, CT, GROUPED, dot)
+                a0, a1 = _slice_operands(w, s2, i, ASM0, ASM1, ASM2, ASM3, CT, GROUPED, dot)
                 s0, s1, x0, x1 = _wait_x(x_bufs, x_ready, xi, XS)
                 acc = warpgroup_mma(a0, x0, acc, use_acc=True, is_async=True)
                 acc = warpgroup_mma(a1, x1, acc, use_acc=True, is_async=True)

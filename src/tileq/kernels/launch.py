@@ -236,12 +236,7 @@ class GemmLaunch:
                                           dtypes)
         self.reduce = None
         if cfg.split_k > 1:
-            total = km * kn
-            self.reduce = KernelCall(
-                _THIS, "_splitk_reduce_kernel", (_cdiv(total, REDUCE_BLOCK),), (total, kn, ldc),
-                dict(SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK, SWAPPED=swapped, num_warps=4),
-                (torch.float32, spec.out_dtype),
-            )
+            self.reduce = splitk_reduce_call(km, kn, ldc, cfg.split_k, spec.out_dtype, swapped)
 
     def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
         if out is None:
@@ -274,6 +269,16 @@ def _dtype(t):
 def _cdiv(a: int, b: int) -> int:
     # triton.cdiv is a constexpr_function in Triton 3.6: 2-3 us a call from host code.
     return -(-a // b)
+
+
+def splitk_reduce_call(rows: int, cols: int, ldc: int, split: int, out_dtype: torch.dtype,
+                       swapped: bool) -> KernelCall:
+    """The launch of ``_splitk_reduce_kernel`` over a [split, rows, cols] fp32 workspace (a
+    kernel's orientation) into an output of row stride ``ldc`` (``swapped``: stored transposed)."""
+    total = rows * cols
+    return KernelCall(_THIS, "_splitk_reduce_kernel", (_cdiv(total, REDUCE_BLOCK),), (total, cols, ldc),
+                      dict(SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWAPPED=swapped, num_warps=4),
+                      (torch.float32, out_dtype))
 
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}
