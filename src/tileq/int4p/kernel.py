@@ -16,8 +16,9 @@ SPLIT_K > 1 writes fp32 partials [SPLIT_K, N, M] into ``ws_ptr``: ``gemm_kernel.
 counts itself in on its tile's counter (``sem_ptr``, zero between calls) once its partial is
 stored, and the last of the tile's SPLIT_K programs sums the partials in slab order (the
 reduction kernel's order: bit for bit the same result), stores the tile and puts the counter
-back to zero. That saves the second launch (a few microseconds of a decode call). Under the interpreter the conversion runs as plain shifts and
-masks on the same words (Triton's interpreter has no inline PTX), element for element the same.
+back to zero. That saves the second launch (a few microseconds of a decode call). Under the
+interpreter the conversion runs as plain shifts and masks on the same words (Triton's interpreter
+has no inline PTX), element for element the same.
 """
 
 import triton

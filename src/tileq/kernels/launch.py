@@ -286,8 +286,8 @@ _RETIRED_COUNTERS: list[torch.Tensor] = []
 
 
 def tile_counters(device: torch.device, count: int) -> torch.Tensor:
-    """Zeroed int32 tile counters for a kernel that sums its split-K partials itself (the
-    int4 decode kernel's FIXUP), per (device, stream) like the workspaces: such a kernel puts
+    """Zeroed int32 tile counters for a kernel that sums its split-K partials itself (the int4
+    kernels' FIXUP), per (device, stream) like the workspaces: such a kernel puts
     every counter it used back to zero, so they are zeroed once, when made. A grown table keeps
     the old one alive: a CUDA graph captured with it still points there."""
     if device.type != "cuda":
