@@ -19,7 +19,9 @@ memory. A tile is 128 weight rows x BT tokens:
   per word pair makes the two 64-wide value slices (2 shifts, 2 LOP3 with the magic exponent,
   2 packed subtractions), which are the A operands as they stand (no data moves: checked on
   the sm_90 build); an async wgmma chain against the two [64, BT] activation tiles, and while
-  it runs the other consumer converts the next slice. One fp32 accumulator over all of K: group
+  it runs the other consumer converts the next slice (with OVERLAP, tiles of up to 128 tokens,
+  this consumer too: it waits with this slice's chain in flight, and only a 512 block's last
+  slice waits for all). One fp32 accumulator over all of K: group
   scales multiply the converted values (one packed multiply, rounded to the 16-bit type once, as
   the dequantized weights of the dequantize + cuBLAS path are; a second accumulator for exact
   promotion does not fit the registers), per-channel and per-tensor scales wait for the
@@ -28,7 +30,8 @@ memory. A tile is 128 weight rows x BT tokens:
   stored transposed through shared memory by TMA, or with masked stores when C's rows are not
   16-byte aligned. Split over K (SPLIT) or with stream-K (STREAM_K, ``streamk.py``: whole tiles
   for all full waves but the last, then the other tiles' K blocks shared out evenly) a tile that
-  a work item covers only in part is written as an fp32 partial, summed afterwards in order.
+  a work item covers only in part is written as an fp32 partial, summed afterwards in order (split
+  over K with FIXUP: by each half tile's last consumer, ``_sum_partials``).
 
 CT = 'fp8' (W4A8 fused, ``_consumer_fp8``): fp8 activations (e4m3 or e5m2) stay fp8 in shared
 memory ([BT, 64] tiles, 64-byte rows) and the weight is converted to e4m3 (-8..7 are exact) in
