@@ -1474,7 +1474,8 @@ def test_gpu_gluon_decode_kernel(m, n, k, gk, xt, split, fixup):
     kind, strides = ("group", (ws.stride(0), ws.stride(1))) if gk else ("vector", (0, 1))
     launch = decode_gluon.GluonDecodeLaunch(m, n, k, xt, torch.float32, kind, strides, gk or 128, True,
                                             torch.device("cuda"), None, split=split, fixup=fixup)
-    assert launch.name.startswith(f"bquant_{decode_gluon._CT[xt]}xi4p_rcr_decode__gluon_m64n16k512_s2")
+    scheme = "bquant" if gk else "rowcol"
+    assert launch.name.startswith(f"{scheme}_{decode_gluon._CT[xt]}xi4p_rcr_decode__gluon_m64n16k512_s2")
     xc, wsc, bc = x.cuda(), ws.cuda(), bias.cuda()
     y = launch(xc, w.data, None, wsc, bc)
     want = _reference(x, v, ws, None, bias, gk or 128)
@@ -1790,6 +1791,49 @@ def test_stream_k_fixup_sums_shared_tiles(m, n, k, tokens, sms):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the fallback runs Triton kernels on CPU tensors")
+def test_gluon_decode_launcher(monkeypatch):
+    """The Gluon decode launcher against a stand-in kernel on CPU tensors: the words as [64, 32]
+    boxes of the [N, K/8] storage, the activations as [16, 64] tiles, a program per 64 rows x 16
+    tokens and K range; split over K, the fp32 workspace and (fixup) the tile counters, or the
+    reduction kernel's launch; activation rows TMA cannot read go to the fallback."""
+    from tileq.int4p import decode_gluon
+    from tileq.testing import KernelRecorder
+
+    rec = KernelRecorder()
+    monkeypatch.setitem(decode_gluon._gl(), "kernel", rec)
+    m, n, k = 5, 577, 1104
+    v, _, x, ws, _ = _decode_problem(m, n, k, torch.bfloat16, 128, 11)
+    w, st = prepack_int4(v), (ws.stride(0), ws.stride(1))  # (CPU tensors on any machine)
+    launch = decode_gluon.GluonDecodeLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group", st, 128, False,
+                                            torch.device("cpu"), None)
+    assert launch.name == "bquant_bf16xi4p_rcr_decode__gluon_m64n16k512_s2_swap_sm90" and launch.reduce is None
+    launch(x, w.data, None, ws, None)
+    (grid, args, kwargs), = rec.calls
+    w_desc, x_desc, out = args[:3]
+    assert grid == (-(-n // 64), 1) and args[3] is ws and args[4:] == (None, None, None, None, m, n, k, n, *st, 0)
+    assert (w_desc.shape, w_desc.block_shape) == ([n, 3 * 64], [64, 32])
+    assert (x_desc.shape, x_desc.strides, x_desc.block_shape) == ([m, k], [k, 1], [16, 64])
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    assert (kwargs["SPLIT"], kwargs["STAGES"], kwargs["FIXUP"], kwargs["BT"]) == (1, 2, False, 16)
+    assert "mul.rn" not in kwargs["ASM0"]  # (unscaled: the group scales are applied in fp32)
+    fixed = decode_gluon.GluonDecodeLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group", st, 128, False,
+                                           torch.device("cpu"), None, split=3)
+    assert fixed.name.endswith("_s2_sk3_fx_swap_sm90") and fixed.reduce is None
+    fixed(x, w.data, None, ws, None)
+    grid, args, kwargs = rec.calls[-1]
+    assert grid == (-(-n // 64), 3) and kwargs["FIXUP"] is True and args[2].dtype == torch.bfloat16
+    assert args[6].dtype == torch.float32 and args[6].numel() >= 3 * m * n and args[7].dtype == torch.int32
+    plain = decode_gluon.GluonDecodeLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group", st, 128, False,
+                                           torch.device("cpu"), None, split=3, fixup=False)
+    assert plain.reduce is not None and not plain.name.endswith("_fx_swap_sm90")
+    before = len(rec.calls)
+    odd = torch.randn(m, k + 1).to(torch.bfloat16)[:, :k]  # rows of 2 * 1105 bytes: not for TMA
+    called = []
+    aside = decode_gluon.GluonDecodeLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group", st, 128, False,
+                                           torch.device("cpu"), lambda *a: called.append(a) or "fallback")
+    assert aside(odd, w.data, None, ws, None) == "fallback" and len(called) == 1 and len(rec.calls) == before
+
+
 def test_prefill_launcher_descriptors(monkeypatch):
     """The Gluon prefill launcher against a stand-in kernel on CPU tensors: the words as two-box
     [128, 32] tiles of the [N, K/8] storage, the activations as [128, 64] tiles, the output
