@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..kernels.direct import KernelCall, TableKernel, direct_launch_enabled
-from ..kernels.launch import _stream_workspace, _workspace, splitk_reduce_call, tile_counters
+from ..kernels.launch import split_buffers, splitk_reduce_call
+from . import prefill
 from .layout import BLOCK_K
 
 ROWS = 64  # weight rows per program (one warpgroup, one wgmma height)
@@ -22,13 +23,11 @@ _KERNEL = TableKernel(_GL, "kernel", __name__)
 
 
 def _gl() -> dict:
+    """The kernel, imported on first use (the TMA descriptor type is the prefill launcher's)."""
     if not _GL:
-        from triton.experimental.gluon import language as gl
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
         from .decode_gluon_kernel import _i4p_decode_kernel
 
-        _GL.update(gl=gl, TensorDescriptor=TensorDescriptor, kernel=_i4p_decode_kernel)
+        _GL.update(kernel=_i4p_decode_kernel)
     return _GL
 
 
@@ -56,9 +55,9 @@ def kernel_name(ct: str, w_kind: str, split: int = 1, stages: int = STAGES, fixu
 
 
 def _layouts(ct: str):
-    gl = _gl()["gl"]
-    return (gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2),
-            gl.NVMMASharedLayout.get_default_for([TOKENS, 64], gl.bfloat16 if ct == "bf16" else gl.float16))
+    """The words' and the activation tiles' shared layouts: the prefill kernel's (its words'
+    layout does not depend on the box's rows)."""
+    return prefill.layouts(ct, TOKENS)[:2]
 
 
 class GluonDecodeLaunch:
@@ -92,7 +91,7 @@ class GluonDecodeLaunch:
         if self.layouts is None:
             self.layouts = _layouts(self.ct)
         w_l, x_l = self.layouts
-        td = _gl()["TensorDescriptor"]
+        td = prefill._gl()["TensorDescriptor"]
         kw = wdata.shape[1]
         w_desc = td(wdata, [self.n, kw], [kw, 1], [ROWS, 32], w_l)
         x_desc = td(x2, [self.m, self.k], [x2.stride(0), 1], [TOKENS, 64], x_l)
@@ -101,10 +100,8 @@ class GluonDecodeLaunch:
         target = out
         if self.split > 1:
             numel = self.split * self.m * self.n
-            ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
-            if self.fixup:
-                counters = tile_counters(self.device, 2 * self.tiles)
-            else:
+            ws, counters = split_buffers(self.device, numel, direct, 2 * self.tiles if self.fixup else 0)
+            if not self.fixup:
                 target = ws
         self.call((w_desc, x_desc, target, sw, bias, None, ws, counters), direct)
         if self.reduce is not None:

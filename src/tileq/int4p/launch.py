@@ -20,7 +20,7 @@ from .._runtime import bounded_put, interpreter_active
 from ..errors import DTypeError, ShapeError, expect
 from ..kernels.direct import KernelCall, direct_launch_enabled
 from ..kernels.gluon.launch import _num_sms
-from ..kernels.launch import _stream_workspace, _workspace, splitk_reduce_call, tile_counters
+from ..kernels.launch import split_buffers, splitk_reduce_call
 from ..kernels.select import GLUON_ENV
 from . import kernel as _kernel_module
 from . import fp8_prefill, prefill
@@ -58,6 +58,11 @@ class Int4pConfig:
     # of a tile, by an atomic count), instead of a second launch of the reduction kernel.
     fixup: bool = False
 
+    @property
+    def in_kernel_sum(self) -> bool:
+        """Whether the kernel sums split-K partials itself (``fixup`` with a split)."""
+        return self.fixup and self.split_k > 1
+
     @classmethod
     def parse_tag(cls, tag: str) -> "Int4pConfig":
         """The inverse of ``tag`` (e.g. ``m64n16k512_w4_s2_sk4_r128_swap``)."""
@@ -84,7 +89,7 @@ class Int4pConfig:
         reg = f"_r{self.maxnreg}" if self.maxnreg else ""
         pf = "_pf" if self.scale_ahead else ""
         h16 = "_h16" if self.fp16 else ""
-        fx = "_fx" if self.fixup and self.split_k > 1 else ""
+        fx = "_fx" if self.in_kernel_sum else ""
         return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}{reg}{pf}{h16}{fx}_swap"
 
 
@@ -282,13 +287,9 @@ def compile_source(x_type: str, w_scale: str, cfg: Int4pConfig, *, x_scale: str 
         x_scale = "vector" if x_type in ("fp8", "bf8") else "none"
     consts = dict(CT=kernel_ct(x_type, cfg), W_SCALE=w_scale, X_SCALE=x_scale,
                   GROUP_K=group_k, HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=even_k,
-                  INTERPRETED=False, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead, FIXUP=_fixup(cfg))
+                  INTERPRETED=False, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead, FIXUP=cfg.in_kernel_sum)
     return triton.compiler.ASTSource(fn=_kernel_module._i4p_kernel, signature=sig, constexprs=consts,
                                      attrs=attrs)
-
-
-def _fixup(cfg: Int4pConfig) -> bool:
-    return cfg.fixup and cfg.split_k > 1
 
 
 def compile_options(cfg: Int4pConfig) -> dict:
@@ -329,7 +330,7 @@ class Int4pLaunch:
         consts = dict(CT=ct, W_SCALE=w_scale_kind, X_SCALE=x_scale_kind, GROUP_K=group_k,
                       HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=k % BLOCK_K == 0,
                       INTERPRETED=self.interpreted, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead,
-                      FIXUP=_fixup(cfg), num_warps=cfg.warps, num_stages=cfg.stages)
+                      FIXUP=cfg.in_kernel_sum, num_warps=cfg.warps, num_stages=cfg.stages)
         if cfg.maxnreg and not self.interpreted:
             consts["maxnreg"] = cfg.maxnreg
         self.name = kernel_name(x_type, w_scale_kind, cfg)
@@ -339,9 +340,9 @@ class Int4pLaunch:
         # share every constexpr (CT 'bf16') and would otherwise share one compiled kernel.
         self.main = KernelCall(_kernel_module, "_i4p_kernel", grid, ints, consts,
                                (torch.int32, _DTYPE_OF[x_type], out_dtype, torch.float32, torch.float32, torch.float32,
-                                torch.float32 if split else None, torch.int32 if _fixup(cfg) else None))
+                                torch.float32 if split else None, torch.int32 if cfg.in_kernel_sum else None))
         self.reduce = None
-        if split and not _fixup(cfg):
+        if split and not cfg.in_kernel_sum:
             self.reduce = splitk_reduce_call(n, m, n, cfg.split_k, out_dtype, swapped=True)
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
@@ -353,9 +354,7 @@ class Int4pLaunch:
         ws = counters = None
         if self.cfg.split_k > 1:
             numel = self.cfg.split_k * self.n * self.m
-            ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
-            if _fixup(self.cfg):
-                counters = tile_counters(self.device, self.tiles)
+            ws, counters = split_buffers(self.device, numel, direct, self.tiles if self.cfg.in_kernel_sum else 0)
         self.main((wdata, x2, out, sw, sx, bias, ws, counters), direct)
         if self.reduce is not None:
             self.reduce((ws, out), direct)

@@ -22,7 +22,7 @@ import torch
 
 from ..kernels import select
 from ..kernels.direct import KernelCall, TableKernel, direct_launch_enabled
-from ..kernels.launch import _stream_workspace, _workspace, splitk_reduce_call, tile_counters
+from ..kernels.launch import split_buffers, splitk_reduce_call
 from .dequant import DEQUANT_MIN_M
 from .streamk import k_blocks
 from .streamk import schedule as streamk_schedule
@@ -430,6 +430,7 @@ class GluonPrefillLaunch:
                                 self.fixup_split)
         self.direct = device.type == "cuda"
         count = tiles(m, n, self.tokens)
+        self.counters = 2 * count if self.fixup_split else 0  # (one per half tile)
         # Stream-K (streamk.py): one program per SM (the kernel derives its data-parallel tiles
         # from the grid), ``per`` (tile, K block) units of the rest per program.
         self.streamk = streamk_schedule(count, k, sms) if streamk else None
@@ -481,9 +482,8 @@ class GluonPrefillLaunch:
         direct = self.direct and direct_launch_enabled()
         if self.split > 1:
             numel = self.split * self.m * self.n
-            ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
+            ws, counters = split_buffers(self.device, numel, direct, self.counters)
             if self.fixup_split:
-                counters = tile_counters(self.device, 2 * tiles(self.m, self.n, self.tokens))
                 self.calls[False]((w_desc, x_desc, None, out, sw, bias, sx, ws, counters), direct)
             else:
                 self.calls[False]((w_desc, x_desc, None, ws, sw, bias, sx, None, None), direct)
@@ -495,7 +495,7 @@ class GluonPrefillLaunch:
         ws = None
         if self.streamk is not None:
             numel = self.streamk.slabs * self.m * self.n  # (slabs written only where tiles are shared)
-            ws = _stream_workspace(self.device, numel) if direct else _workspace(self.device, numel)
+            ws = split_buffers(self.device, numel, direct)[0]
         self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias, sx, ws, None), direct)
         if self.fixup is not None:
             self.fixup((ws, out), direct)

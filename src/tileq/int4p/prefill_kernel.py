@@ -296,8 +296,8 @@ def _sum_partials(y, ws_ptr, sem_ptr, c_ptr, rows, row_ok, off_t, off_w, M, N, l
     the last of the SPLIT arrivals sums the slabs in order (the reduction kernel's order: bit for
     bit its result), casts and stores the half tile into C, and puts the counter back to zero."""
     gl.thread_barrier()
-    half_tiles = 2 * gl.cdiv(N, 128)
-    arrived = gl.atomic_add(sem_ptr + (off_t // BT) * half_tiles + off_w // 64, 1, sem="acq_rel", scope="gpu")
+    counter = sem_ptr + (off_t // BT) * (2 * gl.cdiv(N, 128)) + off_w // 64  # (one per half tile)
+    arrived = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
     if arrived == SPLIT - 1:
         toks = off_t + gl.arange(0, BT, layout=cols_l)
         offs = toks.to(gl.int64)[None, :] * N + rows[:, None]
@@ -307,7 +307,7 @@ def _sum_partials(y, ws_ptr, sem_ptr, c_ptr, rows, row_ok, off_t, off_w, M, N, l
             total += gl.load(ws_ptr + i * M.to(gl.int64) * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
         c_ptrs = c_ptr + toks.to(gl.int64)[None, :] * ldc + rows[:, None]
         gl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
-        gl.atomic_xchg(sem_ptr + (off_t // BT) * half_tiles + off_w // 64, 0, sem="relaxed", scope="gpu")
+        gl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @gluon.jit

@@ -303,6 +303,14 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
     return counters
 
 
+def split_buffers(device: torch.device, numel: int, direct: bool, counters: int = 0):
+    """(workspace, counters) for a launch that writes fp32 partials: ``numel`` values of the
+    current stream's workspace (the whole buffer on the direct path), and ``counters`` zeroed
+    tile counters (``tile_counters``) for a kernel that sums its partials itself, else None."""
+    ws = _stream_workspace(device, numel) if direct else _workspace(device, numel)
+    return ws, (tile_counters(device, counters) if counters else None)
+
+
 def _stream_workspace(device: torch.device, numel: int) -> torch.Tensor:
     """``_workspace``'s buffer for ``device``'s current stream (same table, same key), whole."""
     index = _device_index(device)

@@ -21,7 +21,7 @@ import torch
 from ...dtypes import OperandType
 from ...problem import Problem, ScaleKind
 from ..direct import KernelCall, TableKernel, direct_launch_enabled
-from ..launch import _stream_workspace, _workspace
+from ..launch import split_buffers
 from . import split_reduce
 from .config import GluonConfig, kernel_spec, launch_config, mma_accumulates, split_schedule
 
@@ -196,7 +196,7 @@ class GluonLaunch:
         ws = None
         if reduce is not None:
             # (the whole stream buffer on the direct path: same pointer, no view made per call)
-            ws = _stream_workspace(self.device, ws_numel) if direct else _workspace(self.device, ws_numel)
+            ws = split_buffers(self.device, ws_numel, direct)[0]
         # The first launch of a signature goes through Triton's JIT launch, later ones straight to
         # the compiled kernel (whose launcher encodes the three TMA descriptors).
         call((a_desc, b_desc, c_desc, out, ws, sa, sb, bias, acc), direct)
