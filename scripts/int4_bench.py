@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import os
 import re
 import statistics
@@ -125,8 +126,9 @@ def main() -> int:
                         "('w4a16_no_overlap', 'w4a8_no_overlap')")
     p.add_argument("--decode-gluon", action="store_true",
                    help="up to 16 tokens also time the Gluon decode kernel (int4p/decode_gluon.py, not routed: "
-                        "conversion overlapped with the wgmmas) at the decode rule's split over K, two and three "
-                        "stages ('w4a16_decode_gluon_s2', '_s3')")
+                        "conversion overlapped with the wgmmas) with two and three stages at the decode rule's split "
+                        "over K ('w4a16_decode_gluon_s2', '_s3') and at the other splits of 1, 2 and 4 that leave "
+                        "each range two K blocks ('_s2_k4', ...); the summary adds the fastest per call ('_best')")
     p.add_argument("--sets", default="llm,untuned",
                    help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
     args = p.parse_args()
@@ -419,13 +421,14 @@ def main() -> int:
                            lambda g8fx=g8fx: g8fx(xf8, w_pp.data, sx, sw4, None), ref8, b4)
             if args.decode_gluon and m <= 16:
                 from tileq.int4p import decode_gluon
-                sk = cfg.split_k
-                for stages in (2, 3):
+                # the decode config's split, and the others of 1 / 2 / 4 leaving each range two K blocks
+                splits = sorted({cfg.split_k} | {sp for sp in (1, 2, 4) if 2 * sp <= -(-k // 512)})
+                for stages, sk in itertools.product((2, 3), splits):
                     gd = lazy(lambda m=m, n=n, k=k, sk=sk, stages=stages: decode_gluon.GluonDecodeLaunch(
                         m, n, k, torch.bfloat16, torch.bfloat16, "group", (sw4.stride(0), sw4.stride(1)), 128, False,
                         dev, None, split=sk, stages=stages))
-                    record(s, name, m, n, k, f"w4a16_decode_gluon_s{stages}",
-                           decode_gluon.kernel_name("bf16", "group", sk, stages, sk > 1),
+                    impl = f"w4a16_decode_gluon_s{stages}" + ("" if sk == cfg.split_k else f"_k{sk}")
+                    record(s, name, m, n, k, impl, decode_gluon.kernel_name("bf16", "group", sk, stages, sk > 1),
                            lambda gd=gd: gd(x, w_pp.data, None, sw4, None), ref16, b4)
             if args.w4a8_via_bf16 and m < DEQUANT_MIN_M:
                 # both decode-kernel routes of W4A8, whichever the default took: the fp8 activations
@@ -608,9 +611,14 @@ def summarize(rows) -> None:
             cells.append(f"{label} {statistics.median(vals):.3f} (n={len(vals)})" if vals else f"{label} -")
         print(f"  M = {m}: " + ", ".join(cells))
     # --fixup: the decode kernel's split-K sum in the kernel, against the default, per M; --overlap
+    for (sh, m, i) in list(t):  # --decode-gluon: the fastest of its stages and splits per call
+        if i.startswith("w4a16_decode_gluon_"):
+            best = (sh, m, "w4a16_decode_gluon_best")
+            t[best] = min(t.get(best, float("inf")), t[(sh, m, i)])
+    gluon_decode = sorted({i for (_, _, i) in t if i.startswith("w4a16_decode_gluon_")})
     for kind in ("w4a16", "w4a8"):
-        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2", f"{kind}_no_overlap", f"{kind}_decode_gluon_s2",
-                     f"{kind}_decode_gluon_s3"):
+        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2", f"{kind}_no_overlap",
+                     *(gluon_decode if kind == "w4a16" else ())):
             for m in sorted({m for (_, m, i) in t if i == impl}):
                 vals = [t[(sh, m, f"{kind}_prepacked")] / t[(sh, m, impl)] for (sh, mm, i) in t
                         if mm == m and i == impl and (sh, m, f"{kind}_prepacked") in t]
