@@ -1834,6 +1834,22 @@ def test_gluon_decode_launcher(monkeypatch):
     assert aside(odd, w.data, None, ws, None) == "fallback" and len(called) == 1 and len(rec.calls) == before
 
 
+def test_gluon_decode_launcher_imports_its_kernel():
+    """A Gluon decode launcher made before anything imported its kernel finds it at its first
+    launch (its call looks the kernel up in the lazily filled table at every launch)."""
+    from tileq.int4p import decode_gluon
+    from tileq.int4p.decode_gluon_kernel import _i4p_decode_kernel
+
+    saved = dict(decode_gluon._GL)
+    decode_gluon._GL.clear()
+    try:
+        launch = decode_gluon.GluonDecodeLaunch(5, 577, 1104, torch.bfloat16, torch.bfloat16, "group", (577, 1), 128,
+                                                False, torch.device("cpu"), None)
+        assert getattr(launch.call.module, launch.call.name) is _i4p_decode_kernel
+    finally:
+        decode_gluon._GL.update(saved)
+
+
 def test_prefill_launcher_descriptors(monkeypatch):
     """The Gluon prefill launcher against a stand-in kernel on CPU tensors: the words as two-box
     [128, 32] tiles of the [N, K/8] storage, the activations as [128, 64] tiles, the output

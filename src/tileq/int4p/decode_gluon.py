@@ -66,6 +66,7 @@ class GluonDecodeLaunch:
 
     def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback,
                  split: int = 1, stages: int = STAGES, fixup: bool = True):
+        _gl()  # the kernel that self.call looks up at every launch
         self.fallback = fallback
         self.m, self.n, self.k, self.out_dtype, self.device = m, n, k, out_dtype, device
         self.ct = _CT[x_dtype]
