@@ -1028,13 +1028,15 @@ def test_sm90_prefill_build_overlaps_conversion_and_wgmma(w_kind, tma_store, tok
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(split=4, fixup=True), dict(split=2), dict(w_kind="vector", has_bias=True),
-                                dict(stages=3), dict(ct="fp16", w_kind="scalar")])
+                                dict(stages=3), dict(ct="fp16", w_kind="scalar"),
+                                dict(split=3, fixup=True, has_bias=True, one_token=True)])
 def test_sm90_gluon_decode_build(kw):
     """The Gluon decode kernel (built, not routed) compiled for sm_90 on the CPU: per 512 of K,
     32 m64n16k16 wgmmas on the converted weights; slices 0-2 wait with the next slice's two
     groups in flight (its promotion runs while they do), the block's last slice waits for all;
     no spills; 64 KB of shared memory at two stages and at most 168 registers (three programs per
-    SM); fp8 activations refused."""
+    SM); fp8 activations refused. One token (M a constant, as the JIT builds a launch of one
+    token) builds too, with the in-kernel sum of the split."""
     from tileq.int4p import decode_gluon
 
     args = ", ".join(f"{key}={val!r}" for key, val in kw.items())

@@ -111,8 +111,10 @@ class GluonDecodeLaunch:
 
 
 def compile_sm90(ct: str = "bf16", w_kind: str = "group", group_k: int = 128, has_bias: bool = False,
-                 split: int = 1, stages: int = STAGES, fixup: bool = False, out_ct: str | None = None):
-    """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks."""
+                 split: int = 1, stages: int = STAGES, fixup: bool = False, out_ct: str | None = None,
+                 one_token: bool = False):
+    """The kernel for sm_90 with Triton's own toolchain (no GPU): for the build checks.
+    ``one_token``: M a constant 1, as the JIT specializes a launch with one token."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -126,6 +128,8 @@ def compile_sm90(ct: str = "bf16", w_kind: str = "group", group_k: int = 128, ha
     for name in ("M", "N", "K", "ldc", "stride_sw_g", "stride_sw_n", "stride_sx"):
         sig[name] = "i32"
     consts = constexprs(ct, w_kind, group_k, has_bias, split, stages, fixup)
+    if one_token:
+        consts["M"] = 1
     for name in consts:
         sig[name] = "constexpr"
     consts.update(sx_ptr=None)

@@ -302,9 +302,10 @@ def _sum_partials(y, ws_ptr, sem_ptr, c_ptr, rows, row_ok, off_t, off_w, M, N, l
         toks = off_t + gl.arange(0, BT, layout=cols_l)
         offs = toks.to(gl.int64)[None, :] * N + rows[:, None]
         mask = row_ok[:, None] & (toks < M)[None, :]
+        slab = gl.to_tensor(M).to(gl.int64) * N  # (M is a constexpr where the launch has one token)
         total = gl.zeros_like(y)  # (y: this warpgroup's own partial, for its layout)
         for i in gl.static_range(SPLIT):  # (L2 only: other SMs wrote them)
-            total += gl.load(ws_ptr + i * M.to(gl.int64) * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            total += gl.load(ws_ptr + i * slab + offs, mask=mask, other=0.0, cache_modifier=".cg")
         c_ptrs = c_ptr + toks.to(gl.int64)[None, :] * ldc + rows[:, None]
         gl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
         gl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
