@@ -112,6 +112,10 @@ def main() -> int:
                         "per-channel from 256 ('w4a16_streamk_channel_t128' / '_t256'), W4A8 group on the fused "
                         "fp8 build ('w4a8_fused_streamk_t128'); where the default takes stream-K, the plan's "
                         "tiling without it ('w4a16_plan', 'w4a16_plan_channel')")
+    p.add_argument("--streamk-decode", action="store_true",
+                   help="where the default runs the decode kernel: its stream-K variant (Int4pConfig.streamk) at "
+                        "each occupancy band, W4A16 and W4A8 on its fp8 kernel ('w4a16_stk_r128', '_stk_s2', "
+                        "'_stk_s3'; 'w4a8_stk_*'); the summary adds the fastest per call ('_stk_best')")
     p.add_argument("--fixup", action="store_true",
                    help="where the decode kernel runs a split over K (W4A16, and W4A8 on its fp8 kernel): the "
                         "same config with the partials summed in the kernel (Int4pConfig.fixup: 'w4a16_fixup', "
@@ -386,6 +390,22 @@ def main() -> int:
                                prefill.kernel_name("fp8" if fp8 else "bf16", wk, tokens, 1, True),
                                lambda gs=gs, sw_=sw_, xin=xin, fp8=fp8: gs(xin, w_pp.data, sx if fp8 else None, sw_,
                                                                            None), want, b4)
+            if args.streamk_decode and decode_path:
+                # stream-K in the decode kernel at each occupancy band of the rule (int4p.launch.PER_SM_*),
+                # W4A16 and W4A8 on its fp8 kernel where the default runs that
+                path8 = describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev)
+                kinds = [("w4a16", "bf16", x, None, ref16)]
+                if "_decode__" in path8 and "cast to" not in path8:
+                    kinds.append(("w4a8", "fp8", xf8, sx, ref8))
+                bm = 16 if m <= 16 else 32
+                bands = [("r128", Int4pConfig(bm, 1, 2, 4, 128)), ("s2", Int4pConfig(bm, 1, 2, 4, 168, True)),
+                         ("s3", Int4pConfig(bm, 1, 3, 4, 168, True))] if bm == 16 else [("s2", Int4pConfig(bm, 1, 2))]
+                for kind, xt, xin, sxin, want in kinds:
+                    for band, c in bands:
+                        c = replace(c, streamk=True, fp16=xt == "fp8")
+                        record(s, name, m, n, k, f"{kind}_stk_{band}", c.tag,
+                               lambda c=c, xin=xin, sxin=sxin: linear_prepacked(xin, w_pp, sxin, sw4, config=c),
+                               want, b4)
             if args.fixup and decode_path:
                 # the decode config's split-K partials summed by the kernel itself, and the split doubled
                 ktiles = -(-k // 512)
@@ -611,14 +631,25 @@ def summarize(rows) -> None:
             cells.append(f"{label} {statistics.median(vals):.3f} (n={len(vals)})" if vals else f"{label} -")
         print(f"  M = {m}: " + ", ".join(cells))
     # --fixup: the decode kernel's split-K sum in the kernel, against the default, per M; --overlap
-    for (sh, m, i) in list(t):  # --decode-gluon: the fastest of its stages and splits per call
-        if i.startswith("w4a16_decode_gluon_"):
-            best = (sh, m, "w4a16_decode_gluon_best")
-            t[best] = min(t.get(best, float("inf")), t[(sh, m, i)])
-    gluon_decode = sorted({i for (_, _, i) in t if i.startswith("w4a16_decode_gluon_")})
+    # --decode-gluon, --streamk-decode: the fastest variant per call
+    for (sh, m, i) in list(t):
+        for prefix in ("w4a16_decode_gluon_", "w4a16_stk_", "w4a8_stk_"):
+            if i.startswith(prefix):
+                best = (sh, m, f"{prefix}best")
+                t[best] = min(t.get(best, float("inf")), t[(sh, m, i)])
+    variants = lambda prefix: sorted({i for (_, _, i) in t if i.startswith(prefix)})  # noqa: E731
+    sizes = {(sh, m): n * k // 2 for (_, sh, m, n, k) in ratio}
+    for kind in ("w4a16", "w4a8"):  # --streamk-decode against int8 as the targets count it
+        for impl in variants(f"{kind}_stk_"):
+            for lo, hi in ((1, 16), (17, 32)):
+                vals = [t[(sh, m, impl)] / t[(sh, m, "int8_rowcol")] for (sh, m, i) in t
+                        if i == impl and lo <= m <= hi and sizes.get((sh, m), 0) >= 25e6 and (sh, m, "int8_rowcol") in t]
+                if vals:
+                    print(f"{impl} / int8 rowcol, M {lo}-{hi}, int4 >= 25 MB: {statistics.median(vals):.3f} "
+                          f"(n={len(vals)})")
     for kind in ("w4a16", "w4a8"):
-        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2", f"{kind}_no_overlap",
-                     *(gluon_decode if kind == "w4a16" else ())):
+        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2", f"{kind}_no_overlap", *variants(f"{kind}_stk_"),
+                     *(variants("w4a16_decode_gluon_") if kind == "w4a16" else ())):
             for m in sorted({m for (_, m, i) in t if i == impl}):
                 vals = [t[(sh, m, f"{kind}_prepacked")] / t[(sh, m, impl)] for (sh, mm, i) in t
                         if mm == m and i == impl and (sh, m, f"{kind}_prepacked") in t]

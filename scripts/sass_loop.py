@@ -34,10 +34,10 @@ _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 
 def _prepacked_source(ct: str, bm: int, w_scale: str, warps: int = 4, stages: int = 2, split_k: int = 1,
                       maxnreg: int | None = None, scale_ahead: bool = False, fp16: bool = False,
-                      fixup: bool = False):
+                      fixup: bool = False, streamk: bool = False):
     from tileq.int4p.launch import Int4pConfig, compile_options, compile_source
 
-    cfg = Int4pConfig(bm, split_k, stages, warps, maxnreg, scale_ahead, fp16, fixup)
+    cfg = Int4pConfig(bm, split_k, stages, warps, maxnreg, scale_ahead, fp16, fixup, streamk)
     x_type = {"fp8e4nv": "fp8", "fp8e5": "bf8"}.get(ct, ct)
     return compile_source(x_type, w_scale, cfg), compile_options(cfg)
 
@@ -56,6 +56,9 @@ def main() -> int:
     p.add_argument("--maxnreg", type=int, default=None, help="a register cap (--prepacked), e.g. 128")
     p.add_argument("--scale-ahead", action="store_true",
                    help="group scales loaded one K tile ahead (--prepacked)")
+    p.add_argument("--streamk", action="store_true",
+                   help="stream-K: contiguous (tile, K block) ranges per program, shared tiles summed in the kernel "
+                        "(--prepacked)")
     p.add_argument("--fixup", action="store_true",
                    help="the split-K partials summed in the kernel (--prepacked, with --split-k > 1)")
     p.add_argument("--fp16", action="store_true",
@@ -66,10 +69,12 @@ def main() -> int:
 
     if args.prepacked:
         src, options = _prepacked_source(args.family, args.m, args.n or "group", args.warps, args.stages,
-                                         args.split_k, args.maxnreg, args.scale_ahead, args.fp16, args.fixup)
+                                         args.split_k, args.maxnreg, args.scale_ahead, args.fp16, args.fixup,
+                                         args.streamk)
         label = (f"int4p_{args.family}_bm{args.m}_{args.n or 'group'}_w{args.warps}_s{args.stages}"
                  f"{f'_sk{args.split_k}' if args.split_k > 1 else ''}{f'_r{args.maxnreg}' if args.maxnreg else ''}"
-                 f"{'_pf' if args.scale_ahead else ''}{'_h16' if args.fp16 else ''}{'_fx' if args.fixup else ''}")
+                 f"{'_pf' if args.scale_ahead else ''}{'_h16' if args.fp16 else ''}{'_fx' if args.fixup else ''}"
+                 f"{'_stk' if args.streamk else ''}")
     else:
         spec = family_spec(parse_family(args.family), args.m, int(args.n), args.k)
         cfg = TileConfig.parse_tag(args.config)

@@ -253,6 +253,43 @@ def test_in_kernel_splitk_sum_matches_the_reduction_kernel(m, n, k, xt, gk, spli
     assert float((y.cpu().double() - ref).abs().max() / ref.abs().max()) < 2e-6
 
 
+@pytest.mark.parametrize("m,n,k,xt,gk,cfg,sms", [
+    (1, 577, 1104, torch.bfloat16, 128, Int4pConfig(16, 1, 2, 4, 128, streamk=True), 2),  # 8 programs, 30 units
+    (5, 300, 2048, torch.float16, 0, Int4pConfig(16, 1, 2, streamk=True), 1),  # 3 programs: whole tiles too
+    (20, 200, 1600, torch.bfloat16, 128, Int4pConfig(32, 1, 2, streamk=True), 1),  # 32-token tiles
+    (3, 129, 700, torch.bfloat16, 256, Int4pConfig(16, 1, 3, streamk=True), 50),  # a program per unit
+    (2, 96, 1024, torch.float8_e4m3fn, 128, Int4pConfig(16, 1, 2, 4, 168, True, True, streamk=True), 1),
+    (18, 130, 2048, torch.bfloat16, 128, Int4pConfig(16, 1, 2, 4, 168, True, streamk=True), 2)])  # 2 token tiles
+def test_streamk_decode_matches_reference(monkeypatch, m, n, k, xt, gk, cfg, sms):
+    """Int4pConfig(streamk=True): a program per slot of ``sms`` SMs (``per_sm`` each), each
+    streaming a contiguous range of (tile, K block) units; tiles shared by programs are summed in
+    program order by the last to arrive. Against the float64 reference on odd shapes (ranges that
+    start and end inside tiles, whole tiles between, one unit per program, two token tiles, group
+    and per-channel scales, fp8 activations with token scales, bias), the same bits call after
+    call (the tile counters back to zero); '_stk' in the tag, no split with it."""
+    from tileq.int4p import launch as il
+    from tileq.kernels import launch as kl
+
+    monkeypatch.setattr(il, "_num_sms", lambda device: sms)
+    monkeypatch.setattr(il, "_LAUNCHES", {})  # (a launch's program count is made for its SM count)
+    v, w, x, ws, xs = _decode_problem(m, n, k, xt, gk, m + n + sms)
+    b = torch.randn(n)
+    d = lambda t: None if t is None else t.to(DEV)  # noqa: E731
+    assert cfg.tag.endswith("_stk_swap") and Int4pConfig.parse_tag(cfg.tag) == cfg
+    y = linear_prepacked(d(x), w, d(xs), d(ws), bias=d(b), group_k=gk or 128, config=cfg, out_dtype=torch.float32)
+    want = _reference(x, v, ws, xs, b, gk or 128)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 2e-6
+    again = linear_prepacked(d(x), w, d(xs), d(ws), bias=d(b), group_k=gk or 128, config=cfg,
+                             out_dtype=torch.float32)
+    assert torch.equal(again, y)
+    if DEV != "cpu":  # (on a CPU each call makes its own zeroed counters)
+        assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
+    with pytest.raises(ValueError, match="stream-K"):
+        Int4pConfig(16, 2, 2, streamk=True)
+    with pytest.raises(ValueError, match="stream-K"):
+        Int4pConfig.parse_tag("m64n16k512_w4_s2_sk2_fx_stk_swap")
+
+
 def test_register_capped_config_matches_reference():
     # maxnreg=128 (four programs per SM) makes ptxas spill a few registers: still exact.
     torch.manual_seed(5)
@@ -635,6 +672,35 @@ def test_sm90_build_converts_fp8_activations_to_fp16_in_one_instruction():
         assert h16["loop"] <= 670 < bf16["loop"], (h16["loop"], bf16["loop"])
         # (capped at 128 registers ptxas spills a little, as for the bf16 build: none in the loop's stores)
         assert h16["registers"] <= 128 and ops.get("STL", 0) == 0 and ops.get("LDL", 0) <= 2, ops
+
+
+def test_sm90_build_of_the_streamk_decode_kernel():
+    """Stream-K builds (Int4pConfig(streamk=True)) for sm_90 on the CPU at the decode rule's three
+    occupancy bands: within the register cap of the band (four programs per SM at 128, three at
+    168 with two stages, two with three stages), the K loop's 32 wgmmas, the in-kernel sum's
+    atomic count, and no spills where the band is not capped at 128 (capped, ptxas spills a few
+    values: two more local loads per K tile than without stream-K, and two stores)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root / "src")
+    for extra, cap in ((["--stages", "2", "--maxnreg", "128"], 128),
+                       (["--stages", "2", "--maxnreg", "168", "--scale-ahead"], 168),
+                       (["--stages", "3", "--maxnreg", "168", "--scale-ahead"], 168)):
+        proc = subprocess.run([sys.executable, str(root / "scripts" / "sass_loop.py"), "--prepacked", "bf16", "16",
+                               "group", *extra, "--streamk", "--json", "--out", f"/tmp/tileq-sass-test-{os.getpid()}"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        ops, all_ops = r["loop_ops"], r["kernel_ops"]
+        assert r["registers"] <= cap and ops.get("HGMMA") == 32 and all_ops.get("ATOMG", 0) >= 1, (r["registers"], ops)
+        if cap == 128:  # (sm_90 build: 4 local loads and 2 stores per K tile, 15 / 17 in the kernel)
+            assert ops.get("STL", 0) <= 4 and all_ops.get("STL", 0) <= 24, all_ops
+        else:
+            assert all_ops.get("STL", 0) == 0 and all_ops.get("LDL", 0) == 0, all_ops
 
 
 def test_sm90_build_of_the_register_capped_config_spills_little():

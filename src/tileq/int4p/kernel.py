@@ -138,25 +138,11 @@ def _slice_dot(v, x, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _i4p_kernel(
-    w_ptr, x_ptr, c_ptr, sw_ptr, sx_ptr, bias_ptr, ws_ptr, sem_ptr,
-    M, N, K, ldx, ldc, stride_sw_g, stride_sw_n, stride_sx,
-    CT: tl.constexpr, W_SCALE: tl.constexpr, X_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-    INTERPRETED: tl.constexpr, BN: tl.constexpr = 64, SCALE_AHEAD: tl.constexpr = False,
-    FIXUP: tl.constexpr = False,
-):
-    # BN: weight rows per program, 64 per warpgroup (wgmma M); the token tile BM is shared.
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    num_m = tl.cdiv(M, BM)
-    pid_m = pid % num_m  # the token tiles of one weight tile run side by side: its words are
-    pid_n = pid // num_m  # read from HBM once and from L2 by the others
-    rn = pid_n * BN + tl.arange(0, BN)
-    rt = pid_m * BM + tl.arange(0, BM)
-    n_ok = rn < N
-    t_ok = rt < M
-    rn64 = rn.to(tl.int64)
+def _tile_sum(w_ptr, x_ptr, sw_ptr, rn, rt, n_ok, t_ok, b0, k_end, N, K, ldx, stride_sw_g, stride_sw_n,
+              CT: tl.constexpr, W_SCALE: tl.constexpr, GROUP_K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+              STEP: tl.constexpr, EVEN_K: tl.constexpr, INTERPRETED: tl.constexpr, SCALE_AHEAD: tl.constexpr):
+    """The [BN, BM] tile's fp32 sum over the 512-wide K blocks b0, b0 + STEP, ... that start below
+    ``k_end``, the group or per-channel weight scales applied per 128 of K."""
     KW = tl.cdiv(K, 512) * 64  # words per weight row
     rc = tl.arange(0, 64)
     rk = tl.arange(0, 128)
@@ -164,8 +150,8 @@ def _i4p_kernel(
     # stored; unmasked loads are plain async copies). Tokens past M stay masked: at M = 1 a
     # clamped 16-token tile would read the row 16 times (as many bytes as the weights).
     rn_ld = tl.minimum(rn, N - 1).to(tl.int64)
-    w_ptrs = w_ptr + rn_ld[:, None] * KW + (pid_k * 64 + rc)[None, :]
-    x_ptrs = x_ptr + rt.to(tl.int64)[None, :] * ldx + (pid_k * 512 + rk)[:, None]
+    w_ptrs = w_ptr + rn_ld[:, None] * KW + (b0 * 64 + rc)[None, :]
+    x_ptrs = x_ptr + rt.to(tl.int64)[None, :] * ldx + (b0 * 512 + rk)[:, None]
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     if W_SCALE == "vector":
         sw_row = tl.load(sw_ptr + rn_ld * stride_sw_n)
@@ -182,13 +168,13 @@ def _i4p_kernel(
     # on an H200, int4p.launch._scales_ahead); the 128-register cap spills more with it (80 B
     # against 16), so capped configs load them next to their use.
     if W_SCALE == "group" and SCALE_AHEAD:
-        s0 = _group_scale(sw_ptr, pid_k * 512, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
-        s1 = _group_scale(sw_ptr, pid_k * 512 + 128, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
-        s2 = _group_scale(sw_ptr, pid_k * 512 + 256, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
-        s3 = _group_scale(sw_ptr, pid_k * 512 + 384, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
-    for k0 in range(pid_k * 512, K, 512 * SPLIT_K):
+        s0 = _group_scale(sw_ptr, b0 * 512, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        s1 = _group_scale(sw_ptr, b0 * 512 + 128, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        s2 = _group_scale(sw_ptr, b0 * 512 + 256, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+        s3 = _group_scale(sw_ptr, b0 * 512 + 384, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
+    for k0 in range(b0 * 512, k_end, 512 * STEP):
         if W_SCALE == "group" and SCALE_AHEAD:
-            k_next = k0 + 512 * SPLIT_K
+            k_next = k0 + 512 * STEP
             n0 = _group_scale(sw_ptr, k_next, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
             n1 = _group_scale(sw_ptr, k_next + 128, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
             n2 = _group_scale(sw_ptr, k_next + 256, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)
@@ -216,10 +202,16 @@ def _i4p_kernel(
             s1 = n1
             s2 = n2
             s3 = n3
-        w_ptrs += 64 * SPLIT_K
-        x_ptrs += 512 * SPLIT_K
+        w_ptrs += 64 * STEP
+        x_ptrs += 512 * STEP
+    return acc
 
-    # ---- epilogue (tile is [weight rows, tokens]) ----
+
+@triton.jit
+def _scaled(acc, sx_ptr, sw_ptr, bias_ptr, rn, rt, n_ok, t_ok, stride_sx, with_bias, X_SCALE: tl.constexpr,
+            W_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The epilogue up to the cast (tile is [weight rows, tokens]): token scales, a per-tensor
+    weight scale, the bias where ``with_bias`` (the part of a split holding K's first block)."""
     y = acc
     if X_SCALE == "scalar":
         y = y * tl.load(sx_ptr)
@@ -229,26 +221,119 @@ def _i4p_kernel(
     if W_SCALE == "scalar":
         y = y * tl.load(sw_ptr)
     if HAS_BIAS:
-        if SPLIT_K == 1 or pid_k == 0:
+        if with_bias:
             b = tl.load(bias_ptr + rn, mask=n_ok, other=0.0)
             y = y + b[:, None]
-    mask = n_ok[:, None] & t_ok[None, :]
-    c_ptrs = c_ptr + rt.to(tl.int64)[None, :] * ldc + rn64[:, None]
-    if SPLIT_K == 1:
-        tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty), mask=mask)
+    return y
+
+
+@triton.jit
+def _i4p_kernel(
+    w_ptr, x_ptr, c_ptr, sw_ptr, sx_ptr, bias_ptr, ws_ptr, sem_ptr,
+    M, N, K, ldx, ldc, stride_sw_g, stride_sw_n, stride_sx,
+    CT: tl.constexpr, W_SCALE: tl.constexpr, X_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    INTERPRETED: tl.constexpr, BN: tl.constexpr = 64, SCALE_AHEAD: tl.constexpr = False,
+    FIXUP: tl.constexpr = False, STREAMK: tl.constexpr = False,
+):
+    # BN: weight rows per program, 64 per warpgroup (wgmma M); the token tile BM is shared.
+    if STREAMK:
+        _streamk(w_ptr, x_ptr, c_ptr, sw_ptr, sx_ptr, bias_ptr, ws_ptr, sem_ptr, M, N, K, ldx, ldc, stride_sw_g,
+                 stride_sw_n, stride_sx, CT, W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, BM, EVEN_K, INTERPRETED, BN,
+                 SCALE_AHEAD)
     else:
-        # Workspace [SPLIT_K, N, M] fp32 (the kernel's orientation).
-        slab = rn64[:, None] * M + rt[None, :]
-        tl.store(ws_ptr + pid_k.to(tl.int64) * N * M + slab, y, mask=mask)
-        if FIXUP:
-            # Every thread's partial is stored before one thread counts the program in (a CTA
-            # barrier, then a gpu-scope release); the count's acquire and Triton's broadcast of
-            # it (a barrier) order the last program's loads after the other programs' stores.
+        pid = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        num_m = tl.cdiv(M, BM)
+        pid_m = pid % num_m  # the token tiles of one weight tile run side by side: its words are
+        pid_n = pid // num_m  # read from HBM once and from L2 by the others
+        rn = pid_n * BN + tl.arange(0, BN)
+        rt = pid_m * BM + tl.arange(0, BM)
+        n_ok = rn < N
+        t_ok = rt < M
+        rn64 = rn.to(tl.int64)
+        acc = _tile_sum(w_ptr, x_ptr, sw_ptr, rn, rt, n_ok, t_ok, pid_k, K, N, K, ldx, stride_sw_g, stride_sw_n,
+                        CT, W_SCALE, GROUP_K, BN, BM, SPLIT_K, EVEN_K, INTERPRETED, SCALE_AHEAD)
+        y = _scaled(acc, sx_ptr, sw_ptr, bias_ptr, rn, rt, n_ok, t_ok, stride_sx, SPLIT_K == 1 or pid_k == 0,
+                    X_SCALE, W_SCALE, HAS_BIAS)
+        mask = n_ok[:, None] & t_ok[None, :]
+        c_ptrs = c_ptr + rt.to(tl.int64)[None, :] * ldc + rn64[:, None]
+        if SPLIT_K == 1:
+            tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty), mask=mask)
+        else:
+            # Workspace [SPLIT_K, N, M] fp32 (the kernel's orientation).
+            slab = rn64[:, None] * M + rt[None, :]
+            tl.store(ws_ptr + pid_k.to(tl.int64) * N * M + slab, y, mask=mask)
+            if FIXUP:
+                # Every thread's partial is stored before one thread counts the program in (a CTA
+                # barrier, then a gpu-scope release); the count's acquire and Triton's broadcast of
+                # it (a barrier) order the last program's loads after the other programs' stores.
+                tl.debug_barrier()
+                arrived = tl.atomic_add(sem_ptr + pid, 1, sem="acq_rel", scope="gpu")
+                if arrived == SPLIT_K - 1:
+                    total = tl.zeros((BN, BM), dtype=tl.float32)
+                    for i in tl.static_range(SPLIT_K):  # (L2 only: other SMs wrote them)
+                        total += tl.load(ws_ptr + i * N * M + slab, mask=mask, other=0.0, cache_modifier=".cg")
+                    tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
+                    tl.atomic_xchg(sem_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next call
+
+
+@triton.jit
+def _first_program(u, units, programs):
+    """The program whose stream-K range holds unit ``u`` (ranges [p U / P, (p + 1) U / P))."""
+    return ((u + 1) * programs + units - 1) // units - 1
+
+
+@triton.jit
+def _streamk(w_ptr, x_ptr, c_ptr, sw_ptr, sx_ptr, bias_ptr, ws_ptr, sem_ptr, M, N, K, ldx, ldc, stride_sw_g,
+             stride_sw_n, stride_sx, CT: tl.constexpr, W_SCALE: tl.constexpr, X_SCALE: tl.constexpr,
+             GROUP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, EVEN_K: tl.constexpr,
+             INTERPRETED: tl.constexpr, BN: tl.constexpr, SCALE_AHEAD: tl.constexpr):
+    """Stream-K: the call's (tile, 512-wide K block) units, tile by tile, split into one contiguous
+    range per program (a grid of as many programs as the SMs hold at once), so that every SM
+    streams the same number of K blocks whatever the tile count. A tile whose blocks one program
+    covers is stored as usual; a tile shared by programs gets an fp32 partial from each, in slot
+    2 p (the program's first tile) or 2 p + 1 (its last) of the workspace, and the last of them
+    to count itself in on the tile's counter (``sem_ptr``, zero between calls) sums the partials
+    in program order (deterministic), stores the tile and puts the counter back to zero."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    num_m = tl.cdiv(M, BM)
+    kb = tl.cdiv(K, 512)
+    units = tl.cdiv(N, BN) * num_m * kb
+    u0 = pid * units // programs
+    u1 = (pid + 1) * units // programs
+    t0 = u0 // kb
+    for t in range(t0, (u1 - 1) // kb + 1):
+        b0 = tl.maximum(u0 - t * kb, 0)
+        b1 = tl.minimum(u1 - t * kb, kb)
+        pid_m = t % num_m
+        pid_n = t // num_m
+        rn = pid_n * BN + tl.arange(0, BN)
+        rt = pid_m * BM + tl.arange(0, BM)
+        n_ok = rn < N
+        t_ok = rt < M
+        acc = _tile_sum(w_ptr, x_ptr, sw_ptr, rn, rt, n_ok, t_ok, b0, tl.minimum(b1 * 512, K), N, K, ldx,
+                        stride_sw_g, stride_sw_n, CT, W_SCALE, GROUP_K, BN, BM, 1, EVEN_K, INTERPRETED, SCALE_AHEAD)
+        y = _scaled(acc, sx_ptr, sw_ptr, bias_ptr, rn, rt, n_ok, t_ok, stride_sx, b0 == 0, X_SCALE, W_SCALE,
+                    HAS_BIAS)
+        mask = n_ok[:, None] & t_ok[None, :]
+        c_ptrs = c_ptr + rt.to(tl.int64)[None, :] * ldc + rn.to(tl.int64)[:, None]
+        if (b0 == 0) & (b1 == kb):
+            tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty), mask=mask)
+        else:
+            own = tl.arange(0, BN)[:, None] * BM + tl.arange(0, BM)[None, :]  # a slot's [BN, BM] values
+            slot = 2 * pid + (u0 < t * kb).to(tl.int32)
+            tl.store(ws_ptr + slot.to(tl.int64) * (BN * BM) + own, y)
+            # As the split's in-kernel sum (above): the partial stored by every thread, then counted.
             tl.debug_barrier()
-            arrived = tl.atomic_add(sem_ptr + pid, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
+            arrived = tl.atomic_add(sem_ptr + t, 1, sem="acq_rel", scope="gpu")
+            first = _first_program(t * kb, units, programs)
+            last = _first_program(t * kb + kb - 1, units, programs)
+            if arrived == last - first:
                 total = tl.zeros((BN, BM), dtype=tl.float32)
-                for i in tl.static_range(SPLIT_K):  # (L2 only: other SMs wrote them)
-                    total += tl.load(ws_ptr + i * N * M + slab, mask=mask, other=0.0, cache_modifier=".cg")
+                for q in range(first, last + 1):  # (L2 only: other SMs wrote them)
+                    q_slot = 2 * q + (q * units // programs < t * kb).to(tl.int32)
+                    total += tl.load(ws_ptr + q_slot.to(tl.int64) * (BN * BM) + own, cache_modifier=".cg")
                 tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
-                tl.atomic_xchg(sem_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next call
+                tl.atomic_xchg(sem_ptr + t, 0, sem="relaxed", scope="gpu")  # ready for the next call

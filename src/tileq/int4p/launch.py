@@ -57,6 +57,23 @@ class Int4pConfig:
     # With split_k > 1: the kernel sums its partials itself (kernel.py's FIXUP: the last program
     # of a tile, by an atomic count), instead of a second launch of the reduction kernel.
     fixup: bool = False
+    # Stream-K (kernel.py's STREAMK): as many programs as the SMs hold at once (``per_sm`` each),
+    # each streaming an equal, contiguous range of the call's (tile, K block) units; tiles shared
+    # by programs summed in the kernel. No split_k with it.
+    streamk: bool = False
+
+    def __post_init__(self):
+        if self.streamk and (self.split_k > 1 or self.warps != 4):
+            raise ValueError(f"stream-K (streamk=True) takes split_k 1 and 4 warps, not {self.split_k} / {self.warps}")
+
+    @property
+    def per_sm(self) -> int:
+        """Programs of this config one sm_90 SM holds (registers and shared memory of the build,
+        ``PER_SM_*``): 32-token tiles and three stages two, two stages three, capped at 128
+        registers four."""
+        if self.bm > 16 or self.stages >= 3:
+            return PER_SM_S3
+        return PER_SM_CAPPED if self.maxnreg is not None and self.maxnreg <= 128 else PER_SM_S2
 
     @property
     def in_kernel_sum(self) -> bool:
@@ -66,12 +83,13 @@ class Int4pConfig:
     @classmethod
     def parse_tag(cls, tag: str) -> "Int4pConfig":
         """The inverse of ``tag`` (e.g. ``m64n16k512_w4_s2_sk4_r128_swap``)."""
-        m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?(?:_r(\d+))?(_pf)?(_h16)?(_fx)?_swap", tag)
+        m = re.fullmatch(r"m(\d+)n(\d+)k512_w(\d+)_s(\d+)(?:_sk(\d+))?(?:_r(\d+))?(_pf)?(_h16)?(_fx)?(_stk)?_swap",
+                         tag)
         if not m:
             raise ValueError(f"an int4p config tag like m64n16k512_w4_s2_sk4_swap, got {tag!r}")
         cfg = cls(int(m.group(2)), int(m.group(5) or 1), int(m.group(4)), int(m.group(3)),
                   int(m.group(6)) if m.group(6) else None, m.group(7) is not None, m.group(8) is not None,
-                  m.group(9) is not None)
+                  m.group(9) is not None, m.group(10) is not None)
         if cfg.fixup and cfg.split_k == 1:
             raise ValueError(f"{tag!r}: _fx (the in-kernel split-K sum) needs a split over K")
         if cfg.rows != int(m.group(1)):
@@ -90,7 +108,8 @@ class Int4pConfig:
         pf = "_pf" if self.scale_ahead else ""
         h16 = "_h16" if self.fp16 else ""
         fx = "_fx" if self.in_kernel_sum else ""
-        return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}{reg}{pf}{h16}{fx}_swap"
+        stk = "_stk" if self.streamk else ""
+        return f"m{self.rows}n{self.bm}k{BLOCK_K}_w{self.warps}_s{self.stages}{sk}{reg}{pf}{h16}{fx}{stk}_swap"
 
 
 def kernel_ct(x_type: str, cfg: Int4pConfig) -> str:
@@ -287,7 +306,8 @@ def compile_source(x_type: str, w_scale: str, cfg: Int4pConfig, *, x_scale: str 
         x_scale = "vector" if x_type in ("fp8", "bf8") else "none"
     consts = dict(CT=kernel_ct(x_type, cfg), W_SCALE=w_scale, X_SCALE=x_scale,
                   GROUP_K=group_k, HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=even_k,
-                  INTERPRETED=False, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead, FIXUP=cfg.in_kernel_sum)
+                  INTERPRETED=False, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead, FIXUP=cfg.in_kernel_sum,
+                  STREAMK=cfg.streamk)
     return triton.compiler.ASTSource(fn=_kernel_module._i4p_kernel, signature=sig, constexprs=consts,
                                      attrs=attrs)
 
@@ -325,24 +345,27 @@ class Int4pLaunch:
         self.interpreted = interpreter_active()
         self.direct = device.type == "cuda" and not self.interpreted
         ct = kernel_ct(x_type, cfg)
-        grid = (-(-n // cfg.rows) * -(-m // cfg.bm), cfg.split_k)
+        self.tiles = -(-n // cfg.rows) * -(-m // cfg.bm)
+        # stream-K: a program per slot the SMs hold, at most one per (tile, K block) unit
+        self.programs = min(cfg.per_sm * _num_sms(device), self.tiles * -(-k // BLOCK_K)) if cfg.streamk else 0
+        grid = (self.programs, 1) if cfg.streamk else (self.tiles, cfg.split_k)
         ints = (m, n, k, k, n, sw_strides[0], sw_strides[1], sx_stride)
         consts = dict(CT=ct, W_SCALE=w_scale_kind, X_SCALE=x_scale_kind, GROUP_K=group_k,
                       HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=k % BLOCK_K == 0,
                       INTERPRETED=self.interpreted, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead,
-                      FIXUP=cfg.in_kernel_sum, num_warps=cfg.warps, num_stages=cfg.stages)
+                      FIXUP=cfg.in_kernel_sum, STREAMK=cfg.streamk, num_warps=cfg.warps, num_stages=cfg.stages)
         if cfg.maxnreg and not self.interpreted:
             consts["maxnreg"] = cfg.maxnreg
         self.name = kernel_name(x_type, w_scale_kind, cfg)
-        split = cfg.split_k > 1
-        self.tiles = grid[0]
+        counted = cfg.in_kernel_sum or cfg.streamk  # (the kernel sums fp32 partials, by tile counters)
         # The activations' dtype is part of the launch's identity: e4m3, e5m2 and bf16 activations
         # share every constexpr (CT 'bf16') and would otherwise share one compiled kernel.
         self.main = KernelCall(_kernel_module, "_i4p_kernel", grid, ints, consts,
                                (torch.int32, _DTYPE_OF[x_type], out_dtype, torch.float32, torch.float32, torch.float32,
-                                torch.float32 if split else None, torch.int32 if cfg.in_kernel_sum else None))
+                                torch.float32 if cfg.split_k > 1 or cfg.streamk else None,
+                                torch.int32 if counted else None))
         self.reduce = None
-        if split and not cfg.in_kernel_sum:
+        if cfg.split_k > 1 and not cfg.in_kernel_sum:
             self.reduce = splitk_reduce_call(n, m, n, cfg.split_k, out_dtype, swapped=True)
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
@@ -352,7 +375,10 @@ class Int4pLaunch:
         if self.cast_to is not None:
             x2 = x2.to(self.cast_to)
         ws = counters = None
-        if self.cfg.split_k > 1:
+        if self.cfg.streamk:  # two [rows, bm] partial slots per program, a counter per tile
+            numel = 2 * self.programs * self.cfg.rows * self.cfg.bm
+            ws, counters = split_buffers(self.device, numel, direct, self.tiles)
+        elif self.cfg.split_k > 1:
             numel = self.cfg.split_k * self.n * self.m
             ws, counters = split_buffers(self.device, numel, direct, self.tiles if self.cfg.in_kernel_sum else 0)
         self.main((wdata, x2, out, sw, sx, bias, ws, counters), direct)
