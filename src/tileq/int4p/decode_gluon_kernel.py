@@ -15,7 +15,8 @@ with explicit waits:
   layout: ``prefill_kernel._load_words``) become two [64, 64] 16-bit operands
   (``prefill_kernel._slice_operands``, unscaled), two async wgmmas start a fresh fp32 partial sum, and
   while they run the previous slice's partial is waited for and promoted into the accumulator
-  times its group scales in fp32 (exact, as the Triton kernel does); a block's last slice is
+  times its group scales in fp32 (exact, as the Triton kernel does; the scales loaded a block
+  ahead: loaded at the promotion, each one waited for an L2 round trip); a block's last slice is
   waited for in the block (kept in flight across the K loop, the prefill kernel's wgmmas were
   serialized by ptxas);
 - the epilogue is the prefill kernel's (``prefill_kernel._epilogue``: token and weight scales,
@@ -48,12 +49,30 @@ def _issue(w_desc, x_desc, w_bufs, x_bufs, ready, b, s, off_w, off_t):
 
 
 @gluon.jit
-def _promote(acc, part, sw_ptr, k, K, rows, row_ok, stride_sw_g, stride_sw_n, W_SCALE: gl.constexpr,
-             GROUP_K: gl.constexpr):
-    """acc + a slice's partial sum, times the rows' group scales of the group holding K index
-    ``k`` in fp32 (other weight scales wait for the epilogue)."""
+def _group_scales(sw_ptr, k, K, rows, row_ok, stride_sw_g, stride_sw_n, GROUP_K: gl.constexpr):
+    """The rows' scales of the group holding K index ``k`` (zeros past K: that part is zero)."""
+    return gl.load(sw_ptr + (k // GROUP_K) * stride_sw_g + rows * stride_sw_n, mask=row_ok & (k < K), other=0.0)
+
+
+@gluon.jit
+def _block_scales(sw_ptr, b, K, rows, row_ok, stride_sw_g, stride_sw_n, W_SCALE: gl.constexpr,
+                  GROUP_K: gl.constexpr):
+    """The group scales of K block ``b``'s four slices (loaded a block ahead of their use: next to
+    their use every promotion waited for an L2 round trip), or zeros without group scales."""
     if W_SCALE == "group":
-        sw = gl.load(sw_ptr + (k // GROUP_K) * stride_sw_g + rows * stride_sw_n, mask=row_ok & (k < K), other=0.0)
+        return (_group_scales(sw_ptr, b * 512, K, rows, row_ok, stride_sw_g, stride_sw_n, GROUP_K),
+                _group_scales(sw_ptr, b * 512 + 128, K, rows, row_ok, stride_sw_g, stride_sw_n, GROUP_K),
+                _group_scales(sw_ptr, b * 512 + 256, K, rows, row_ok, stride_sw_g, stride_sw_n, GROUP_K),
+                _group_scales(sw_ptr, b * 512 + 384, K, rows, row_ok, stride_sw_g, stride_sw_n, GROUP_K))
+    z = gl.zeros_like(rows.to(gl.float32))
+    return z, z, z, z
+
+
+@gluon.jit
+def _promote(acc, part, sw, W_SCALE: gl.constexpr):
+    """acc + a slice's partial sum, times the rows' group scales ``sw`` in fp32 (other weight
+    scales wait for the epilogue)."""
+    if W_SCALE == "group":
         return acc + part * gl.expand_dims(sw, 1)
     return acc + part
 
@@ -97,7 +116,10 @@ def _i4p_decode_kernel(
         if kb0 + i < kb1:
             _issue(w_desc, x_desc, w_bufs, x_bufs, ready, kb0 + i, i, off_w, off_t)
     acc = gl.zeros((HALF_W, BT), gl.float32, mma)
+    scales = _block_scales(sw_ptr, kb0, K, rows, row_ok, stride_sw_g, stride_sw_n, W_SCALE, GROUP_K)
     for b in range(kb0, kb1):
+        here = scales
+        scales = _block_scales(sw_ptr, b + 1, K, rows, row_ok, stride_sw_g, stride_sw_n, W_SCALE, GROUP_K)
         c = b - kb0
         s = c % STAGES
         # Slot (c - 1) % STAGES is free: its words were read and its wgmmas waited for in the
@@ -115,12 +137,10 @@ def _i4p_decode_kernel(
             part = warpgroup_mma(a1, x1, part, use_acc=True, is_async=True)
             if i > 0:  # the previous slice's sum, promoted while this slice's wgmmas run
                 prev = warpgroup_mma_wait(num_outstanding=2, deps=(prev,))
-                acc = _promote(acc, prev, sw_ptr, b * 512 + 128 * (i - 1), K, rows, row_ok, stride_sw_g,
-                               stride_sw_n, W_SCALE, GROUP_K)
+                acc = _promote(acc, prev, here[i - 1], W_SCALE)
             prev = part
         prev = warpgroup_mma_wait(num_outstanding=0, deps=(prev,))
-        acc = _promote(acc, prev, sw_ptr, b * 512 + 384, K, rows, row_ok, stride_sw_g, stride_sw_n, W_SCALE,
-                       GROUP_K)
+        acc = _promote(acc, prev, here[3], W_SCALE)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
     _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_ptr, c_ptr, c_ptr, ws_ptr, sem_ptr, sw_ptr,
