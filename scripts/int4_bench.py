@@ -15,7 +15,8 @@ Shapes: 'llm' (Qwen3-14B merged qkv / o / gate_up / down, Llama-70B MLP) are wha
 tables and heuristics were made on; 'untuned' (Llama-3-8B and Llama-2-7B projections) were left
 out of the tuned table but are in the sweeps the decode rule was fitted on (2026-12-01);
 'fresh' (Qwen2.5-7B, Mistral-Small-24B, DeepSeek-V3's dense MLP) are in neither: the check that
-the rule generalizes (``--sets fresh``).
+the rule generalizes (``--sets fresh``); 'tails' (Phi-3-medium, Yi-34B, Qwen2.5-14B, Gemma-2-9B)
+checks the decode rule's stream-K step (2026-12-02) on weights it was not fitted on.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ SHAPES = [  # (set, name, N, K)
     ("fresh", "mistral-24b.down", 5120, 32768),
     ("fresh", "deepseek-v3.gate_up", 36864, 7168),
     ("fresh", "deepseek-v3.down", 7168, 18432),
+    # 'tails': weights in no other set whose 64-row tiles leave the decode kernel's last wave a
+    # quarter full or less at some decode M (560 tiles: 1.06 waves of four per SM, 2.12 of two;
+    # 640: 1.21 of four), and two that do not (the decode rule's stream-K step, out of sample)
+    ("tails", "phi3-medium.gate_up", 35840, 5120),
+    ("tails", "yi-34b.gate_up", 40960, 7168),
+    ("tails", "qwen2.5-14b.gate_up", 27648, 5120),
+    ("tails", "gemma2-9b.down", 3584, 14336),
 ]
 M_DECODE = (1, 4, 16, 32, 64)
 M_PREFILL = (128, 256, 512, 1024, 2048, 4096)
@@ -134,7 +142,7 @@ def main() -> int:
                         "over K ('w4a16_decode_gluon_s2', '_s3') and at the other splits of 1, 2 and 4 that leave "
                         "each range two K blocks ('_s2_k4', ...); the summary adds the fastest per call ('_best')")
     p.add_argument("--sets", default="llm,untuned",
-                   help="comma-separated shape sets to run (llm, untuned, fresh; default llm,untuned)")
+                   help="comma-separated shape sets to run (llm, untuned, fresh, tails; default llm,untuned)")
     args = p.parse_args()
     out_dir = os.environ.get("OUT", "/tmp/tileq-out")
     os.makedirs(out_dir, exist_ok=True)
@@ -144,7 +152,8 @@ def main() -> int:
     from tileq.int4p import prefill, prepack_int4
     from tileq.int4p.dequant import DEQUANT_MIN_M, DequantLaunch, dequantize_prepacked
     from tileq.int4p.fp8_prefill import Fp8PrefillLaunch
-    from tileq.int4p.launch import (Int4pConfig, Int4pLaunch, config_for, default_config, describe_prepacked,
+    from tileq.int4p.launch import (Int4pConfig, Int4pLaunch, config_for, decode_rule, default_config,
+                                    describe_prepacked,
                                     linear_prepacked)
     from tileq.quant import pack_int4
 
@@ -242,6 +251,10 @@ def main() -> int:
             decode_path = m < DEQUANT_MIN_M and (given is not None or "_decode__" in prefill_path)
             record(s, name, m, n, k, "w4a16_prepacked", cfg.tag if decode_path else prefill_path,
                    lambda: linear_prepacked(x, w_pp, None, sw4, config=given), ref16, b4)
+            if decode_path and cfg.streamk:  # the decode rule's stream-K step: its config without the step
+                c_plain = decode_rule(m, n, k, streamk=False)[0]
+                record(s, name, m, n, k, "w4a16_no_stk", c_plain.tag,
+                       lambda c=c_plain: linear_prepacked(x, w_pp, None, sw4, config=c), ref16, b4)
             if args.overlap:
                 # the same routed calls without prefill.OVERLAP (new launches: the cache is cleared)
                 import tileq.int4p.launch as ilaunch
@@ -648,7 +661,8 @@ def summarize(rows) -> None:
                     print(f"{impl} / int8 rowcol, M {lo}-{hi}, int4 >= 25 MB: {statistics.median(vals):.3f} "
                           f"(n={len(vals)})")
     for kind in ("w4a16", "w4a8"):
-        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2", f"{kind}_no_overlap", *variants(f"{kind}_stk_"),
+        for impl in (f"{kind}_fixup", f"{kind}_fixup_x2", f"{kind}_no_overlap", f"{kind}_no_stk",
+                     *variants(f"{kind}_stk_"),
                      *(variants("w4a16_decode_gluon_") if kind == "w4a16" else ())):
             for m in sorted({m for (_, m, i) in t if i == impl}):
                 vals = [t[(sh, m, f"{kind}_prepacked")] / t[(sh, m, impl)] for (sh, mm, i) in t

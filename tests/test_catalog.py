@@ -126,7 +126,8 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     kernels = manifest["kernels"]
     from tileq.catalog.build import (int4p_prefill_impls, wants_gluon_build, wants_gluon_fast_build,
-                                     wants_int4p_build, wants_int4p_prefill_build, wants_swapped_build)
+                                     wants_int4p_build, wants_int4p_prefill_build, wants_int4p_streamk_build,
+                                     wants_swapped_build)
 
     sm90 = get_arch("sm_90")
     gluon = [f.name for f in catalog() if wants_gluon_build(f, sm90)]
@@ -145,6 +146,9 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     int4p = [f.name for f in catalog() if wants_int4p_build(f, sm90)]
     assert int4p == ["bquant_fp8xi4_rcr_decode", "bquant_bf8xi4_rcr_decode", "bquant_bf16xi4_rcr_decode",
                      "bquant_fp16xi4_rcr_decode"]
+    # (and the decode kernel's stream-K instance for 16-bit activations)
+    int4p_stk = [f.name for f in catalog() if wants_int4p_streamk_build(f, sm90)]
+    assert int4p_stk == ["bquant_bf16xi4_rcr_decode", "bquant_fp16xi4_rcr_decode"]
     int4p_prefill = [f.name for f in catalog() if wants_int4p_prefill_build(f, sm90)]
     assert int4p_prefill == ["bquant_fp8xi4_rcr_prefill", "bquant_bf8xi4_rcr_prefill", "bquant_bf16xi4_rcr_prefill",
                              "bquant_fp16xi4_rcr_prefill"]
@@ -154,7 +158,7 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     prefill_builds = [f for f in int4p_prefill for _ in int4p_prefill_impls(parse_family(f))]
     assert len(prefill_builds) == 4 + 4 + 7 + 7
     expected = (len(catalog()) + sum(wants_swapped_build(f) for f in catalog()) + len(gluon) + len(gluon_fast)
-                + len(int4p) + len(prefill_builds))
+                + len(int4p) + len(int4p_stk) + len(prefill_builds))
     assert len(kernels) == expected and all(k["ok"] for k in kernels)
     built_gluon = [k for k in kernels if "__gluon_" in k["name"] and "xi4p_" not in k["name"]]
     assert sorted(k["family"] for k in built_gluon if not k["name"].endswith("_fa_sm90")) == sorted(gluon)
@@ -163,7 +167,10 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert all(k["mma"] == "wgmma" and not k["spills"] for k in built_gluon)
     # The prepacked-int4 kernel: its own names (xi4p), wgmma, no spills.
     built_int4p = [k for k in kernels if "xi4p_" in k["name"]]
-    assert sorted(k["family"] for k in built_int4p) == sorted(int4p + prefill_builds)
+    assert sorted(k["family"] for k in built_int4p) == sorted(int4p + int4p_stk + prefill_builds)
+    assert sorted(k["name"] for k in built_int4p if k["name"].endswith("_stk_swap_sm90")) == [
+        "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_r168_pf_stk_swap_sm90",
+        "bquant_fp16xi4p_rcr_decode__m64n16k512_w4_s3_r168_pf_stk_swap_sm90"]
     assert sorted(k["name"] for k in built_int4p if "_prefill__gluon_" in k["name"]) == [
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_sk2_ws2x64_sm90",
         "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_sk2_ws2x64_xs_sm90",

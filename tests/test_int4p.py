@@ -574,10 +574,12 @@ def test_default_config_covers_the_gpu():
 def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, k, tag):
     from tileq.int4p.launch import decode_rule
 
-    cfg, why = decode_rule(m, n, k)
+    cfg, why = decode_rule(m, n, k, streamk=False)  # (the bands; stream-K for wave tails below)
     assert cfg.tag == tag, why
     assert cfg.fixup == ("the partials summed in the kernel" in why) == (cfg.split_k > 1)
-    assert default_config(m, n, k) == cfg and decode_rule(m, n, k, "fp16")[0] == cfg
+    full = decode_rule(m, n, k)[0]
+    assert default_config(m, n, k) == full and decode_rule(m, n, k, "fp16")[0] == full
+    assert full == cfg or full.streamk
     programs = -(-n // 64) * -(-m // cfg.bm) * cfg.split_k
     assert f"{programs} programs" in why
     if cfg.bm == 16:
@@ -593,7 +595,7 @@ def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, 
     if m > 16:
         assert fp8 == replace(cfg, fp16=True)
     else:
-        at_one, one_why = decode_rule(1, n, k)
+        at_one, one_why = decode_rule(1, n, k, streamk=False)
         if m > 1 and "over 4 per SM" in one_why:
             assert fp8 == Int4pConfig(16, at_one.split_k, 3, maxnreg=168, scale_ahead=True, fp16=True), fp8_why
         else:
@@ -606,8 +608,37 @@ def test_decode_rule_scales_with_the_number_of_sms():
     # 448 programs: four per SM on 132 SMs; on 114 SMs (H100 PCIe) 456 slots still hold them,
     # on 100 SMs they do not: three stages at M = 16, still capped at M = 1.
     assert decode_rule(16, 28672, 8192, num_sms=114)[0].maxnreg == 128
-    assert decode_rule(16, 28672, 8192, num_sms=100)[0] == Int4pConfig(16, 1, 3, maxnreg=168, scale_ahead=True)
-    assert decode_rule(1, 28672, 8192, num_sms=100)[0] == Int4pConfig(16, 1, 2, 4, 128)
+    assert decode_rule(16, 28672, 8192, num_sms=100, streamk=False)[0] == \
+        Int4pConfig(16, 1, 3, maxnreg=168, scale_ahead=True)
+    assert decode_rule(1, 28672, 8192, num_sms=100, streamk=False)[0] == Int4pConfig(16, 1, 2, 4, 128)
+    # (448 tiles on 100 SMs: 1.12 waves of four per SM at M = 1, 2.24 of two at M = 16: stream-K)
+    assert decode_rule(1, 28672, 8192, num_sms=100)[0].streamk
+    assert decode_rule(16, 28672, 8192, num_sms=100)[0] == \
+        Int4pConfig(16, 1, 3, maxnreg=168, scale_ahead=True, streamk=True)
+
+
+@pytest.mark.parametrize("m,n,k,x_type,streamk", [
+    (1, 36864, 7168, "bf16", True),    # 576 tiles, four per SM: 1.09 waves
+    (1, 37888, 3584, "fp16", True),    # 592: 1.12
+    (1, 28672, 8192, "bf16", False),   # 448: under one wave
+    (1, 65536, 5120, "bf16", False),   # 1024: 1.94 waves
+    (8, 36864, 7168, "bf16", True),    # two per SM (three stages): 2.18 waves
+    (24, 34816, 5120, "bf16", True),   # 32-token tiles, two per SM: 2.06 waves
+    (1, 36864, 7168, "fp8", False),    # W4A8's fp8 kernel: not measured faster with it
+    (1, 4096, 14336, "bf16", False),   # split over K: not this rule
+])
+def test_decode_rule_takes_streamk_for_a_wave_tail(m, n, k, x_type, streamk):
+    """Stream-K where an unsplit config's tiles leave the last wave of its band at most a quarter
+    full (16-bit activations): two programs per SM (three stages, 168 registers, scales ahead; 32-
+    token tiles two stages), and the reason says so."""
+    from tileq.int4p.launch import STREAMK_TAIL, decode_rule
+
+    cfg, why = decode_rule(m, n, k, x_type)
+    assert cfg.streamk == streamk and ("stream-K" in why) == streamk, why
+    if streamk:
+        assert cfg.per_sm == 2 and cfg.split_k == 1 and f"at most {STREAMK_TAIL} full" in why
+        assert cfg == (Int4pConfig(16, 1, 3, 4, 168, True, streamk=True) if m <= 16 else
+                       Int4pConfig(32, 1, 2, streamk=True))
 
 
 # ----------------------------------------------------------------------------- sm_90 build

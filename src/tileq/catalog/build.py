@@ -166,12 +166,20 @@ _INT4P_PREFILL_TILES = {"int4p_prefill": (128, 1, False), "int4p_prefill64": (64
                         "int4p_prefill256_stk": (256, 1, True)}
 
 
-def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[BuildResult, object]:
+def wants_int4p_streamk_build(fam: KernelFamily, arch: ArchInfo) -> bool:
+    """The decode kernel's stream-K instance (the decode rule's choice for wave tails, 16-bit
+    activations only: ``int4p.launch._streamk_tail``) built beside the default one."""
+    return wants_int4p_build(fam, arch) and fam.a.value in ("bf16", "fp16")
+
+
+def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float, streamk: bool = False
+                   ) -> tuple[BuildResult, object]:
     from triton.backends.compiler import GPUTarget
 
-    from ..int4p.launch import W_SCALE_OF_SCHEME, compile_options, compile_source, default_config, kernel_name
+    from ..int4p.launch import (STREAMK_CONFIG, W_SCALE_OF_SCHEME, compile_options, compile_source, default_config,
+                                kernel_name)
 
-    cfg = default_config(*DECODE_SHAPE, arch.typical_sms, fam.a.value)
+    cfg = STREAMK_CONFIG if streamk else default_config(*DECODE_SHAPE, arch.typical_sms, fam.a.value)
     w_scale = W_SCALE_OF_SCHEME[fam.scheme.value]
     major, minor = arch.capability
     return _attempt(kernel_name(fam.a.value, w_scale, cfg), fam.name, f"int4p_{cfg.tag}", t0,
@@ -196,6 +204,7 @@ def _compile_gluon_fast(fam: KernelFamily, arch: ArchInfo, t0: float) -> tuple[B
 
 # The kernels built beside a family's portable Triton kernel, by ``compile_one``'s impl.
 _SPECIAL = {"gluon": _compile_gluon, "gluon_fast": _compile_gluon_fast, "int4p": _compile_int4p,
+            "int4p_stk": partial(_compile_int4p, streamk=True),
             **{impl: partial(_compile_int4p_prefill, tokens=tokens, split=split, streamk=streamk)
                for impl, (tokens, split, streamk) in _INT4P_PREFILL_TILES.items()}}
 
@@ -223,7 +232,7 @@ def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: boo
     """Compile one family (runs in a worker process): the portable Triton kernel, its swapped
     variant, the sm_90 Gluon kernel (``impl='gluon'``; 'gluon_fast': its fast_accum instance),
     the prepacked-int4 decode kernel
-    ('int4p') or the prepacked-int4 Gluon prefill kernel (the impls of ``_INT4P_PREFILL_TILES``)."""
+    ('int4p'; 'int4p_stk' its stream-K instance) or the prepacked-int4 Gluon prefill kernel (the impls of ``_INT4P_PREFILL_TILES``)."""
     from triton.backends.compiler import GPUTarget
 
     from ..kernels.gemm_kernel import _gemm_kernel
@@ -280,6 +289,7 @@ def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = Non
     work += [(n, False, "gluon") for n in names if wants_gluon_build(parse_family(n), arch)]
     work += [(n, False, "gluon_fast") for n in names if wants_gluon_fast_build(parse_family(n), arch)]
     work += [(n, False, "int4p") for n in names if wants_int4p_build(parse_family(n), arch)]
+    work += [(n, False, "int4p_stk") for n in names if wants_int4p_streamk_build(parse_family(n), arch)]
     work += [(n, False, impl) for n in names if wants_int4p_prefill_build(parse_family(n), arch)
              for impl in int4p_prefill_impls(parse_family(n))]
     if out_dir:

@@ -161,8 +161,8 @@ def default_config(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT, x_typ
 PER_SM_S3, PER_SM_S2, PER_SM_CAPPED = 2, 3, 4
 
 
-def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM_SMS_DEFAULT
-                ) -> tuple[Int4pConfig, str]:
+def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM_SMS_DEFAULT,
+                streamk: bool = True) -> tuple[Int4pConfig, str]:
     """(config, why): the decode rule measured on an H200 (bench/results/h200/int4/), below
     (``_decode_tiles``); fp8 activations converted to fp16 in the kernel (``Int4pConfig.fp16``).
     Timed on an H200 (18 weights, e4m3, the rule's config both ways in one run): 1.10x faster
@@ -173,8 +173,12 @@ def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", num_sms: int = NUM
     an H200 (int4/fixup/, 13 weights split per M, one run, e4m3 on 10) 1.04x / 1.06x / 1.10x /
     1.09x / 1.23x faster than the reduction kernel at M = 1 / 4 / 16 / 24 / 32 (medians; W4A8
     1.04-1.22x), slower on 3 of 63 W4A16 calls (0.94x, 0.96x: two M = 1 configs of the tuned
-    table, which keep the reduction kernel; 0.996x)."""
+    table, which keep the reduction kernel; 0.996x). With 16-bit activations, tiles that leave
+    the last wave at most a quarter full take stream-K (``_streamk_tail``; ``streamk=False``: the
+    rule without that step)."""
     cfg, why = _decode_tiles(m, n, k, x_type, num_sms)
+    if streamk and x_type in ("bf16", "fp16"):
+        cfg, why = _streamk_tail(cfg, m, n, num_sms, why)
     if cfg.split_k > 1:
         cfg, why = replace(cfg, fixup=True), f"{why}; the partials summed in the kernel"
     if x_type in ("fp8", "bf8"):
@@ -239,6 +243,33 @@ def _decode_tiles(m: int, n: int, k: int, x_type: str, num_sms: int) -> tuple[In
     if m == 1:
         return capped, f"{what}, over {PER_SM_CAPPED} per SM: at M = 1 two stages, registers capped at 128"
     return _scales_ahead(Int4pConfig(16, split, 3), f"{what}, over {PER_SM_CAPPED} per SM: three stages")
+
+
+STREAMK_TAIL = 0.25  # the fullest last wave (a fraction of the SMs' slots) that stream-K replaces
+# stream-K's 16-token config: two programs per SM, three stages, scales ahead under 168 registers
+STREAMK_CONFIG = Int4pConfig(16, 1, 3, 4, 168, True, streamk=True)
+
+
+def _streamk_tail(cfg: Int4pConfig, m: int, n: int, num_sms: int, why: str) -> tuple[Int4pConfig, str]:
+    """Stream-K (``Int4pConfig.streamk``) for an unsplit config whose tiles fill more than one
+    wave of its occupancy band and leave the last wave at most ``STREAMK_TAIL`` full: two programs
+    per SM (three stages under a 168-register cap with the group scales ahead; 32-token tiles,
+    two stages), each streaming an equal share of the (tile, K block) units. Timed on an H200
+    (bench/results/h200/int4/streamk-decode/, 18 weights x M 1 / 4 / 16 / 32, stream-K at each
+    band beside the rule's config): over all calls stream-K ran at 0.90 / 0.94 / 0.92 / 1.01x the
+    rule's speed (medians; it loses on small, split weights, down to 0.78x), but 1.02-1.21x
+    faster where the last wave was at most a quarter full (576 and 592 tiles at M = 1: 1.09 and
+    1.12 waves of four programs per SM; at M = 4 and 16: 2.18 and 2.24 waves of two; 32 tokens:
+    2.06-2.24 waves), one call 0.97x."""
+    if cfg.split_k > 1 or cfg.streamk:
+        return cfg, why
+    tiles = -(-n // cfg.rows) * -(-m // cfg.bm)
+    waves = tiles / (cfg.per_sm * num_sms)
+    if waves <= 1 or waves - int(waves) == 0 or waves - int(waves) > STREAMK_TAIL:
+        return cfg, why
+    stk = STREAMK_CONFIG if cfg.bm == 16 else Int4pConfig(cfg.bm, 1, 2, streamk=True)
+    return stk, (f"{why}; {waves:.2f} waves of {cfg.per_sm} per SM (last one at most {STREAMK_TAIL} full): "
+                 f"stream-K over {stk.per_sm * num_sms} programs")
 
 
 # W4A8 on the decode kernel: the fp8 activations cast to bf16 first (exact), then the W4A16
