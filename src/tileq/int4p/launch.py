@@ -256,11 +256,13 @@ def _streamk_tail(cfg: Int4pConfig, m: int, n: int, num_sms: int, why: str) -> t
     per SM (three stages under a 168-register cap with the group scales ahead; 32-token tiles,
     two stages), each streaming an equal share of the (tile, K block) units. Timed on an H200
     (bench/results/h200/int4/streamk-decode/, 18 weights x M 1 / 4 / 16 / 32, stream-K at each
-    band beside the rule's config): over all calls stream-K ran at 0.90 / 0.94 / 0.92 / 1.01x the
-    rule's speed (medians; it loses on small, split weights, down to 0.78x), but 1.02-1.21x
-    faster where the last wave was at most a quarter full (576 and 592 tiles at M = 1: 1.09 and
-    1.12 waves of four programs per SM; at M = 4 and 16: 2.18 and 2.24 waves of two; 32 tokens:
-    2.06-2.24 waves), one call 0.97x."""
+    band beside the rule's config): over all calls its best band ran at 0.90 / 0.94 / 0.92 / 1.01x
+    the rule's speed (medians; it loses on small, split weights, down to 0.78x). Where the last
+    wave was at most a quarter full (576 and 592 tiles at M = 1: 1.09 and 1.12 waves of four
+    programs per SM; at M = 4 and 16: 2.18 and 2.24 waves of two; 32 tokens: 2.06-2.24 waves) this
+    config ran 1.05-1.21x faster on 7 of those 9 calls and 0.97 / 0.99x on two. Out of sample
+    (int4/streamk-decode-routed/: M 2 / 8 / 12 / 24, and Phi-3-medium and Yi-34B gate_up): 15 of 15
+    calls faster, 1.03-1.22x (median 1.12)."""
     if cfg.split_k > 1 or cfg.streamk:
         return cfg, why
     tiles = -(-n // cfg.rows) * -(-m // cfg.bm)
