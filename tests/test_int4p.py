@@ -1492,6 +1492,38 @@ def test_gpu_prefill_split_k_summed_in_the_kernel(m, n, k, split, tokens, gk, pr
 
 @GPU
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(1, 36864, 7168), (12, 35840, 5120), (24, 37888, 3584), (3, 4001, 2000)])
+def test_gpu_streamk_decode_as_routed_and_in_a_cuda_graph(m, n, k):
+    """The decode rule's stream-K (wave-tail weights at M = 1, 12 and 24; an odd small weight
+    forced) on the GPU's own SM count: against the float64 reference, the same bits call after
+    call and replayed in a CUDA graph (its partials and counters in the stream's buffers), the
+    counters back to zero."""
+    from tileq.int4p.launch import config_for
+    from tileq.kernels import launch as kl
+
+    v, w, x, ws, _ = _decode_problem(m, n, k, torch.bfloat16, 128, m + n)
+    cfg = config_for(m, n, k)[0] if n > 30000 else Int4pConfig(16, 1, 3, 4, 168, True, streamk=True)
+    assert cfg.streamk, cfg
+    xc, wsc = x.cuda(), ws.cuda()
+    y = linear_prepacked(xc, w, None, wsc, config=cfg, out_dtype=torch.float32)
+    want = _reference(x, v, ws, None, None, 128)
+    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 2e-6
+    assert torch.equal(linear_prepacked(xc, w, None, wsc, config=cfg, out_dtype=torch.float32), y)
+    out = torch.empty_like(y)
+    linear_prepacked(xc, w, None, wsc, config=cfg, out_dtype=torch.float32, out=out)  # (warm: compiled)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        linear_prepacked(xc, w, None, wsc, config=cfg, out_dtype=torch.float32, out=out)
+    for _ in range(3):
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, y)
+    assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
+
+
+@GPU
+@pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,tokens", [(256, 5120, 5120, 128), (300, 577, 1104, 128), (512, 4001, 7168, 256),
                                           (100, 3000, 9000, 64), (1030, 5120, 5120, 128), (700, 1024, 512, 128),
                                           (2100, 3000, 1536, 256), (4096, 5120, 1024, 128)])

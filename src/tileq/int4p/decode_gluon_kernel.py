@@ -1,5 +1,5 @@
-"""An sm_90 decode kernel on prepacked int4 weights in Gluon, one warpgroup per program (built and
-compile-checked, not routed: it has not run on a GPU yet).
+"""An sm_90 decode kernel on prepacked int4 weights in Gluon, one warpgroup per program (GPU-tested,
+not routed: slower than the Triton decode kernel, bench/results/h200/int4/gluon-decode/).
 
 The Triton decode kernel (``kernel.py``) waits for every wgmma right after issuing it (Triton
 3.6 does so for a register A operand), so a program's conversion and its tensor-core work never
