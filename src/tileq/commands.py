@@ -177,7 +177,10 @@ def _explain_prepacked(args) -> int:
         cap += ", group scales loaded one K tile ahead" if cfg.scale_ahead else ""
         cap += ", fp8 activations converted to fp16 (an fp16 wgmma)" if cfg.fp16 else ""
         split = f"split-K {cfg.split_k}"
-        if cfg.split_k > 1:
+        if cfg.streamk:
+            split = (f"stream-K: {cfg.per_sm} programs per SM, each an equal contiguous share of the (tile, K step) "
+                     f"units, shared tiles' partials summed in the kernel by their last program")
+        elif cfg.split_k > 1:
             split += (" (partials summed in the kernel by each tile's last program)" if cfg.fixup
                       else " (partials summed by a second kernel)")
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
