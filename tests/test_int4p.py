@@ -1460,6 +1460,24 @@ def test_gpu_prefill_overlap(m, n, k, tokens, split, streamk, gk, prefill_launch
     assert torch.equal(plain(x.cuda(), w.data, None, ws.cuda(), bias.cuda()), y)
 
 
+def _replays_bit_for_bit(call, out, want):
+    """``call()`` (writing ``out``) run once, captured in a CUDA graph and replayed three times
+    into a zeroed ``out``: each replay gives ``want`` bit for bit, and the kernels summing their
+    partials themselves leave every tile counter at zero."""
+    from tileq.kernels import launch as kl
+
+    call()  # (compiled before the capture)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call()
+    for _ in range(3):
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+    assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
+
+
 @GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,split,tokens", [(100, 577, 1104, 4, 64), (33, 384, 2560, 5, 64),
@@ -1471,8 +1489,6 @@ def test_gpu_prefill_split_k_summed_in_the_kernel(m, n, k, split, tokens, gk, pr
     launch, bit for bit the reduction kernel's result (the same sums in the same order), call after
     call (the counters go back to zero), also replayed in a CUDA graph; an empty last K range (K =
     1104 in four), odd N, K tails, all three scale kinds, the bias."""
-    from tileq.kernels import launch as kl
-
     launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + split, tokens, split, fixup=True)
     assert launch.name.endswith(f"_sk{split}_fx_ws2x64_sm90") and launch.reduce is None
     y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
@@ -1482,15 +1498,7 @@ def test_gpu_prefill_split_k_summed_in_the_kernel(m, n, k, split, tokens, gk, pr
     for _ in range(3):
         assert torch.equal(launch(xc, w.data, None, wsc, bc), y)
     out = torch.empty_like(y)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        launch(xc, w.data, None, wsc, bc, out)
-    for _ in range(3):
-        out.zero_()
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, y)
-    assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
+    _replays_bit_for_bit(lambda: launch(xc, w.data, None, wsc, bc, out), out, y)
 
 
 @GPU
@@ -1502,7 +1510,6 @@ def test_gpu_streamk_decode_as_routed_and_in_a_cuda_graph(m, n, k):
     call and replayed in a CUDA graph (its partials and counters in the stream's buffers), the
     counters back to zero."""
     from tileq.int4p.launch import config_for
-    from tileq.kernels import launch as kl
 
     v, w, x, ws, _ = _decode_problem(m, n, k, torch.bfloat16, 128, m + n)
     cfg = config_for(m, n, k)[0] if n > 30000 else Int4pConfig(16, 1, 3, 4, 168, True, streamk=True)
@@ -1513,16 +1520,8 @@ def test_gpu_streamk_decode_as_routed_and_in_a_cuda_graph(m, n, k):
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 2e-6
     assert torch.equal(linear_prepacked(xc, w, None, wsc, config=cfg, out_dtype=torch.float32), y)
     out = torch.empty_like(y)
-    linear_prepacked(xc, w, None, wsc, config=cfg, out_dtype=torch.float32, out=out)  # (warm: compiled)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        linear_prepacked(xc, w, None, wsc, config=cfg, out_dtype=torch.float32, out=out)
-    for _ in range(3):
-        out.zero_()
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, y)
-    assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
+    _replays_bit_for_bit(lambda: linear_prepacked(xc, w, None, wsc, config=cfg, out_dtype=torch.float32, out=out),
+                         out, y)
 
 
 @GPU
