@@ -65,6 +65,14 @@ M_PREFILL = (128, 256, 512, 1024, 2048, 4096)
 FIELDS = ["set", "shape", "m", "n", "k", "impl", "config", "ms", "tbps_weight", "max_rel_err", "note"]
 
 
+def fp8_decode_kernel(m: int, n: int, k: int, dev) -> bool:
+    """Whether W4A8 with e4m3 activations runs the decode kernel on them (not cast to bf16 first)."""
+    from tileq.int4p.launch import describe_prepacked
+
+    path = describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev)
+    return "_decode__" in path and "cast to" not in path
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="three shapes, M in {1, 16, 256, 1024, 4096}")
@@ -406,9 +414,8 @@ def main() -> int:
             if args.streamk_decode and decode_path:
                 # stream-K in the decode kernel at each occupancy band of the rule (int4p.launch.PER_SM_*),
                 # W4A16 and W4A8 on its fp8 kernel where the default runs that
-                path8 = describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev)
                 kinds = [("w4a16", "bf16", x, None, ref16)]
-                if "_decode__" in path8 and "cast to" not in path8:
+                if fp8_decode_kernel(m, n, k, dev):
                     kinds.append(("w4a8", "fp8", xf8, sx, ref8))
                 bm = 16 if m <= 16 else 32
                 bands = [("r128", Int4pConfig(bm, 1, 2, 4, 128)), ("s2", Int4pConfig(bm, 1, 2, 4, 168, True)),
@@ -422,9 +429,8 @@ def main() -> int:
             if args.fixup and decode_path:
                 # the decode config's split-K partials summed by the kernel itself, and the split doubled
                 ktiles = -(-k // 512)
-                path8 = describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev)
                 kinds = [("w4a16", cfg, x, None, ref16)]
-                if "_decode__" in path8 and "cast to" not in path8:
+                if fp8_decode_kernel(m, n, k, dev):
                     kinds.append(("w4a8", config_for(m, n, k, "fp8")[0], xf8, sx, ref8))
                 for kind, c0, xin, sxin, want in kinds:
                     variants = [(f"{kind}_fixup", replace(c0, fixup=True))] if c0.split_k > 1 else []

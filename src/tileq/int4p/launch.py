@@ -378,10 +378,10 @@ class Int4pLaunch:
         self.interpreted = interpreter_active()
         self.direct = device.type == "cuda" and not self.interpreted
         ct = kernel_ct(x_type, cfg)
-        self.tiles = -(-n // cfg.rows) * -(-m // cfg.bm)
+        tiles = -(-n // cfg.rows) * -(-m // cfg.bm)
         # stream-K: a program per slot the SMs hold, at most one per (tile, K block) unit
-        self.programs = min(cfg.per_sm * _num_sms(device), self.tiles * -(-k // BLOCK_K)) if cfg.streamk else 0
-        grid = (self.programs, 1) if cfg.streamk else (self.tiles, cfg.split_k)
+        programs = min(cfg.per_sm * _num_sms(device), tiles * -(-k // BLOCK_K)) if cfg.streamk else 0
+        grid = (programs, 1) if cfg.streamk else (tiles, cfg.split_k)
         ints = (m, n, k, k, n, sw_strides[0], sw_strides[1], sx_stride)
         consts = dict(CT=ct, W_SCALE=w_scale_kind, X_SCALE=x_scale_kind, GROUP_K=group_k,
                       HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=k % BLOCK_K == 0,
@@ -390,13 +390,18 @@ class Int4pLaunch:
         if cfg.maxnreg and not self.interpreted:
             consts["maxnreg"] = cfg.maxnreg
         self.name = kernel_name(x_type, w_scale_kind, cfg)
-        counted = cfg.in_kernel_sum or cfg.streamk  # (the kernel sums fp32 partials, by tile counters)
+        # fp32 partials (values of the workspace) and tile counters of the kernel's own sum: stream-K
+        # has two [rows, bm] slots per program and a counter per tile; a split [split_k, N, M]
+        self.partials = self.counters = 0
+        if cfg.streamk:
+            self.partials, self.counters = 2 * programs * cfg.rows * cfg.bm, tiles
+        elif cfg.split_k > 1:
+            self.partials, self.counters = cfg.split_k * n * m, tiles if cfg.in_kernel_sum else 0
         # The activations' dtype is part of the launch's identity: e4m3, e5m2 and bf16 activations
         # share every constexpr (CT 'bf16') and would otherwise share one compiled kernel.
         self.main = KernelCall(_kernel_module, "_i4p_kernel", grid, ints, consts,
                                (torch.int32, _DTYPE_OF[x_type], out_dtype, torch.float32, torch.float32, torch.float32,
-                                torch.float32 if cfg.split_k > 1 or cfg.streamk else None,
-                                torch.int32 if counted else None))
+                                torch.float32 if self.partials else None, torch.int32 if self.counters else None))
         self.reduce = None
         if cfg.split_k > 1 and not cfg.in_kernel_sum:
             self.reduce = splitk_reduce_call(n, m, n, cfg.split_k, out_dtype, swapped=True)
@@ -408,12 +413,8 @@ class Int4pLaunch:
         if self.cast_to is not None:
             x2 = x2.to(self.cast_to)
         ws = counters = None
-        if self.cfg.streamk:  # two [rows, bm] partial slots per program, a counter per tile
-            numel = 2 * self.programs * self.cfg.rows * self.cfg.bm
-            ws, counters = split_buffers(self.device, numel, direct, self.tiles)
-        elif self.cfg.split_k > 1:
-            numel = self.cfg.split_k * self.n * self.m
-            ws, counters = split_buffers(self.device, numel, direct, self.tiles if self.cfg.in_kernel_sum else 0)
+        if self.partials:
+            ws, counters = split_buffers(self.device, self.partials, direct, self.counters)
         self.main((wdata, x2, out, sw, sx, bias, ws, counters), direct)
         if self.reduce is not None:
             self.reduce((ws, out), direct)
