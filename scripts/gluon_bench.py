@@ -166,7 +166,7 @@ def main() -> int:
     from tileq.kernels.gluon.launch import GluonLaunch
     from tileq.kernels.gluon.config import split_k_for
     from tileq.kernels.launch import make_launch
-    from tileq.plan import make_plan
+    from tileq.dispatch.plan import make_plan
     from tileq.problem import build_problem
     from tileq.testing import check_close, make_args
 

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # One GPU call: environment, GPU tests, tuning sweeps and benchmarks, logs and CSV under $OUT.
-#   bash scripts/gpu_run.sh [tests] [flush-check] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode]
+#   bash scripts/gpu_run.sh [tests] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode]
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
 #                          [tests-model] [layerbench] [e2e] [e2e-small] [tests-gluon] [bench-gluon]
-#                          [tests-int4p] [bench-int4] [profile-decode]
-#                          [tests-formats] [e2e-checkpoint]
+#                          [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
-#              GLUON_SCHEMES, GLUON_ARGS (bench-gluon), INT4_ARGS (bench-int4), PROFILE_ARGS (profile-decode),
+#              GLUON_SCHEMES, GLUON_ARGS (bench-gluon), INT4_ARGS (bench-int4),
 #              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
 #              CKPT_ARGS (extra arguments of scripts/make_checkpoint.py), CKPT_E2E_ARGS (of its tileq e2e runs).
@@ -39,26 +38,12 @@ for step in "${steps[@]}"; do
       python3 -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/ --ignore=tests/test_gpu.py \
         --ignore=tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$OUT/tests_model.log" | tail -40 ;;
     tests-int4p)
-      # Prepacked int4 weights (tileq.int4p): the layout and the kernel's inline-PTX conversion.
+      # Prepacked int4 weights (tileq.prepacked): the layout and the kernel's inline-PTX conversion.
       python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_int4p.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
         | tail -20 | tee "$OUT/tests_int4p.log" ;;
     bench-int4)
       # int4 (prepacked and pk_int4) against bf16 cuBLAS and tileq int8/fp8, one run: $OUT/int4.csv.
       python3 scripts/int4_bench.py ${INT4_ARGS:-} 2>&1 | tee "$OUT/int4_bench.log" | grep -v "^  " | tail -110 ;;
-    profile-decode)
-      # ncu on the int4 decode kernels (Triton's default config, the Gluon decode kernel) on one
-      # weight (PROFILE_ARGS, default Llama-70B up at M = 1): occupancy, scheduler and warp stalls.
-      args=${PROFILE_ARGS:---n 28672 --k 8192 --m 1}
-      secs="--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
-        --section WarpStateStats --section MemoryWorkloadAnalysis \
-        --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-      for variant in "triton:regex:_i4p_kernel:" "gluon:regex:_i4p_decode_kernel:--gluon-decode"; do
-        IFS=: read -r tag kre kname extra <<< "$variant"
-        ncu $secs -k "$kre:$kname" --launch-skip 1 -c 1 python3 scripts/int4p_profile.py $args $extra \
-          > "$OUT/ncu_decode_$tag.txt" 2>&1
-        grep -E "config|kernel |Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|No Eligible|Active Warps Per|Eligible Warps Per|Registers Per|Warp Cycles Per Issued|Block Limit|stalled_.* [0-9]" \
-          "$OUT/ncu_decode_$tag.txt" | sed "s/^/$tag: /"
-      done ;;
     tests-gluon)
       # The sm_90 Gluon prefill kernel (opt-in, TILEQ_GLUON=1 inside the tests) against the reference.
       python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
@@ -119,8 +104,6 @@ for step in "${steps[@]}"; do
       done
       rm -rf "$ck"
       (exit "$erc") ;;
-    flush-check)
-      python3 scripts/flush_check.py 2>&1 | tee "$OUT/flush_check.log" ;;
     tune-prefill)
       python3 -m tileq tune --out "$OUT/tuned_prefill.json" --m 4096 ${TUNE_CASES:+--cases "$TUNE_CASES"} \
         --max-seconds "${TUNE_SECONDS:-240}" --jobs 14 2>&1 | tail -5 | tee "$OUT/tune_prefill.log"

@@ -1,5 +1,5 @@
 """int4 weights against bf16 cuBLAS and tileq's int8 in one run: the prepacked kernel
-(tileq.int4p), the pk_int4 kernel it replaces, W4A16 and W4A8.
+(tileq.prepacked), the pk_int4 kernel it replaces, W4A16 and W4A8.
 
     OUT=/tmp/tileq-out PYTHONPATH=src python3 scripts/int4_bench.py [--quick]
 
@@ -67,7 +67,7 @@ FIELDS = ["set", "shape", "m", "n", "k", "impl", "config", "ms", "tbps_weight", 
 
 def fp8_decode_kernel(m: int, n: int, k: int, dev) -> bool:
     """Whether W4A8 with e4m3 activations runs the decode kernel on them (not cast to bf16 first)."""
-    from tileq.int4p.launch import describe_prepacked
+    from tileq.prepacked.launch import describe_prepacked
 
     path = describe_prepacked(m, n, k, torch.float8_e4m3fn, device=dev)
     return "_decode__" in path and "cast to" not in path
@@ -157,10 +157,10 @@ def main() -> int:
 
     import tileq
     from tileq.bench.timing import Timer, TimingConfig
-    from tileq.int4p import prefill, prepack_int4
-    from tileq.int4p.dequant import DEQUANT_MIN_M, DequantLaunch, dequantize_prepacked
-    from tileq.int4p.fp8_prefill import Fp8PrefillLaunch
-    from tileq.int4p.launch import (Int4pConfig, Int4pLaunch, config_for, decode_rule, default_config,
+    from tileq.prepacked import prefill, prepack_int4
+    from tileq.prepacked.dequant import DEQUANT_MIN_M, DequantLaunch, dequantize_prepacked
+    from tileq.prepacked.fp8_prefill import Fp8PrefillLaunch
+    from tileq.prepacked.launch import (Int4pConfig, Int4pLaunch, config_for, decode_rule, default_config,
                                     describe_prepacked,
                                     linear_prepacked)
     from tileq.quant import pack_int4
@@ -265,7 +265,7 @@ def main() -> int:
                        lambda c=c_plain: linear_prepacked(x, w_pp, None, sw4, config=c), ref16, b4)
             if args.overlap:
                 # the same routed calls without prefill.OVERLAP (new launches: the cache is cleared)
-                import tileq.int4p.launch as ilaunch
+                import tileq.prepacked.launch as ilaunch
                 for kind, xin, sxin, want, xdt in (("w4a16", x, None, ref16, torch.bfloat16),
                                                    ("w4a8", xf8, sx, ref8, torch.float8_e4m3fn)):
                     path = describe_prepacked(m, n, k, xdt, device=dev).split()[0]
@@ -459,7 +459,7 @@ def main() -> int:
                     record(s, name, m, n, k, "w4a8_fixup", prefill.kernel_name("fp8", "group", *p8, fixup=True),
                            lambda g8fx=g8fx: g8fx(xf8, w_pp.data, sx, sw4, None), ref8, b4)
             if args.decode_gluon and m <= 16:
-                from tileq.int4p import decode_gluon
+                from tileq.prepacked import decode_gluon
                 # the decode config's split, and the others of 1 / 2 / 4 leaving each range two K blocks
                 splits = sorted({cfg.split_k} | {sp for sp in (1, 2, 4) if 2 * sp <= -(-k // 512)})
                 for stages, sk in itertools.product((2, 3), splits):

@@ -1,4 +1,4 @@
-"""tileq.int4p's decode config rule against a config sweep from scripts/int4_bench.py (no GPU).
+"""tileq.prepacked's decode config rule against a config sweep from scripts/int4_bench.py (no GPU).
 
     python scripts/int4_decode_rule.py bench/results/h200/int4/int4.csv
     python scripts/int4_decode_rule.py bench/results/h200/int4/int4_sweep_m1-64.csv --large-m
@@ -31,7 +31,7 @@ SMS = 132
 
 
 def load(path, sweep_only, kind="w4a16"):
-    from tileq.int4p.launch import Int4pConfig
+    from tileq.prepacked.launch import Int4pConfig
 
     t = collections.defaultdict(dict)
     meta = {}
@@ -52,7 +52,7 @@ def load(path, sweep_only, kind="w4a16"):
 
 def previous_rule(m, n, k, num_sms=SMS):
     """The rule before the occupancy bands: three stages at every M <= 16."""
-    from tileq.int4p.launch import Int4pConfig
+    from tileq.prepacked.launch import Int4pConfig
 
     tiles, ktiles, split = -(-n // 64), -(-k // 512), 1
     while 2 * tiles * split < 3 * num_sms and ktiles >= 4 * split:
@@ -70,7 +70,7 @@ def fmt(x, spec="6.1f"):
 
 
 def small_m(t, meta, x_type="bf16"):
-    from tileq.int4p.launch import Int4pConfig, decode_rule
+    from tileq.prepacked.launch import Int4pConfig, decode_rule
 
     rows = []
     for (shape, m), times in sorted(t.items(), key=lambda kv: (kv[0][1], meta[kv[0]][1] * meta[kv[0]][2])):
@@ -135,7 +135,7 @@ def small_m(t, meta, x_type="bf16"):
 
 
 def large_m(t, meta):
-    from tileq.int4p.launch import Int4pConfig, decode_rule
+    from tileq.prepacked.launch import Int4pConfig, decode_rule
 
     print("| weight | set | M | N x K | rule | rule us | fastest n32 | us | fastest n16 | us | one wave | us "
           "| rule / fastest |")

@@ -1,4 +1,4 @@
-"""Replay tileq.int4p's W4A16 routing below DEQUANT_MIN_M tokens (and its split over K above) on
+"""Replay tileq.prepacked's W4A16 routing below DEQUANT_MIN_M tokens (and its split over K above) on
 measured timings (no GPU).
 
     python scripts/int4_small_m_rule.py bench/results/h200/int4/split-k/int4.csv
@@ -46,8 +46,8 @@ def load(path):
 
 def main() -> int:
     sys.path.insert(0, "src")
-    from tileq.int4p import prefill
-    from tileq.int4p.dequant import DEQUANT_MIN_M
+    from tileq.prepacked import prefill
+    from tileq.prepacked.dequant import DEQUANT_MIN_M
 
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Replay tileq.int4p's stream-K choice (``prefill.streamk_for``) on measured timings (no GPU).
+"""Replay tileq.prepacked's stream-K choice (``prefill.streamk_for``) on measured timings (no GPU).
 
     python scripts/int4_streamk_rule.py bench/results/h200/int4/streamk-hybrid/int4.csv
 
@@ -24,7 +24,7 @@ SMS = 132
 
 
 def main() -> int:
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     t = collections.defaultdict(dict)
     cfg = {}

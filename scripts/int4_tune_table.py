@@ -1,4 +1,4 @@
-"""Write tileq.int4p's tuned decode table from a config sweep of scripts/int4_bench.py (no GPU).
+"""Write tileq.prepacked's tuned decode table from a config sweep of scripts/int4_bench.py (no GPU).
 
     python scripts/int4_tune_table.py bench/results/h200/int4/scale-ahead/int4.csv \
         --out src/tileq/int4p/data/tuned_sm90.json --date 2026-12-01 --env "..."
@@ -50,7 +50,7 @@ def choose(per_m: dict, ms: list[int], heuristic: dict[int, str]):
 
 def main() -> int:
     sys.path.insert(0, "src")
-    from tileq.int4p.launch import decode_rule
+    from tileq.prepacked.launch import decode_rule
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("csv")
@@ -84,13 +84,13 @@ def main() -> int:
                                     heuristic="/".join(sorted(set(heuristic.values()))),
                                     heuristic_us=round(heur_ms * 1e3 / len(ms), 2), shape=shape,
                                     measured_m=ms))
-    about = (f"Prepacked-int4 (tileq.int4p) decode configs measured on {args.env}, {args.date}, W4A16 group "
+    about = (f"Prepacked-int4 (tileq.prepacked) decode configs measured on {args.env}, {args.date}, W4A16 group "
              f"128, bf16 activations, shape sets {args.sets}, by scripts/int4_bench.py ({args.csv}) and written by "
              f"scripts/int4_tune_table.py: per weight, for M = 1 and for M 2-16, the swept config with the "
              f"least total time over the M values measured in that range, where it beat the heuristic's "
              f"(int4p.launch.decode_rule) by more than {args.margin:.0%} in the same run ('us': mean per M). "
              f"Entry m=1 serves M = 1, m=16 serves M 2-16; other sizes use the heuristic. Used for bf16 and "
-             f"fp16 activations only (tileq.int4p.launch.config_for).")
+             f"fp16 activations only (tileq.prepacked.launch.config_for).")
     with open(args.out, "w") as f:
         json.dump(dict(about=about, arch="sm_90", entries=entries), f, indent=1)
         f.write("\n")

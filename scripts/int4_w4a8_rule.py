@@ -1,4 +1,4 @@
-"""Replay tileq.int4p's W4A8 routing (fp8 activations, per-token scales) on measured timings (no GPU).
+"""Replay tileq.prepacked's W4A8 routing (fp8 activations, per-token scales) on measured timings (no GPU).
 
     python scripts/int4_w4a8_rule.py bench/results/h200/int4/w4a8-gluon/int4.csv
     python scripts/int4_w4a8_rule.py bench/results/h200/int4/fp8-prefill/int4.csv
@@ -45,10 +45,10 @@ def load(path):
 
 def chosen(m: int, n: int, k: int, w_kind: str) -> str:
     """The W4A8 path linear_prepacked takes on an sm_90 GPU with SMS SMs."""
-    from tileq.int4p import prefill
-    from tileq.int4p.dequant import DEQUANT_MIN_M
-    from tileq.int4p.fp8_prefill import fused_for
-    from tileq.int4p.launch import compute_type
+    from tileq.prepacked import prefill
+    from tileq.prepacked.dequant import DEQUANT_MIN_M
+    from tileq.prepacked.fp8_prefill import fused_for
+    from tileq.prepacked.launch import compute_type
 
     plan = prefill.plan(m, n, k, SMS, x_scale=True)
     if plan is not None and fused_for(m, "fp8", w_kind, n, k):

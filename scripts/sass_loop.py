@@ -2,7 +2,7 @@
 
     python scripts/sass_loop.py bquant_fp8xi4_rcr_decode 1 28672 8192 m64n16k128_w4_s4_sk4_swap
 
-    python scripts/sass_loop.py --prepacked bf16 16 group     # tileq.int4p's kernel, BM = 16
+    python scripts/sass_loop.py --prepacked bf16 16 group     # tileq.prepacked's kernel, BM = 16
     python scripts/sass_loop.py --prepacked bf16 16 group --split-k 4 --maxnreg 128   # capped
 
 Prints registers, shared memory, and the instruction mix between the main loop's first wait on
@@ -23,7 +23,7 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 
-from tileq.catalog.config import TileConfig
+from tileq.kernels.config import TileConfig
 from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
 from tileq.kernels.gemm_kernel import _gemm_kernel
@@ -35,7 +35,7 @@ _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 def _prepacked_source(ct: str, bm: int, w_scale: str, warps: int = 4, stages: int = 2, split_k: int = 1,
                       maxnreg: int | None = None, scale_ahead: bool = False, fp16: bool = False,
                       fixup: bool = False, streamk: bool = False):
-    from tileq.int4p.launch import Int4pConfig, compile_options, compile_source
+    from tileq.prepacked.launch import Int4pConfig, compile_options, compile_source
 
     cfg = Int4pConfig(bm, split_k, stages, warps, maxnreg, scale_ahead, fp16, fixup, streamk)
     x_type = {"fp8e4nv": "fp8", "fp8e5": "bf8"}.get(ct, ct)
@@ -49,7 +49,7 @@ def main() -> int:
     p.add_argument("n", nargs="?", help="N, or with --prepacked the weight scale kind (group, vector)")
     p.add_argument("k", nargs="?", type=int)
     p.add_argument("config", nargs="?", help="a config tag, e.g. m64n16k256_w4_s4_swap")
-    p.add_argument("--prepacked", action="store_true", help="the prepacked-int4 kernel (tileq.int4p)")
+    p.add_argument("--prepacked", action="store_true", help="the prepacked-int4 kernel (tileq.prepacked)")
     p.add_argument("--stages", type=int, default=2, help="pipeline stages (--prepacked)")
     p.add_argument("--warps", type=int, default=4, help="warps: 4 or 8 (--prepacked; 64 weight rows each 4)")
     p.add_argument("--split-k", type=int, default=1, help="split-K (--prepacked)")

@@ -7,7 +7,7 @@ import torch
 
 import tileq
 from tileq.errors import DTypeError, ShapeError
-from tileq.plan import make_plan
+from tileq.dispatch.plan import make_plan
 from tileq.problem import build_problem
 
 gen = torch.Generator().manual_seed(7)

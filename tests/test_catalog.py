@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tileq.catalog.arch import ARCHS, get_arch
-from tileq.catalog.config import TileConfig, config_problem
+from tileq.device import ARCHS, get_arch
+from tileq.kernels.config import TileConfig, config_problem
 from tileq.catalog.families import aquant_matrix, catalog, family_spec
-from tileq.catalog.heuristic import heuristic_config
+from tileq.dispatch.heuristic import heuristic_config
 from tileq.catalog.names import (KernelInstance, format_family, format_instance, parse_family,
                                  parse_instance)
 from tileq.errors import ArchError
@@ -125,7 +125,7 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     kernels = manifest["kernels"]
-    from tileq.catalog.build import (int4p_prefill_impls, wants_gluon_build, wants_gluon_fast_build,
+    from tileq.build import (int4p_prefill_impls, wants_gluon_build, wants_gluon_fast_build,
                                      wants_int4p_build, wants_int4p_prefill_build, wants_int4p_streamk_build,
                                      wants_swapped_build)
 

@@ -6,8 +6,8 @@ import torch
 import tileq
 from tileq.errors import (ArchError, DTypeError, LayoutError, ScaleError, ShapeError, TileqError,
                           UnsupportedError)
-from tileq.catalog.arch import get_arch
-from tileq.plan import make_plan
+from tileq.device import get_arch
+from tileq.dispatch.plan import make_plan
 from tileq.problem import build_problem
 from tileq.quant import pack_int4, quantize
 

@@ -18,7 +18,7 @@ from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
 from tileq.dtypes import PackedInt4
 from tileq.errors import DTypeError, LayoutError, ShapeError, TileqError, UnsupportedError
-from tileq.kernels import direct, launch
+from tileq.kernels import buffers, direct, launch
 from tileq.quant import pack_int4
 from tileq.testing import KernelRecorder, check_close, make_args
 
@@ -361,7 +361,7 @@ def fake_triton(monkeypatch):
 
 
 def _gemm_launch(family="rowcol_fp8xfp8_rcr_decode", m=3, n=40, k=64, seed=0):
-    from tileq.plan import make_plan
+    from tileq.dispatch.plan import make_plan
     from tileq.problem import build_problem
 
     spec = family_spec(parse_family(family), m, n, k)
@@ -439,13 +439,13 @@ def test_direct_launch_switched_off(fake_triton, monkeypatch):
 def test_direct_launch_split_k_and_swapped(fake_triton, monkeypatch):
     from dataclasses import replace
 
-    from tileq.plan import make_plan, with_config
+    from tileq.dispatch.plan import make_plan, with_config
     from tileq.problem import build_problem
 
     reduce_fake = _FakeJIT(launch._splitk_reduce_kernel.fn)
     monkeypatch.setattr(launch, "_splitk_reduce_kernel", reduce_fake)
     ws = torch.empty(1 << 16)
-    monkeypatch.setattr(launch, "_stream_workspace", lambda device, numel: ws)
+    monkeypatch.setattr(buffers, "_stream_workspace", lambda device, numel: ws)
     spec = family_spec(parse_family("bquant_fp8xi4_rcr_decode"), 4, 64, 512)
     problem = make_args(spec, seed=5).call(build_problem)
     base = make_plan(problem.spec, problem.device, backend="triton")
@@ -476,7 +476,7 @@ def test_static_ids_share_handles_and_separate_dtypes(fake_triton):
     again(*tensors)
     assert len(fake_triton.jit_calls) == 1 and len(fake_triton.compiled.launches) == 1
 
-    from tileq.plan import make_plan
+    from tileq.dispatch.plan import make_plan
     from tileq.problem import build_problem
 
     spec = family_spec(parse_family("rowcol_fp8xfp8_rcr_decode"), 3, 40, 64)

@@ -23,8 +23,10 @@ from tileq import api
 from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
 from tileq.errors import UnsupportedError
-from tileq.kernels import select
-from tileq.kernels.gluon.config import GluonConfig, gluon_config, smem_bytes
+from tileq import settings
+from tileq.dispatch import gluon as select
+from tileq.dispatch.gluon import gluon_config
+from tileq.kernels.gluon.config import GluonConfig, smem_bytes
 from tileq.problem import ScaleKind, ScaleLayout
 from tileq.testing import KernelRecorder, check_close, make_args
 
@@ -39,7 +41,7 @@ def _spec(family="rowcol_fp8xfp8_rcr_prefill", m=4096, n=5120, k=5120, **kw):
 
 
 def _impl(spec, pipeline="prefill", arch="sm_90", interpreted=False, env="1"):
-    return select.implementation(spec, pipeline, arch, interpreted, env)
+    return select.implementation(spec, pipeline, arch, interpreted, settings.parse_gluon(env))
 
 
 # ---- selection: every reason ---------------------------------------------------------------
@@ -63,7 +65,7 @@ def test_gluon_chosen_when_switched_on():
     # fast accumulation and acc_in, alone and together, on every scheme and pair served
     for fam in SERVED:
         for kw in (dict(fast_accum=True), dict(has_acc=True), dict(fast_accum=True, has_acc=True)):
-            assert select.gluon_serves(_spec(fam, **kw), parse_family(fam).pipeline) is None
+            assert select.gluon_serves(_spec(fam, **kw), parse_family(fam).pipeline, 64) is None
             assert _impl(_spec(fam, **kw), parse_family(fam).pipeline).name == "gluon"
 
 
@@ -126,7 +128,7 @@ def test_triton_chosen_and_why(spec_kw, pipeline, arch, interpreted, env, reason
 def test_one_column_b_groups_run_swapped_by_default():
     """bquant with one-column b_scale groups (W4A8's int4 values with group scales): the Gluon
     kernel by default, swapped."""
-    from tileq.plan import _plan_cached
+    from tileq.dispatch.plan import _plan_cached
 
     spec = _spec("bquant_fp8xfp8_rcr_prefill", m=1024, group_n=1)
     assert _impl(spec, env=None).name == "gluon"
@@ -135,19 +137,18 @@ def test_one_column_b_groups_run_swapped_by_default():
 
 
 def test_untested_triton_version(monkeypatch):
-    monkeypatch.setattr(select, "_triton_version", lambda: "3.7.0")
+    monkeypatch.setattr(select, "triton_version", lambda: "3.7.0")
     impl = _impl(_spec())
     assert impl == select.Implementation(
         "triton", "Gluon kernels are tested with Triton 3.6.0 only, this is 3.7.0")
 
 
 def test_switch_values():
-    assert select.gluon_switch(None) is None
-    assert select.gluon_switch(b"1") is True and select.gluon_switch(" 0 ") is False
+    assert settings.parse_gluon(None) is None
+    assert settings.parse_gluon(b"1") is True and settings.parse_gluon(" 0 ") is False
     with pytest.raises(UnsupportedError, match=r"TILEQ_GLUON: expected 0 or 1, got 'yes'"):
-        select.gluon_switch("yes")
+        settings.parse_gluon("yes")
     # On by default for the pairs whose GPU tests passed and that were benchmarked on an H200.
-    assert select.GLUON_DEFAULT_ON
     assert _impl(_spec(), env=None).name == "gluon"
     assert _impl(_spec("rowcol_i8xi8_rcr_prefill"), env=None).name == "gluon"  # M = 4096
     assert _impl(_spec("rowcol_i8xi8_rcr_prefill", m=127), env=None).name == "triton"
@@ -179,7 +180,7 @@ def test_gluon_config():
 
 
 def test_choose_tiles_says_why():
-    from tileq.kernels.gluon.config import choose_tiles
+    from tileq.dispatch.gluon import choose_tiles
 
     cfg, why = choose_tiles(_spec("abquant_fp8xfp8_rcr_prefill", m=4096, n=5120), 132)
     assert cfg.block_n == 256 and why == ("128 x 256 overlapped tiles: 640 tiles, 5 waves on 132 SMs: 333 K "
@@ -203,7 +204,8 @@ def test_choose_tiles_says_why():
 
 
 def test_launch_config_narrows_masked_stores_and_acc_in():
-    from tileq.kernels.gluon.config import choose_tiles, kernel_spec, launch_config
+    from tileq.dispatch.gluon import choose_tiles
+    from tileq.kernels.gluon.config import kernel_spec, launch_config
 
     wide = GluonConfig(block_n=256, stages=4, overlap=True)
     spec = _spec("abquant_fp8xfp8_rcr_prefill")
@@ -266,9 +268,9 @@ def test_wave_model_choices(m, n, want):
 
 
 def _plan(monkeypatch, env, spec=None, arch="sm_90"):
-    from tileq import plan
+    from tileq.dispatch import plan
 
-    monkeypatch.setattr(plan, "interpreter_active", lambda: False)  # as on a GPU
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # as on a GPU (planning reads the switch)
     if env is None:
         monkeypatch.delenv("TILEQ_GLUON", raising=False)
     else:
@@ -324,8 +326,8 @@ def test_plan_for_fast_accum_and_acc_in(monkeypatch):
 
 
 def test_forced_config_runs_the_triton_kernel(monkeypatch):
-    from tileq.catalog.config import TileConfig
-    from tileq.plan import with_config
+    from tileq.kernels.config import TileConfig
+    from tileq.dispatch.plan import with_config
 
     p = with_config(_plan(monkeypatch, "1"), TileConfig(128, 128, 128, 8, 3))
     assert p.impl == "triton" and p.gluon is None
@@ -334,7 +336,7 @@ def test_forced_config_runs_the_triton_kernel(monkeypatch):
 
 @needs_interpreter
 def test_interpreter_plans_never_choose_gluon(monkeypatch):
-    from tileq.plan import make_plan
+    from tileq.dispatch.plan import make_plan
 
     monkeypatch.setenv("TILEQ_GLUON", "1")
     p = make_plan(_spec(), torch.device("cpu"), backend="triton")
@@ -370,7 +372,8 @@ from dataclasses import replace
 import torch
 from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
-from tileq.kernels.gluon.config import gluon_config, instance_tag, launch_config, max_stages
+from tileq.dispatch.gluon import gluon_config
+from tileq.kernels.gluon.config import instance_tag, launch_config, max_stages
 from tileq.kernels.gluon.launch import compile_sm90, constexprs
 out_dir, variants = sys.argv[1], json.loads(sys.argv[2])
 res = []
@@ -485,7 +488,7 @@ def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
     family, out, bias, tma_store, m, split, kw = BUILDS[index]
     spec_kw = {k: v for k, v in kw.items() if k in ("fast_accum", "has_acc", "group_n")}
     spec = _spec(family, m=m, out_dtype=getattr(torch, out), has_bias=bias, **spec_kw)
-    assert select.gluon_serves(spec, parse_family(family).pipeline) is None
+    assert select.gluon_serves(spec, parse_family(family).pipeline, 64) is None
     built = sm90_builds[index]
     ptx = Path(built["base"] + ".ptx").read_text()
     cubin = built["base"] + ".cubin"
@@ -555,7 +558,7 @@ def test_split_k_config_and_tag():
 def gluon_plan_for(monkeypatch):
     """A Gluon plan for CPU tensors (as make_plan gives on an H200) and a stand-in kernel."""
     from tileq.kernels.gluon import launch as glaunch
-    from tileq.plan import _plan_cached
+    from tileq.dispatch.plan import _plan_cached
     from tileq.problem import build_problem
 
     rec = KernelRecorder()
@@ -858,13 +861,14 @@ def test_gpu_odd_shapes(family, m, n, k, gluon_on):
 @pytest.fixture
 def forced_gluon_config(monkeypatch):
     """Make the planner return a given Gluon config (its cache cleared before and after)."""
-    from tileq.kernels.gluon import config as gconfig
-    from tileq.plan import _plan_cached
+    from tileq.dispatch import gluon as gdispatch
+    from tileq.dispatch import plan as dplan
+    from tileq.dispatch.plan import _plan_cached
 
     def force(cfg):
         # (the planner calls choose_tiles; patching gluon_config alone forced nothing)
-        monkeypatch.setattr(gconfig, "choose_tiles", lambda spec, num_sms: (cfg, "forced by the test"))
-        monkeypatch.setattr(gconfig, "gluon_config", lambda spec, num_sms: cfg)
+        monkeypatch.setattr(dplan, "choose_tiles", lambda spec, num_sms: (cfg, "forced by the test"))
+        monkeypatch.setattr(gdispatch, "gluon_config", lambda spec, num_sms: cfg)
         _plan_cached.cache_clear()
         api.clear_call_cache()
 
@@ -1155,9 +1159,9 @@ def test_bench_script_builds_its_baselines():
         problem = make_args(spec, seed=1).call(build_problem)
         assert problem.spec.fast_accum == (scheme == "fast")
         assert callable(bench._baseline(scheme, problem))
-        assert select.gluon_serves(problem.spec, fam.pipeline) is None
+        assert select.gluon_serves(problem.spec, fam.pipeline, 64) is None
         for acc in (False, True):  # --acc
-            assert select.gluon_serves(replace(problem.spec, has_acc=acc), fam.pipeline) is None
+            assert select.gluon_serves(replace(problem.spec, has_acc=acc), fam.pipeline, 64) is None
     int8 = make_args(family_spec(parse_family(bench.SCHEMES["int8"][0]), 128, 256, 384), seed=1).call(build_problem)
     assert callable(bench._int_mm_alone(int8))
     assert "vs_int_mm" in bench.FIELDS

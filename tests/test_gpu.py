@@ -122,7 +122,7 @@ def test_warmup_compiles_the_planned_kernels():
 def test_swapped_variant_at_real_size(family, split_k):
     from dataclasses import replace
 
-    from tileq.plan import execute, make_plan, with_config
+    from tileq.dispatch.plan import execute, make_plan, with_config
     from tileq.problem import build_problem
 
     fam = parse_family(family)
@@ -175,7 +175,7 @@ def test_direct_launch_matches_jit_launch(family, swap, split_k, monkeypatch):
     from dataclasses import replace
 
     from tileq.kernels import launch
-    from tileq.plan import execute, make_plan, with_config
+    from tileq.dispatch.plan import execute, make_plan, with_config
     from tileq.problem import build_problem
 
     fam = parse_family(family)
@@ -216,7 +216,7 @@ def test_direct_launch_under_cuda_graph_capture(monkeypatch):
     from dataclasses import replace
 
     from tileq.kernels import launch
-    from tileq.plan import execute, make_plan, with_config
+    from tileq.dispatch.plan import execute, make_plan, with_config
     from tileq.problem import build_problem
 
     monkeypatch.delenv("TILEQ_DIRECT_LAUNCH", raising=False)

@@ -1,4 +1,4 @@
-"""Prepacked int4 weights (tileq.int4p): the i4p1 layout bit for bit, and the kernel against a
+"""Prepacked int4 weights (tileq.prepacked): the i4p1 layout bit for bit, and the kernel against a
 float64 reference on odd shapes. On a CPU the kernel runs in Triton's interpreter (its plain-op
 conversion); on a GPU (TILEQ_TEST_GPU=1) the same tests run the inline-PTX conversion. The sm_90
 build test compiles the real kernel on the CPU and checks the K loop it gets."""
@@ -13,10 +13,10 @@ import torch
 
 import tileq
 from tileq.errors import DTypeError, ShapeError
-from tileq.int4p import BLOCK_K, PrepackedInt4, prepack_int4, unprepack_int4
-import tileq.int4p.launch as launch_mod
-from tileq.int4p.launch import Int4pConfig, default_config, describe_prepacked, linear_prepacked
-from tileq.int4p.layout import prepacked_values
+from tileq.prepacked import BLOCK_K, PrepackedInt4, prepack_int4, unprepack_int4
+import tileq.prepacked.launch as launch_mod
+from tileq.prepacked.launch import Int4pConfig, default_config, describe_prepacked, linear_prepacked
+from tileq.prepacked import prepacked_values
 from tileq.quant import pack_int4, unpack_int4
 
 DEV = "cuda" if os.environ.get("TILEQ_TEST_GPU") == "1" and torch.cuda.is_available() else "cpu"
@@ -202,7 +202,7 @@ def test_fp16_conversion_of_fp8_activations_matches_reference(xt, m, n, k, split
     instead of bf16 and runs an fp16 wgmma; every product is exact either way, so fp32 outputs
     match the reference as tightly; its tag ('_h16') names another binary; 16-bit activations
     refuse it (bf16 values are not all fp16 values)."""
-    from tileq.int4p.launch import kernel_ct
+    from tileq.prepacked.launch import kernel_ct
 
     torch.manual_seed(m + n + k)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
@@ -228,7 +228,7 @@ def test_in_kernel_splitk_sum_matches_the_reduction_kernel(m, n, k, xt, gk, spli
     order, so the output is bit for bit the reduction kernel's (bias in the first slab, the
     activations' scales in each), call after call (the tile counters go back to zero); its tag
     ('_fx') names another binary and needs a split."""
-    from tileq.kernels import launch as kl
+    from tileq.kernels import buffers as kbuf, launch as kl
 
     v, w, x, ws, xs = _decode_problem(m, n, k, xt, gk, m + n + split)
     b = torch.randn(n) if bias else None
@@ -247,7 +247,7 @@ def test_in_kernel_splitk_sum_matches_the_reduction_kernel(m, n, k, xt, gk, spli
                                    out_dtype=out_dtype)
             assert torch.equal(got, want)
     if DEV != "cpu":  # (on a CPU each call makes its own zeroed counters)
-        assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
+        assert not any(int(c.count_nonzero()) for c in kbuf._COUNTERS.values())
     ref = _reference(x, v, ws, xs, b, gk or 128)
     y = linear_prepacked(d(x), w, d(xs), d(ws), bias=d(b), group_k=gk or 128, config=fixed, out_dtype=torch.float32)
     assert float((y.cpu().double() - ref).abs().max() / ref.abs().max()) < 2e-6
@@ -267,8 +267,8 @@ def test_streamk_decode_matches_reference(monkeypatch, m, n, k, xt, gk, cfg, sms
     start and end inside tiles, whole tiles between, one unit per program, two token tiles, group
     and per-channel scales, fp8 activations with token scales, bias), the same bits call after
     call (the tile counters back to zero); '_stk' in the tag, no split with it."""
-    from tileq.int4p import launch as il
-    from tileq.kernels import launch as kl
+    from tileq.prepacked import launch as il
+    from tileq.kernels import buffers as kbuf, launch as kl
 
     monkeypatch.setattr(il, "_num_sms", lambda device: sms)
     monkeypatch.setattr(il, "_LAUNCHES", {})  # (a launch's program count is made for its SM count)
@@ -283,7 +283,7 @@ def test_streamk_decode_matches_reference(monkeypatch, m, n, k, xt, gk, cfg, sms
                              out_dtype=torch.float32)
     assert torch.equal(again, y)
     if DEV != "cpu":  # (on a CPU each call makes its own zeroed counters)
-        assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
+        assert not any(int(c.count_nonzero()) for c in kbuf._COUNTERS.values())
     with pytest.raises(ValueError, match="stream-K"):
         Int4pConfig(16, 2, 2, streamk=True)
     with pytest.raises(ValueError, match="stream-K"):
@@ -338,7 +338,7 @@ def test_kernel_refusals():
 
 
 def test_dequantize_is_exact_and_prefill_takes_it():
-    from tileq.int4p.dequant import DEQUANT_MIN_M, dequantize_prepacked
+    from tileq.prepacked.dequant import DEQUANT_MIN_M, dequantize_prepacked
 
     torch.manual_seed(11)
     n, k = 37, 1100  # K not a multiple of 512: the last block is partial
@@ -378,7 +378,7 @@ def test_out_is_checked_on_every_path(fp8_prefill, monkeypatch):
     """out= of the wrong dtype or shape is an error whichever path runs the call (here the W4A8
     prefill paths); the right one is written in place."""
     from tileq.errors import DTypeError, ShapeError
-    from tileq.int4p.dequant import DEQUANT_MIN_M
+    from tileq.prepacked.dequant import DEQUANT_MIN_M
 
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", fp8_prefill)
     m, n, k = DEQUANT_MIN_M, 24, 512
@@ -398,7 +398,7 @@ def test_out_is_checked_on_every_path(fp8_prefill, monkeypatch):
 @pytest.mark.parametrize("x_dtype", FP8)
 def test_dequantize_values_to_fp8_is_exact(x_dtype):
     """The values alone (w_kind 'none') in e4m3 and e5m2: -8..7 are exact in both."""
-    from tileq.int4p.dequant import dequantize_prepacked
+    from tileq.prepacked.dequant import dequantize_prepacked
 
     torch.manual_seed(3)
     n, k = 37, 1100
@@ -438,7 +438,7 @@ def test_dequantize_matches_the_values_bit_for_bit(n, k, dtype, w_kind):
     themselves: every output type and scale kind, N not a multiple of the rows per program,
     K not a multiple of 512 (the padding words are not written out, group scales past K are not
     read) and more than one 512 block. Negative scales: zeros keep their sign."""
-    from tileq.int4p.dequant import dequantize_prepacked
+    from tileq.prepacked.dequant import dequantize_prepacked
 
     torch.manual_seed(n * 7 + k)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
@@ -461,7 +461,7 @@ def test_dequantize_group_scales_of_every_width(group_k, transposed):
     """Group scales of any multiple of 128 (a group can start at every 128 of K, at every 256,
     once per 512 block or less often; 64 and 96 too, which linear_prepacked refuses),
     [K/group_k, N] contiguous or transposed, K ending inside a group; bit for bit."""
-    from tileq.int4p.dequant import dequantize_prepacked
+    from tileq.prepacked.dequant import dequantize_prepacked
 
     torch.manual_seed(group_k)
     n, k = 33, 1700
@@ -482,7 +482,7 @@ def test_w4a8_fp8_prefill_runs_tileqs_fp8_gemm(w_kind, x_kind):
     """Fp8PrefillLaunch through the Triton kernels (the interpreter on CPU): the int4 values as
     fp8, group scales by scheme bquant (groups of one column), the others by rowcol; per-token or
     per-tensor activation scales, bias; against the float64 reference."""
-    from tileq.int4p.fp8_prefill import Fp8PrefillLaunch
+    from tileq.prepacked.fp8_prefill import Fp8PrefillLaunch
 
     torch.manual_seed(5)
     m, n, k, group_k = 7, 40, 640, 256 if w_kind == "group" else 128
@@ -503,9 +503,9 @@ def test_w4a8_fp8_prefill_runs_tileqs_fp8_gemm(w_kind, x_kind):
 def test_w4a8_prefill_path_is_chosen_by_the_environment(monkeypatch):
     """TILEQ_W4A8_PREFILL: 'fp8' (default) the fp8 GEMM, 'bf16' dequantize + bf16 cuBLAS (same
     answer, through linear_prepacked from DEQUANT_MIN_M tokens), anything else an error."""
-    from tileq.int4p.dequant import DEQUANT_MIN_M
+    from tileq.prepacked.dequant import DEQUANT_MIN_M
 
-    from tileq.int4p.prefill import W4A8_MAX_M
+    from tileq.prepacked.prefill import W4A8_MAX_M
 
     f8 = torch.float8_e4m3fn
     big = W4A8_MAX_M  # (below, an sm_90 GPU runs the Gluon kernel on the activations cast to bf16)
@@ -572,7 +572,7 @@ def test_default_config_covers_the_gpu():
     (32, 28672, 8192, "m64n32k512_w4_s2_swap"),           # 32-token tiles: not this rule
 ])
 def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, k, tag):
-    from tileq.int4p.launch import decode_rule
+    from tileq.prepacked.launch import decode_rule
 
     cfg, why = decode_rule(m, n, k, streamk=False)  # (the bands; stream-K for wave tails below)
     assert cfg.tag == tag, why
@@ -603,7 +603,7 @@ def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, 
 
 
 def test_decode_rule_scales_with_the_number_of_sms():
-    from tileq.int4p.launch import decode_rule
+    from tileq.prepacked.launch import decode_rule
 
     # 448 programs: four per SM on 132 SMs; on 114 SMs (H100 PCIe) 456 slots still hold them,
     # on 100 SMs they do not: three stages at M = 16, still capped at M = 1.
@@ -631,7 +631,7 @@ def test_decode_rule_takes_streamk_for_a_wave_tail(m, n, k, x_type, streamk):
     """Stream-K where an unsplit config's tiles leave the last wave of its band at most a quarter
     full (16-bit activations): two programs per SM (three stages, 168 registers, scales ahead; 32-
     token tiles two stages), and the reason says so."""
-    from tileq.int4p.launch import STREAMK_TAIL, decode_rule
+    from tileq.prepacked.launch import STREAMK_TAIL, decode_rule
 
     cfg, why = decode_rule(m, n, k, x_type)
     assert cfg.streamk == streamk and ("stream-K" in why) == streamk, why
@@ -810,7 +810,7 @@ def test_selftest_prepacked_pass():
 def test_tuned_table_configs_parse_and_serve_only_their_sizes():
     import json
 
-    from tileq.int4p.launch import _TUNED_PATH, config_for, default_config, tuned_table
+    from tileq.prepacked.launch import _TUNED_PATH, config_for, default_config, tuned_table
 
     doc = json.load(open(_TUNED_PATH))
     assert doc["arch"] == "sm_90" and "H200" in doc["about"]
@@ -837,7 +837,7 @@ def test_prefill_path_choice(monkeypatch):
     """From DEQUANT_MIN_M tokens: the Gluon kernel for W4A16 on an sm_90 GPU (with group scales
     below GROUP_SCALE_MAX_M), W4A8 the fp8 GEMM on the values, dequantize + cuBLAS otherwise,
     each with its reason."""
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     assert describe_prepacked(512, 5120, 5120).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
     assert describe_prepacked(512, 5120, 5120, torch.float16).startswith("bquant_fp16xi4p_rcr_prefill__gluon_")
@@ -867,7 +867,7 @@ def test_256_token_tiles_from_256_tokens(monkeypatch):
     """From T256_MIN_M (256) tokens the 256-token tile where its waves cost less (TILE256_COST of a
     128-token tile's); with group scales only below GROUP_T256_MAX_M (dequantize + cuBLAS
     otherwise); never with a TMA store or an activation scale."""
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     assert prefill.T256_MIN_M == 256
     assert prefill.tokens_for(255, 8192) == 128 and prefill.tokens_for(1024, 8192) == 256  # 4 waves against 2
@@ -901,7 +901,7 @@ def test_stream_k_choice():
     """streamk_for: W4A16 from 128 to 1023 tokens, stream-K where its cost (whole tiles' K blocks +
     per + STREAMK_OVERHEAD) beats the plan's waves x K blocks per item by STREAMK_MARGIN, with the
     token tile of the cheaper cost; never for W4A8 or outside that range; explain names it."""
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     # Mistral-24B down at 512 tokens: 80 tiles of 256 tokens x 64 K blocks in one wave against
     # 39 + 3 blocks per SM with stream-K
@@ -935,7 +935,7 @@ def test_prefill_kernel_below_dequant_min_m():
     64-token tiling has the tiles to fill the SMs (0.65 x SMs, 0.5 x from 128 tokens: the decode
     kernel splits K, this one does not); the token tile with fewer waves (a 64-token tile at 0.8
     of a 128-token one's cost)."""
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     assert not prefill.prefers(32, 34816, 132) and prefill.prefers(33, 34816, 132)
     assert prefill.prefers(48, 11008, 132) and not prefill.prefers(48, 10880, 132)  # 86 / 85 tiles
@@ -966,7 +966,7 @@ def test_prefill_plan_routes_narrow_weights_to_the_split():
     """plan(): the split over K where the tiling leaves a third of the SMs idle (at most 0.65 x
     SMs tiles) and split_for finds one; else the unsplit kernel where prefers() (or from
     DEQUANT_MIN_M tokens), else the decode kernel (None)."""
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     assert prefill.plan(32, 5120, 17408, 132) is None  # below MIN_M: the decode kernel
     assert prefill.plan(48, 5120, 17408, 132) == (64, 3)  # 40 tiles
@@ -988,7 +988,7 @@ def test_prefill_split_choice_and_names():
     """The prefill kernel's split over K: only for grids of fewer tiles than SMs, the split with
     the fewest K blocks in a row (waves x blocks per range), at least two 512-wide K blocks per
     range (four above 128 tokens); its own name."""
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     assert prefill.split_for(4096, 5120, 5120, 128, 132) == 1  # 1280 tiles
     # 80 tiles on 132 SMs, K = 17408 has 34 blocks: 2 -> 160 items (2 waves x 17 blocks = 34),
@@ -1007,9 +1007,9 @@ def test_prefill_split_choice_and_names():
 
 def test_prefill_path_on_a_gpu(monkeypatch):
     """unserved() for a CUDA device, with the device queries answered as an H200's / an L40S's."""
-    from tileq import plan
-    from tileq.catalog.arch import ARCHS
-    from tileq.int4p import prefill
+    from tileq.dispatch import plan
+    from tileq.device import ARCHS
+    from tileq.prepacked import prefill
 
     monkeypatch.setattr("tileq._runtime.interpreter_active", lambda: False)
     monkeypatch.delenv("TILEQ_GLUON", raising=False)
@@ -1050,7 +1050,7 @@ def _sm90_build(compile_line: str, name: str) -> dict:
 
 def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none", streamk=False, fixup=False,
                    overlap=None):
-    r = _sm90_build("from tileq.int4p.prefill import compile_sm90\n"
+    r = _sm90_build("from tileq.prepacked.prefill import compile_sm90\n"
                     f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r}, "
                     f"streamk={streamk}, fixup={fixup}, overlap={overlap})", "i4p-prefill")
     sass = r["sass"]
@@ -1109,7 +1109,7 @@ def test_sm90_prefill_build_overlaps_conversion_and_wgmma(w_kind, tma_store, tok
     left in flight (the next slice converts meanwhile, into a second set of A registers) and
     slice 3 waits for all; no wgmma serialized by ptxas, no spills; 256-token tiles and the fp8
     build refuse it (the former spilled)."""
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     assert prefill.overlap_for("bf16", tokens) and not prefill.overlap_for("bf16", 256)  # (the default)
     assert not prefill.overlap_for("fp8", 64)
@@ -1137,10 +1137,10 @@ def test_sm90_gluon_decode_build(kw):
     no spills; 64 KB of shared memory at two stages and at most 168 registers (three programs per
     SM); fp8 activations refused. One token (M a constant, as the JIT builds a launch of one
     token) builds too, with the in-kernel sum of the split."""
-    from tileq.int4p import decode_gluon
+    from tileq.prepacked import decode_gluon
 
     args = ", ".join(f"{key}={val!r}" for key, val in kw.items())
-    r = _sm90_build(f"from tileq.int4p.decode_gluon import compile_sm90\nk = compile_sm90({args})", "i4p-decode")
+    r = _sm90_build(f"from tileq.prepacked.decode_gluon import compile_sm90\nk = compile_sm90({args})", "i4p-decode")
     sass = r["sass"]
     assert len(re.findall(r"\bHGMMA\.64x16x16\b", sass)) == 32
     assert re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", sass) == ["0x2", "0x2", "0x2", "0x0"]
@@ -1175,7 +1175,7 @@ def test_sm90_prefill_build_sums_split_partials_itself(ct, w_kind, bias, tokens,
     # each consumer's barriers are named barriers of its 128 threads
     assert not re.search(r"\bbar\.sync\s+\d+;", ptx) and re.search(r"bar\.sync\s+0, 128;", ptx), \
         sorted(set(re.findall(r"bar\.sync[^;]*;", ptx)))
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     for bad_tokens, bad_split in ((64, 1), (128, 2)):  # (a 128-token build spilled)
         with pytest.raises(ValueError, match="split over K"):
@@ -1206,7 +1206,7 @@ def test_sm90_fused_w4a8_build(bias, tma_store, tokens, split, x_scale, streamk)
     assert ops["UTMASTG"] == (2 if tma_store else 0), ops
     assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
     assert r["shared"] <= 232448
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     with pytest.raises(ValueError, match="group scales"):
         prefill.constexprs("fp8", "vector", 128, False, True, 128, 1, "vector")
@@ -1217,7 +1217,7 @@ def test_w4a8_fused_build_routing(monkeypatch):
     W4A8_MAX_M where the plan gives it the call (fused_for); TILEQ_W4A8_PREFILL=fused at every M
     (the fp8 GEMM's calls too), per-channel scales keep their paths; 'bf16' never; a wrong value
     is an error."""
-    from tileq.int4p import fp8_prefill
+    from tileq.prepacked import fp8_prefill
 
     f8 = torch.float8_e4m3fn
     assert fp8_prefill.mode() == "fp8"
@@ -1269,7 +1269,7 @@ def test_sm90_build_of_the_dequantize_kernel(dtype, w_kind):
     per pair to 16 bits; for fp8 one LOP3, one packed subtraction and one conversion per pair."""
     import collections
 
-    r = _sm90_build(f"from tileq.int4p.dequant import compile_sm90\nk = compile_sm90(torch.{dtype}, {w_kind!r})",
+    r = _sm90_build(f"from tileq.prepacked.dequant import compile_sm90\nk = compile_sm90(torch.{dtype}, {w_kind!r})",
                     f"dequant-{dtype}-{w_kind}")
     full = collections.Counter()  # opcode with its modifiers -> count
     for ln in r["sass"].splitlines():
@@ -1313,8 +1313,8 @@ def _w4a16_problem(m, n, k, seed, device="cuda"):
 @pytest.fixture
 def prefill_launches(monkeypatch):
     """Counts the Gluon prefill kernel's launches."""
-    from tileq.int4p import launch as ilaunch
-    from tileq.int4p import prefill
+    from tileq.prepacked import launch as ilaunch
+    from tileq.prepacked import prefill
 
     real = prefill._gl()["kernel"]
     calls = []
@@ -1366,8 +1366,8 @@ def _forced_prefill(m, n, k, gk, seed, tokens, split=1, streamk=False, x_dtype=t
     """A GluonPrefillLaunch forced to a token tile (and split) for CPU-made operands: int4 values,
     their prepacked weight on the GPU, group (gk > 0), per-channel (0) or per-tensor (-1) scales,
     bf16 activations and a bias (dequantize + cuBLAS as the fallback)."""
-    from tileq.int4p import prefill
-    from tileq.int4p.dequant import DequantLaunch
+    from tileq.prepacked import prefill
+    from tileq.prepacked.dequant import DequantLaunch
 
     torch.manual_seed(seed)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
@@ -1464,7 +1464,7 @@ def _replays_bit_for_bit(call, out, want):
     """``call()`` (writing ``out``) run once, captured in a CUDA graph and replayed three times
     into a zeroed ``out``: each replay gives ``want`` bit for bit, and the kernels summing their
     partials themselves leave every tile counter at zero."""
-    from tileq.kernels import launch as kl
+    from tileq.kernels import buffers as kbuf, launch as kl
 
     call()  # (compiled before the capture)
     g = torch.cuda.CUDAGraph()
@@ -1475,7 +1475,7 @@ def _replays_bit_for_bit(call, out, want):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want)
-    assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
+    assert not any(int(c.count_nonzero()) for c in kbuf._COUNTERS.values())
 
 
 @GPU
@@ -1509,7 +1509,7 @@ def test_gpu_streamk_decode_as_routed_and_in_a_cuda_graph(m, n, k):
     forced) on the GPU's own SM count: against the float64 reference, the same bits call after
     call and replayed in a CUDA graph (its partials and counters in the stream's buffers), the
     counters back to zero."""
-    from tileq.int4p.launch import config_for
+    from tileq.prepacked.launch import config_for
 
     v, w, x, ws, _ = _decode_problem(m, n, k, torch.bfloat16, 128, m + n)
     cfg = config_for(m, n, k)[0] if n > 30000 else Int4pConfig(16, 1, 3, 4, 168, True, streamk=True)
@@ -1571,8 +1571,8 @@ def test_gpu_stream_k_is_routed(w_scale, m, n, k, tile, prefill_launches):
 def test_gpu_prefill_kernel_16_token_tiles_at_decode(m, split, prefill_launches):
     """The 16-token tile at decode sizes (a candidate decode kernel, not routed): TMA zero-fills
     the token rows past M, split over K or not, group scales and bias."""
-    from tileq.int4p import prefill
-    from tileq.int4p.dequant import DequantLaunch
+    from tileq.prepacked import prefill
+    from tileq.prepacked.dequant import DequantLaunch
 
     n, k = 1000, 3584
     v, w, ws, x = _w4a16_problem(m, n, k, seed=m + split)
@@ -1599,8 +1599,8 @@ def test_gpu_gluon_decode_kernel(m, n, k, gk, xt, split, fixup):
     stores), K tails (TMA zero fill), token rows past M, group (128, 256) and per-channel scales,
     bias, split over K with the partials summed by the reduction kernel or in the kernel (the
     counters back to zero); a second call gives the same bits."""
-    from tileq.int4p import decode_gluon
-    from tileq.kernels import launch as kl
+    from tileq.prepacked import decode_gluon
+    from tileq.kernels import buffers as kbuf, launch as kl
 
     v, w, x, ws, _ = _decode_problem(m, n, k, xt, gk, m + n + k + split)
     bias = torch.randn(n)
@@ -1614,7 +1614,7 @@ def test_gpu_gluon_decode_kernel(m, n, k, gk, xt, split, fixup):
     want = _reference(x, v, ws, None, bias, gk or 128)
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 2e-6
     assert torch.equal(launch(xc, w.data, None, wsc, bc), y)
-    assert not any(int(c.count_nonzero()) for c in kl._COUNTERS.values())
+    assert not any(int(c.count_nonzero()) for c in kbuf._COUNTERS.values())
 
 
 @GPU
@@ -1637,7 +1637,7 @@ def test_gpu_small_m_takes_the_prefill_kernel(prefill_launches):
 def test_gpu_narrow_weights_take_the_split(m, prefill_launches):
     """1000 weight rows (8 tiles): linear_prepacked runs the Gluon kernel split over K (plan), with
     a bias, and matches the reference; a second call gives the same bits."""
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     n, k = 1000, 3584 if m <= 128 else 9216
     tokens, split = prefill.plan(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
@@ -1666,7 +1666,7 @@ def test_gpu_w4a8_takes_the_prefill_kernel(m, n, k, xt, x_kind, w_kind, prefill_
     for e4m3 with group scales (fp8_prefill.fused_for), else on the activations cast to bf16, the
     token scales and a bias in its epilogue (one launch of it, describe says which), and matches
     the reference; a second call gives the same bits."""
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     assert prefill.MIN_M <= m < prefill.W4A8_MAX_M
     text = describe_prepacked(m, n, k, xt, w_scale=w_kind, device=torch.device("cuda"))
@@ -1694,7 +1694,7 @@ def test_gpu_w4a8_fp8_prefill(w_kind, monkeypatch):
     """W4A8 on the GPU from W4A8_MAX_M tokens (TILEQ_W4A8_PREFILL=fp8, the default):
     linear_prepacked writes the values as fp8 and runs tileq's fp8 GEMM (bquant with one-column
     groups, or rowcol), bias, odd N; matches the reference."""
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
 
     monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp8")
     assert "dequant-fp8+tileq" in describe_prepacked(prefill.W4A8_MAX_M, 1000, 3584, torch.float8_e4m3fn,
@@ -1793,8 +1793,8 @@ def test_gpu_stream_k_in_a_cuda_graph(prefill_launches):
 @pytest.mark.gpu
 def test_gpu_prefill_direct_launches(monkeypatch):
     """Later calls skip Triton's JIT launch: the same results, and a kept handle."""
-    from tileq.int4p import launch as ilaunch
-    from tileq.int4p import prefill
+    from tileq.prepacked import launch as ilaunch
+    from tileq.prepacked import prefill
     from tileq.kernels import direct
 
     monkeypatch.delenv("TILEQ_DIRECT_LAUNCH", raising=False)
@@ -1816,7 +1816,7 @@ def test_prefill_launcher_split(monkeypatch):
     """The launcher split over K, against a stand-in kernel on CPU tensors: no TMA store, the
     fp32 [split, M, N] workspace as the kernel's output, then the ordered split-K reduction of
     the portable kernels reading that layout (checked on a filled workspace)."""
-    from tileq.int4p import prefill
+    from tileq.prepacked import prefill
     from tileq.testing import KernelRecorder
 
     rec = KernelRecorder()
@@ -1853,7 +1853,7 @@ def test_stream_k_schedule_covers_every_unit_once(tiles, k, sms):
     (tile, K block) unit of the rest in exactly one program, ``per`` per program (the last
     ones fewer or none); a tile's programs have ranks 0 .. count - 1 in K order, ``slabs`` is the
     largest count and ``shared`` the tiles with more than one."""
-    from tileq.int4p import streamk
+    from tileq.prepacked import streamk
 
     s = streamk.schedule(tiles, k, sms)
     kb = streamk.k_blocks(k)
@@ -1888,7 +1888,7 @@ def test_stream_k_fixup_sums_shared_tiles(m, n, k, tokens, sms):
     and tile, the sum of its K blocks' contributions, in C where the program holds the whole tile,
     else in slab ``rank``; C then holds every tile's full sum (the shared ones within a bf16
     step)."""
-    from tileq.int4p import prefill, streamk
+    from tileq.prepacked import prefill, streamk
 
     tiles = prefill.tiles(m, n, tokens)
     s = streamk.schedule(tiles, k, sms)
@@ -1929,7 +1929,7 @@ def test_gluon_decode_launcher(monkeypatch):
     boxes of the [N, K/8] storage, the activations as [16, 64] tiles, a program per 64 rows x 16
     tokens and K range; split over K, the fp32 workspace and (fixup) the tile counters, or the
     reduction kernel's launch; activation rows TMA cannot read go to the fallback."""
-    from tileq.int4p import decode_gluon
+    from tileq.prepacked import decode_gluon
     from tileq.testing import KernelRecorder
 
     rec = KernelRecorder()
@@ -1970,8 +1970,8 @@ def test_gluon_decode_launcher(monkeypatch):
 def test_gluon_decode_launcher_imports_its_kernel():
     """A Gluon decode launcher made before anything imported its kernel finds it at its first
     launch (its call looks the kernel up in the lazily filled table at every launch)."""
-    from tileq.int4p import decode_gluon
-    from tileq.int4p.decode_gluon_kernel import _i4p_decode_kernel
+    from tileq.prepacked import decode_gluon
+    from tileq.prepacked.decode_gluon_kernel import _i4p_decode_kernel
 
     saved = dict(decode_gluon._GL)
     decode_gluon._GL.clear()
@@ -1988,8 +1988,8 @@ def test_prefill_launcher_descriptors(monkeypatch):
     [128, 32] tiles of the [N, K/8] storage, the activations as [128, 64] tiles, the output
     through TMA when its rows are 16-byte aligned and with masked stores otherwise, the grid;
     an activation base pointer TMA cannot take runs the dequantize path instead."""
-    from tileq.int4p import prefill
-    from tileq.int4p.dequant import DequantLaunch
+    from tileq.prepacked import prefill
+    from tileq.prepacked.dequant import DequantLaunch
     from tileq.testing import KernelRecorder
 
     rec = KernelRecorder()

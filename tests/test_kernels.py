@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tileq
-from tileq.catalog.config import TileConfig
+from tileq.kernels.config import TileConfig
 from tileq.catalog.families import catalog, family_spec
 from tileq.catalog.names import parse_family
 from tileq.commands import selftest_family
@@ -78,14 +78,14 @@ def test_padded_leading_dimensions():
 
 def test_split_k_is_deterministic_and_correct(monkeypatch):
     """A forced split over K (workspace + fixed-order reduction) matches the reference, twice."""
-    import tileq.catalog.heuristic as h
+    import tileq.dispatch.heuristic as h
 
     spec = family_spec(parse_family("abquant_fp8xfp8_rcr_decode"), 3, 70, 1024, out_dtype=torch.float32)
     args = make_args(spec, seed=5, device=DEVICE, bias=True)
     want = args.call(tileq.gemm, backend="reference")
     forced = TileConfig(16, 64, 128, 4, 2, split_k=4)
     monkeypatch.setattr(h, "heuristic_config", lambda *a, **k: forced)
-    import tileq.plan as plan
+    import tileq.dispatch.plan as plan
 
     plan._plan_cached.cache_clear()
     monkeypatch.setattr(plan, "heuristic_config", lambda *a, **k: forced)
@@ -126,7 +126,7 @@ def test_swapped_kernel_matches_reference(family):
     from dataclasses import replace
 
     from tileq.commands import selftest_shape
-    from tileq.plan import execute, make_plan, with_config
+    from tileq.dispatch.plan import execute, make_plan, with_config
     from tileq.problem import build_problem
 
     fam = parse_family(family)
@@ -150,7 +150,7 @@ def test_int4_word_path(fam, k, swap):
     """fp8 x int4 packed along K reads 16-bit words (four dots per K tile): full and partial
     K tiles, both orientations, against the reference."""
     from tileq.kernels.launch import i4_words_path
-    from tileq.plan import make_plan, with_config
+    from tileq.dispatch.plan import make_plan, with_config
 
     f = parse_family(fam)
     spec = family_spec(f, 6 if f.pipeline == "decode" else 40, 72, k, out_dtype=torch.float32)
@@ -158,7 +158,7 @@ def test_int4_word_path(fam, k, swap):
     assert i4_words_path(spec, cfg)
     plan = with_config(make_plan(spec, torch.device(DEVICE), backend="triton", pipeline=f.pipeline), cfg)
     args = make_args(spec, seed=k, device=DEVICE)
-    from tileq.plan import execute
+    from tileq.dispatch.plan import execute
     from tileq.problem import build_problem
 
     got = execute(plan, args.call(build_problem))

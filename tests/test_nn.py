@@ -64,7 +64,7 @@ def test_quant_linear_weight_layouts():
     blk = QuantLinear.from_linear(lin, FP8BlockConfig())
     assert blk.weight.dtype == torch.float8_e4m3fn and blk.weight_scale.shape == (2, 2)  # [Gk, Gn]
     w4 = QuantLinear.from_linear(lin, W4A16Config())
-    # int4 weights are held prepacked by default (tileq.int4p: int32 words, K padded to 512);
+    # int4 weights are held prepacked by default (tileq.prepacked: int32 words, K padded to 512);
     # packed_weight() and the state dict give tileq's pk_int4 of the quantized weight.
     assert w4.is_prepacked and w4.weight.dtype == torch.int32 and w4.weight.shape == (130, 64)
     pk = w4.packed_weight()

@@ -1,6 +1,6 @@
 """kernels/select.py: the one place that decides orientation, int4 load path and K masking."""
 
-from tileq.catalog.config import TileConfig, smem_estimate
+from tileq.kernels.config import TileConfig, smem_estimate
 from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
 from tileq.dtypes import OperandType as T

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from tileq.catalog import tuned
+from tileq.dispatch import tuned
 from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
-from tileq.plan import _plan_cached, make_plan
+from tileq.dispatch.plan import _plan_cached, make_plan
 
 FAM = parse_family("rowcol_i8xi8_rcr_decode")
 

@@ -23,11 +23,11 @@ from .nn import (
     W8A16Config,
     quantize_,
 )
-from .int4p import PrepackedInt4, prepack_int4, unprepack_int4
+from .prepacked import PrepackedInt4, prepack_int4, unprepack_int4
 from .problem import Scheme
 from .warmup import describe, warmup
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402
 
 __all__ = [
     "gemm",

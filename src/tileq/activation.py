@@ -24,11 +24,12 @@ import math
 import torch
 
 from . import quant
+from . import settings
 from ._runtime import bounded_put, env_raw
 from .dtypes import OperandType, parse_operand_type
 from .errors import ArchError, DTypeError, LayoutError, ScaleError, ShapeError, UnsupportedError, expect
 from .kernels import act_quant as _aq
-from .plan import resolve_backend
+from .dispatch.plan import resolve_backend
 
 _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -58,7 +59,7 @@ def quantize_activation(x, dtype, *, granularity="row", group_k=128, scale=None,
     try:
         key = ("q", _tensor_key(x), dtype, granularity, group_k.__class__, group_k,
                _scale_key(scale), preshuffled.__class__, preshuffled, _out_key(out), backend,
-               env_raw("TILEQ_BACKEND"))
+               settings.key())
         launch = _CACHE.get(key)
     except (TypeError, AttributeError):  # unhashable or odd arguments: validation reports them
         key, launch = None, None
@@ -85,7 +86,7 @@ def add_rmsnorm_quantize(x, residual, weight, eps, dtype, *, granularity="row", 
     try:
         key = ("n", _tensor_key(x), _tensor_key(residual) if residual is not None else None,
                _tensor_key(weight), eps.__class__, eps, dtype, granularity, group_k.__class__,
-               group_k, preshuffled.__class__, preshuffled, backend, env_raw("TILEQ_BACKEND"))
+               group_k, preshuffled.__class__, preshuffled, backend, settings.key())
         launch = _CACHE.get(key)
     except (TypeError, AttributeError):
         key, launch = None, None
@@ -139,8 +140,7 @@ def _out_key(out):
 
 def _checking(check) -> bool:
     if check is None:
-        v = env_raw("TILEQ_CHECK_FINITE")
-        return v is not None and v not in (b"", b"0", "", "0")
+        return env_raw("TILEQ_CHECK_FINITE") is not None and settings.current().check_finite
     if check is True or check is False:
         return check
     raise ScaleError(expect("check", "None, True or False", repr(check)))

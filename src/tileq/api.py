@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from . import plan as _plan
-from ._runtime import bounded_put, env_raw
+from .dispatch import plan as _plan
+from . import settings
+from ._runtime import bounded_put
 from .dtypes import PackedInt4
-from .int4p import PrepackedInt4
+from .prepacked import PrepackedInt4
 from .errors import DTypeError, ShapeError, TileqError, expect
 from .problem import Problem, Scheme, build_problem
 
@@ -67,9 +68,8 @@ def _call_key(op, a, b, a_scale, b_scale, bias, acc, out, scheme, out_dtype, gro
             type(scheme), scheme, type(out_dtype), out_dtype, type(group_k), group_k,
             type(group_n), group_n, type(backend), backend, type(deterministic), deterministic,
             type(pipeline), pipeline, type(fast_accum), fast_accum,
-            # What make_plan reads from the environment on every call.
-            env_raw("TILEQ_BACKEND"), env_raw("TILEQ_DETERMINISTIC"),
-            env_raw("TRITON_INTERPRET"), env_raw("TILEQ_GLUON"),
+            # What the planners read from the environment.
+            settings.key(),
         )
     except Exception:  # noqa: BLE001 - e.g. a sparse tensor has no strides: the full path decides
         return None
@@ -239,7 +239,7 @@ def linear(
     fast_accum: bool = False,
 ) -> torch.Tensor:
     """y = x @ w.t() (nn.Linear convention): x [..., K], w [N, K] (tensor, PackedInt4 or
-    PrepackedInt4; the last runs the prepacked-int4 kernel, ``tileq.int4p``).
+    PrepackedInt4; the last runs the prepacked-int4 kernel, ``tileq.prepacked``).
 
     Leading dimensions of x are flattened into M and restored on the output. x_scale follows
     the flattened rows ([M], [M, 1], [M, Gk], or [..., 1] / [..., Gk] matching x's leading dims).
@@ -309,7 +309,7 @@ def linear_call(x, w, x_scale, w_scale, *, scheme, out_dtype, bias, group_k, gro
     if x.dim() != 2:
         return None
     if isinstance(w, PrepackedInt4):
-        from .int4p.launch import prepacked_call
+        from .kernels.int4p.launch import prepacked_call
 
         _prepacked_scheme(scheme)
         return prepacked_call(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k)
@@ -393,8 +393,8 @@ def _linear_prepacked(x, w, x_scale, w_scale, scheme, out_dtype, bias, group_k, 
                       fast_accum):
     """tileq.linear on a PrepackedInt4 weight: the prepacked-int4 kernel serves every M (its own
     launcher validates x, the scales and the bias); options it has no meaning for are refused."""
-    from .int4p import unprepack_int4
-    from .int4p.launch import linear_prepacked
+    from .prepacked import unprepack_int4
+    from .kernels.int4p.launch import linear_prepacked
 
     _prepacked_scheme(scheme)
     if pipeline is not None or fast_accum:

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from .catalog.arch import ARCHS, check_types, get_arch
+from .device import ARCHS, check_types, get_arch
 from .catalog.families import catalog, family_spec
 from .catalog.names import KernelFamily
 from .errors import TileqError
@@ -108,7 +108,7 @@ def _progress(i: int, total: int, r) -> None:
 
 
 def cmd_build(args) -> int:
-    from .catalog.build import build_catalog
+    from .build import build_catalog
 
     t0 = time.time()
     results = build_catalog(args.arch, args.out, jobs=args.jobs, families=args.family, progress=_progress)
@@ -134,7 +134,7 @@ def spec_from_args(args) -> ProblemSpec:
 
 
 def cmd_explain(args) -> int:
-    from .plan import make_plan
+    from .dispatch.plan import make_plan
 
     if args.prepacked:
         return _explain_prepacked(args)
@@ -153,7 +153,7 @@ _PREPACKED_X = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.floa
 
 def _explain_prepacked(args) -> int:
     from .errors import UnsupportedError, expect
-    from .int4p.launch import W_SCALE_OF_SCHEME, compute_type, config_for, describe_prepacked
+    from .kernels.int4p.launch import W_SCALE_OF_SCHEME, compute_type, config_for, describe_prepacked
 
     if args.b not in ("int4", "i4") or args.layout != "rcr" or args.a not in _PREPACKED_X:
         raise UnsupportedError(expect("--prepacked", "--b int4, --layout rcr and --a bf16, fp16, fp8 or bf8 "
@@ -185,7 +185,7 @@ def _explain_prepacked(args) -> int:
                       else " (partials summed by a second kernel)")
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
               f"{cfg.stages} stages, {split}{cap} ({source})")
-    print("executor: the kernels of tileq.int4p on an sm_90 GPU (Triton decode kernel; from "
+    print("executor: the kernels of tileq.prepacked on an sm_90 GPU (Triton decode kernel; from "
           "33 tokens the Gluon prefill kernel where int4p.prefill.plan gives it the call: split over K "
           "on narrow weights, unsplit where its tiles fill the SMs, always from 256 tokens where it "
           "serves the call (W4A8 below 256 tokens, and a little above on wide or deep weights: its fp8 "
@@ -278,7 +278,7 @@ def prepacked_pass(device: str, seed: int = 0) -> int:
     """The prepacked-int4 kernel (decode and split-K configs, the prefill path) against the
     reference executor on the same weight unprepacked, on small odd shapes."""
     import tileq
-    from .int4p.launch import Int4pConfig, linear_prepacked
+    from .kernels.int4p.launch import Int4pConfig, linear_prepacked
     from .testing import check_close
 
     g = torch.Generator().manual_seed(seed)

@@ -12,11 +12,12 @@ from functools import lru_cache
 
 import torch
 
+from . import settings
 from ._runtime import env_raw
 from .activation import quantize_activation, quantize_launch
 from .api import linear, linear_call
 from .dtypes import PackedInt4
-from .int4p import PrepackedInt4
+from .prepacked import PrepackedInt4
 from .kernels.direct import raw_stream
 
 _16BIT = (torch.bfloat16, torch.float16)
@@ -90,7 +91,7 @@ def quant_linear_forward(spec: LayerSpec, x: torch.Tensor, weight, weight_scale:
 def weight_operand(weight: torch.Tensor, int4_k: int):
     """The stored weight as ``tileq.linear`` takes it: int4 (``int4_k``, its logical K, not 0)
     travels as uint8 storage [N, K / 2] and becomes a PackedInt4 over the same bytes, or as
-    int32 words in the prepacked layout (``tileq.int4p``) and becomes a PrepackedInt4."""
+    int32 words in the prepacked layout (``tileq.prepacked``) and becomes a PrepackedInt4."""
     if not int4_k:
         return weight
     if weight.dtype == torch.int32:
@@ -104,9 +105,6 @@ def weight_operand(weight: torch.Tensor, int4_k: int):
 # ones: two allocations fewer per call (about 7 us of host time on an H200 machine). Larger M
 # allocates per call: the scratch would cost M x K bytes per layer for every prefill length.
 SCRATCH_MAX_M = 64
-# What the planners read from the environment: a runner is keyed on it (as api's call cache is).
-_ENV = ("TILEQ_BACKEND", "TRITON_INTERPRET", "TILEQ_GLUON", "TILEQ_DETERMINISTIC", "TILEQ_DIRECT_LAUNCH",
-        "TILEQ_CHECK_FINITE")
 
 
 def runner_key(x: torch.Tensor, has_input_scale: bool):
@@ -114,7 +112,7 @@ def runner_key(x: torch.Tensor, has_input_scale: bool):
     scratch is ordered by the stream) and the environment switches the planners read."""
     dev = x.device
     stream = raw_stream()(dev.index) if dev.type == "cuda" else 0
-    return (x.shape, x.stride(), x.dtype, dev, stream, has_input_scale) + tuple(env_raw(v) for v in _ENV)
+    return (x.shape, x.stride(), x.dtype, dev, stream, has_input_scale) + settings.key()
 
 
 class LayerRunner:

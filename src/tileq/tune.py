@@ -14,11 +14,13 @@ from pathlib import Path
 
 import torch
 
-from .catalog.config import TileConfig, config_problem
+from .kernels.config import TileConfig, config_problem
 from .catalog.families import family_spec
-from .catalog.heuristic import choose_pipeline
+from .device import facts as device_facts
+from .dispatch import thresholds
+from .dispatch.heuristic import choose_pipeline
 from .catalog.names import KernelFamily, parse_family
-from .catalog.tuned import entry_key
+from .dispatch.tuned import entry_key
 from .errors import UnsupportedError, expect
 
 # Headline cases (all rcr: activations row-major, nn.Linear weights).
@@ -74,7 +76,7 @@ def _eight_bit(fam: KernelFamily) -> bool:
 
 def _prepared(fam: KernelFamily, m: int, n: int, k: int):
     """(spec, the planner's plan, a validated problem on random CUDA operands) for one shape."""
-    from .plan import make_plan
+    from .dispatch.plan import make_plan
     from .problem import build_problem
     from .testing import make_args
 
@@ -91,7 +93,7 @@ def tune_problem(fam: KernelFamily, m: int, n: int, k: int, *, reps: int,
                  warmup: int) -> list[tuple[TileConfig, float]]:
     """Time every legal candidate for one problem; returns [(config, median ms)] fastest first."""
     from .bench.timing import Timer, TimingConfig
-    from .plan import execute, with_config
+    from .dispatch.plan import execute, with_config
 
     spec, base, problem = _prepared(fam, m, n, k)
     problem.out = torch.empty(m, n, dtype=spec.out_dtype, device="cuda")
@@ -114,7 +116,7 @@ def tune_problem(fam: KernelFamily, m: int, n: int, k: int, *, reps: int,
 def _compile_worker(job) -> str:
     """Run one (family, shape, config) once so Triton's on-disk cache holds its binary."""
     fam_name, m, n, k, tag = job
-    from .plan import execute, with_config
+    from .dispatch.plan import execute, with_config
 
     _, base, problem = _prepared(parse_family(fam_name), m, n, k)
     try:
@@ -131,7 +133,7 @@ def precompile(problems, jobs: int) -> None:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    from .plan import make_plan
+    from .dispatch.plan import make_plan
 
     work, seen = [], set()
     for fam, m, n, k in problems:
@@ -157,7 +159,7 @@ def run(args) -> int:
         raise UnsupportedError(expect("tileq tune", "a CUDA GPU (tuning times kernels)", "no CUDA device"))
     if torch.cuda.is_current_stream_capturing():
         raise UnsupportedError("tileq tune: refusing to tune during a CUDA graph capture")
-    from .catalog.arch import arch_of_capability
+    from .device import arch_of_capability
 
     dev = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(dev)
@@ -175,6 +177,7 @@ def run(args) -> int:
     cases = args.cases.split(",") if args.cases else list(CASES)
     ms = [int(x) for x in args.m.split(",")] if args.m else DECODE_MS + PREFILL_MS
     nks = LLM_NK if not args.nk else [tuple(int(v) for v in p.split("x")) for p in args.nk.split(",")]
+    decode_max_m = thresholds.for_arch(device_facts(torch.device("cuda")).arch.name).DECODE_MAX_M
     jobs = []
     for case in cases:
         if case not in CASES:
@@ -182,7 +185,7 @@ def run(args) -> int:
         for n, k in nks:
             for m in ms:
                 probe = family_spec(parse_family(CASES[case] + "_prefill"), m, n, k)
-                fam = parse_family(f"{CASES[case]}_{choose_pipeline(probe)}")
+                fam = parse_family(f"{CASES[case]}_{choose_pipeline(probe, decode_max_m)}")
                 jobs.append((case, fam, m, n, k))
     todo = [j for j in jobs if entry_key(j[1].name, family_spec(j[1], *j[2:])) not in entries]
     if args.jobs > 1 and todo:

@@ -41,7 +41,7 @@ def warmup(problems, *, device=None, progress: bool = False) -> list[str]:
 
     ``problems``: ProblemSpec objects (``tileq.describe(...)``) or dicts of describe()'s keywords.
     """
-    from .plan import execute, make_plan
+    from .dispatch.plan import execute, make_plan
     from .problem import build_problem
     from .testing import make_args
 

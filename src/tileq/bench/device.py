@@ -17,8 +17,8 @@ import torch
 from ..errors import UnsupportedError, expect
 
 # Modules whose import runs @triton.jit decorators.
-_KERNEL_MODULES = ("tileq.kernels.gemm_kernel", "tileq.kernels.act_quant_kernel", "tileq.int4p.kernel",
-                   "tileq.int4p.dequant")
+_KERNEL_MODULES = ("tileq.kernels.gemm_kernel", "tileq.kernels.act_quant_kernel", "tileq.kernels.int4p.kernel",
+                   "tileq.kernels.int4p.dequant")
 
 
 def _kernels_imported() -> bool:

@@ -63,7 +63,7 @@ def _short(e: BaseException, limit: int = 300) -> str:
 
 
 def _tileq_kernel(ops: Operands, backend: str) -> str:
-    from ..plan import make_plan
+    from ..dispatch.plan import make_plan
     from ..problem import build_problem
 
     try:

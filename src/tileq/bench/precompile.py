@@ -17,7 +17,7 @@ import time
 
 def kernel_jobs(items, device) -> list[tuple[str, int, int, int]]:
     """(case name, m, n, k) per distinct kernel the sweep will launch (planning only)."""
-    from ..plan import make_plan
+    from ..dispatch.plan import make_plan
 
     seen, jobs = set(), []
     for shape, case in items:

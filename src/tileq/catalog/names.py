@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..dtypes import OperandType
 from ..problem import LAYOUTS, Scheme
-from .config import TileConfig
+from ..kernels.config import TileConfig
 
 PIPELINES = ("prefill", "decode", "preshufflequant")
 SCALE_LAYOUTS = ("preshuffled",)

@@ -306,7 +306,7 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
     else:
         qconfig = tqf.quantization_config(layers)
 
-    from .. import __version__
+    from ..version import __version__
 
     path = Path(path)
     write_checkpoint(tensors, path, max_shard_size=max_shard_size,

@@ -86,7 +86,7 @@ def layer_entry(layer) -> dict:
 
 
 def quantization_config(layers: dict) -> dict:
-    from .. import __version__
+    from ..version import __version__
 
     return {"quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "tileq_version": __version__,
             "layers": {name: layer_entry(layer) for name, layer in layers.items()}}

@@ -289,14 +289,14 @@ def aot_compile(launch, capability: int = 90) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from ..catalog.build import _resource_usage
+    from .binary import resource_usage
 
     src, options = aot_source(launch)
     compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(compiled.asm["cubin"])
-        regs, spills = _resource_usage(path)
+        regs, spills = resource_usage(path)
     return dict(ptx=compiled.asm["ptx"], registers=regs, spills=spills,
                 shared=int(compiled.metadata.shared), num_warps=options["num_warps"])
 

@@ -10,16 +10,14 @@ activation-quantization launchers use it.
 from __future__ import annotations
 
 import itertools
-import os
 
+from .. import settings
 from .._runtime import bounded_put, env_raw
 
 
 def direct_launch_enabled() -> bool:
     """False when TILEQ_DIRECT_LAUNCH=0: every launch goes through ``JITFunction.run``."""
-    if env_raw("TILEQ_DIRECT_LAUNCH") is None:
-        return True
-    return os.environ.get("TILEQ_DIRECT_LAUNCH", "").strip() != "0"
+    return env_raw("TILEQ_DIRECT_LAUNCH") is None or settings.current().direct_launch
 
 
 # Compiled-kernel handles for direct launches, keyed by (static id, JITFunction, device, pointer

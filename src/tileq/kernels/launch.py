@@ -10,11 +10,13 @@ import sys
 
 import torch
 
-from ..catalog.config import TileConfig
 from ..dtypes import OperandType, PackedInt4
-from .direct import KernelCall, direct_launch_enabled, raw_stream
 from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
-from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel
+from . import buffers
+from .config import TileConfig
+from .direct import KernelCall, direct_launch_enabled
+from .gluon.launch import GluonLaunch
+from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel  # noqa: F401 (looked up on _THIS)
 from .select import i4_words_path, triton_kernel  # noqa: F401 (i4_words_path re-exported)
 
 REDUCE_BLOCK = 1024
@@ -113,29 +115,6 @@ def _leading_dim(t: torch.Tensor, layout_char: str) -> int:
     return t.stride(0) if layout_char == "r" else t.stride(1)
 
 
-_WORKSPACES: dict[tuple, torch.Tensor] = {}
-
-
-def _device_index(device: torch.device) -> int:
-    """``device``'s index; the current device's for a bare ``torch.device("cuda")`` (whose index
-    is None, which the raw stream query rejects)."""
-    return torch.cuda.current_device() if device.index is None else device.index
-
-
-def _workspace(device: torch.device, numel: int) -> torch.Tensor:
-    """A reusable fp32 split-K workspace per (device, stream): a call allocates nothing but its
-    output, and a workspace used inside a CUDA graph capture stays alive for its replays."""
-    if device.type != "cuda":
-        return torch.empty(numel, dtype=torch.float32, device=device)
-    index = _device_index(device)
-    key = (index, torch.cuda.current_stream(index).cuda_stream)
-    ws = _WORKSPACES.get(key)
-    if ws is None or ws.numel() < numel:
-        ws = torch.empty(max(numel, 1 << 20), dtype=torch.float32, device=device)
-        _WORKSPACES[key] = ws
-    return ws[:numel]
-
-
 def _scale_strides(kind: ScaleKind, t, rows_dim: int) -> tuple[int, int]:
     """(stride along the scaled rows/columns, stride along K groups) of a normalized scale.
 
@@ -163,8 +142,6 @@ def make_launch(problem: Problem, plan):
     kernel's (``GemmLaunch``, also the Gluon launch's per-call fallback)."""
     triton_launch = GemmLaunch(problem, plan)
     if plan.impl == "gluon":
-        from .gluon.launch import GluonLaunch
-
         gluon_launch = GluonLaunch(problem, plan, triton_launch)
         if gluon_launch.usable:
             return gluon_launch
@@ -246,9 +223,9 @@ class GemmLaunch:
         if self.split_k > 1:
             if direct:
                 # The whole buffer: same pointer and dtype as the view, without making the view.
-                target = _stream_workspace(self.device, self.split_k * self.ws_shape[1] * self.ws_shape[2])
+                target = buffers._stream_workspace(self.device, self.split_k * self.ws_shape[1] * self.ws_shape[2])
             else:
-                target = _workspace(self.device, self.split_k * self.ws_shape[1] * self.ws_shape[2])
+                target = buffers._workspace(self.device, self.split_k * self.ws_shape[1] * self.ws_shape[2])
                 target = target.view(self.ws_shape)
         main = self.main
         if self.i4_arg is not None and not i4_storage_word_aligned(b if self.i4_arg else a, self.i4_ld):
@@ -281,42 +258,3 @@ def splitk_reduce_call(rows: int, cols: int, ldc: int, split: int, out_dtype: to
                       (torch.float32, out_dtype))
 
 
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-_RETIRED_COUNTERS: list[torch.Tensor] = []
-
-
-def tile_counters(device: torch.device, count: int) -> torch.Tensor:
-    """Zeroed int32 tile counters for a kernel that sums its split-K partials itself (the int4
-    kernels' FIXUP), per (device, stream) like the workspaces: such a kernel puts
-    every counter it used back to zero, so they are zeroed once, when made. A grown table keeps
-    the old one alive: a CUDA graph captured with it still points there."""
-    if device.type != "cuda":
-        return torch.zeros(count, dtype=torch.int32, device=device)
-    index = _device_index(device)
-    key = (index, raw_stream()(index))
-    counters = _COUNTERS.get(key)
-    if counters is None or counters.numel() < count:
-        if counters is not None:
-            _RETIRED_COUNTERS.append(counters)
-        counters = torch.zeros(max(count, 1 << 14), dtype=torch.int32, device=device)
-        _COUNTERS[key] = counters
-    return counters
-
-
-def split_buffers(device: torch.device, numel: int, direct: bool, counters: int = 0):
-    """(workspace, counters) for a launch that writes fp32 partials: ``numel`` values of the
-    current stream's workspace (the whole buffer on the direct path), and ``counters`` zeroed
-    tile counters (``tile_counters``) for a kernel that sums its partials itself, else None."""
-    ws = _stream_workspace(device, numel) if direct else _workspace(device, numel)
-    return ws, (tile_counters(device, counters) if counters else None)
-
-
-def _stream_workspace(device: torch.device, numel: int) -> torch.Tensor:
-    """``_workspace``'s buffer for ``device``'s current stream (same table, same key), whole."""
-    index = _device_index(device)
-    key = (index, raw_stream()(index))
-    ws = _WORKSPACES.get(key)
-    if ws is None or ws.numel() < numel:
-        ws = torch.empty(max(numel, 1 << 20), dtype=torch.float32, device=device)
-        _WORKSPACES[key] = ws
-    return ws

@@ -139,7 +139,7 @@ INT4_LAYOUTS = ("prepacked", "pk_int4")
 @dataclass(frozen=True)
 class _Int4Config(QuantConfig):
     """``int4_layout``: how layers keep their int4 weight in memory. 'prepacked' (default): the
-    i4p1 layout of ``tileq.int4p`` (its kernel: faster at decode), wherever the layer allows it
+    i4p1 layout of ``tileq.prepacked`` (its kernel: faster at decode), wherever the layer allows it
     (group_size None or a multiple of 128); 'pk_int4': tileq's interchange packing. State dicts
     and checkpoints hold pk_int4 either way."""
 

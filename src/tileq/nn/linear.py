@@ -6,7 +6,7 @@ Stored tensors (all buffers, all in ``state_dict``):
     weight        int8 [N, K] | float8_e4m3fn [N, K] | uint8 [N, K // 2] for int4 (tileq's pk_int4:
                   pairs along K, element 2j in the high nibble, value = nibble - 8); int4 layers
                   of a config with int4_layout='prepacked' (the default) hold int32 words in the
-                  i4p1 layout instead (tileq.int4p) and write pk_int4 to state dicts
+                  i4p1 layout instead (tileq.prepacked) and write pk_int4 to state dicts
     weight_scale  float32, the b_scale contract's shape for the logical B = weight.t():
                   [N] per channel; [Gk, Gn] for groups (Gn = N for groups along K only)
     bias          float32 [N] or None (fp32 so the GEMM reads it without a cast per call)
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..dtypes import PackedInt4
-from ..int4p import PrepackedInt4, prepack_int4, unprepack_int4
+from ..prepacked import PrepackedInt4, prepack_int4, unprepack_int4
 from ..errors import DTypeError, ShapeError, TileqError, UnsupportedError, expect
 from ..api import linear, linear_call
 from ..quant import quantize_weight
@@ -174,7 +174,7 @@ class QuantLinear(nn.Module):
 
     @property
     def is_prepacked(self) -> bool:
-        """True when the int4 weight is held in the prepacked layout (tileq.int4p, int32 words)."""
+        """True when the int4 weight is held in the prepacked layout (tileq.prepacked, int32 words)."""
         return self.weight is not None and self.weight.dtype == torch.int32
 
     def set_int4_layout(self, layout: str) -> "QuantLinear":

@@ -18,10 +18,11 @@ from dataclasses import replace
 
 import torch
 
+from ...device import num_sms
 from ...dtypes import OperandType
 from ...problem import Problem, ScaleKind
 from ..direct import KernelCall, TableKernel, direct_launch_enabled
-from ..launch import split_buffers
+from ..buffers import split_buffers
 from . import split_reduce
 from .config import GluonConfig, kernel_spec, launch_config, mma_accumulates, split_schedule
 
@@ -134,7 +135,7 @@ class GluonLaunch:
         # Per output path (TMA store or masked stores): the config and its KernelCall (grid,
         # integer arguments, constexprs); the shared layouts are made on first use (they need
         # Triton).
-        sms = _num_sms(problem.device)
+        sms = num_sms(problem.device)
         self.direct = problem.device.type == "cuda"
         # Everything a launch specializes on besides the constexprs: operand and output dtypes,
         # which optional pointers are present.
@@ -203,17 +204,6 @@ class GluonLaunch:
         if reduce is not None:
             reduce((ws, out), direct)
         return out
-
-
-def _num_sms(device: torch.device) -> int:
-    """The device's SM count (cached by the planner); sm_90's typical count off the GPU (tests)."""
-    from ...catalog.arch import ARCHS
-    from ...plan import _device_arch
-
-    if device.type != "cuda":
-        return ARCHS["sm_90"].typical_sms
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _device_arch(index)[1]
 
 
 # ---------------------------------------------------------------------------- AOT compile

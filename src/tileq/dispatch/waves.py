@@ -1,0 +1,53 @@
+"""The one cost model of a grid on the SMs: waves, the last wave's fill, split over K.
+
+Every rule that sizes a grid (the portable kernel's decode split, the Gluon prefill kernel's
+tilings, the int4 decode and prefill kernels' splits and stream-K) counts in these terms: a grid
+of ``tiles`` programs on ``slots`` concurrent program slots (SMs x programs per SM) runs in
+``waves(tiles, slots)`` rounds, the last one ``last_wave_fill`` full.
+"""
+
+from __future__ import annotations
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def waves(tiles: int, slots: int) -> int:
+    """Rounds of a grid of ``tiles`` programs on ``slots`` program slots (a partial round counts
+    whole: it takes as long as a full one)."""
+    return cdiv(tiles, slots)
+
+
+def wave_fraction(tiles: int, slots: int) -> float:
+    """Waves as a fraction (1.25: one full wave and a quarter-full one)."""
+    return tiles / slots
+
+
+def last_wave_fill(tiles: int, slots: int) -> float:
+    """How full the last round is, in (0, 1]: 1 when the tiles fill every round."""
+    rem = tiles % slots
+    return 1.0 if rem == 0 else rem / slots
+
+
+def split_to_fill(tiles: int, slots: int, k_steps: int, min_steps: int, max_split: int) -> int:
+    """K ranges per tile of the last, partial wave (1: none): as many as fill the slots, each
+    range at least ``min_steps`` K steps, at most ``max_split``."""
+    rem = tiles % slots
+    if rem == 0:
+        return 1
+    return max(1, min(slots // rem, k_steps // min_steps, max_split))
+
+
+def split_cost(tiles: int, k_steps: int, split: int, slots: int) -> int:
+    """K steps one slot runs one after another for ``tiles`` tiles each split into ``split`` K
+    ranges: the waves of the items, times the steps of the longest range (a split that does not
+    divide the steps saves less than 1 / split)."""
+    return waves(tiles * split, slots) * cdiv(k_steps, split)
+
+
+def streamk_cost(dp_tiles: int, k_steps: int, per: int, slots: int, overhead) -> float:
+    """Stream-K's in the same units: a slot's share of the data-parallel (whole) tiles' K steps,
+    its ``per`` (tile, K step) units of the rest, and ``overhead`` steps (its partial tiles'
+    epilogues and the fix-up)."""
+    return dp_tiles // slots * k_steps + per + overhead

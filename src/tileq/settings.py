@@ -1,0 +1,96 @@
+"""Every ``TILEQ_*`` environment switch, parsed in one place.
+
+``key()`` is the raw values of every switch that changes what a call runs (compared for equality,
+never parsed): each cache of plans, launches or runners includes it, so a changed switch never
+meets a stale entry. ``current()`` parses them (once per distinct ``key()``) and raises
+``UnsupportedError`` naming the variable for a value it does not know.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ._runtime import env_raw, interpreter_active
+from .errors import UnsupportedError, expect
+
+BACKENDS = ("auto", "triton", "reference")
+
+# name -> what it does (one line; docs/guide.md lists them the same way)
+SWITCHES = {
+    "TILEQ_BACKEND": "auto (default) | triton | reference: the executor when a call does not name one",
+    "TILEQ_DETERMINISTIC": "1: deterministic reductions when a call does not say (tileq reduces in a fixed order anyway)",
+    "TILEQ_GLUON": "unset: the sm_90 Gluon kernels where they are on by default; 0: off; 1: on for every problem they serve",
+    "TILEQ_DIRECT_LAUNCH": "0: every launch through Triton's JITFunction.run instead of the compiled kernel's launcher",
+    "TILEQ_CHECK_FINITE": "1: activation quantization raises ScaleError on non-finite input (synchronizes)",
+    "TILEQ_TUNED_TABLES": "os.pathsep-separated tuned-table files read besides the shipped ones",
+    "TRITON_INTERPRET": "1 (set before tileq and triton are imported): Triton's interpreter runs the kernels on CPU tensors",
+}
+_KEYED = tuple(SWITCHES)
+
+
+def key() -> tuple:
+    """The raw value of every switch (None when unset): the part of every cache key that the
+    environment contributes."""
+    return tuple(env_raw(name) for name in _KEYED)
+
+
+@dataclass(frozen=True)
+class Settings:
+    backend: str  # one of BACKENDS
+    deterministic: bool
+    gluon: bool | None  # None: the shipped default; True / False: forced on / off
+    direct_launch: bool
+    check_finite: bool
+    tuned_tables: tuple[str, ...]
+    interpreted: bool
+
+
+def _text(raw) -> str:
+    return (raw.decode() if isinstance(raw, bytes) else str(raw)).strip()
+
+
+def _flag(raw) -> bool:
+    return raw is not None and _text(raw) not in ("", "0")
+
+
+def parse_gluon(raw) -> bool | None:
+    """TILEQ_GLUON's value: True ('1'), False ('0'), None (unset: the shipped default)."""
+    if raw is None:
+        return None
+    value = _text(raw)
+    if value not in ("0", "1"):
+        raise UnsupportedError(expect("TILEQ_GLUON", "0 or 1", repr(value)))
+    return value == "1"
+
+
+def parse_backend(raw, source: str = "TILEQ_BACKEND") -> str:
+    value = "auto" if raw is None else _text(raw).lower()
+    if value not in BACKENDS:
+        raise UnsupportedError(expect(source, f"one of {', '.join(BACKENDS)}", repr(value)))
+    return value
+
+
+_PARSED: dict[tuple, Settings] = {}
+
+
+def current() -> Settings:
+    """The switches as they are now, parsed."""
+    k = key()
+    s = _PARSED.get(k)
+    if s is None:
+        raw = dict(zip(_KEYED, k))
+        tables = _text(raw["TILEQ_TUNED_TABLES"]) if raw["TILEQ_TUNED_TABLES"] is not None else ""
+        s = Settings(
+            backend=parse_backend(raw["TILEQ_BACKEND"]),
+            deterministic=_flag(raw["TILEQ_DETERMINISTIC"]),
+            gluon=parse_gluon(raw["TILEQ_GLUON"]),
+            direct_launch=raw["TILEQ_DIRECT_LAUNCH"] is None or _text(raw["TILEQ_DIRECT_LAUNCH"]) != "0",
+            check_finite=_flag(raw["TILEQ_CHECK_FINITE"]),
+            tuned_tables=tuple(p for p in tables.split(os.pathsep) if p),
+            interpreted=interpreter_active(),
+        )
+        if len(_PARSED) > 64:
+            _PARSED.clear()
+        _PARSED[k] = s
+    return s
