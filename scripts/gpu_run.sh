@@ -3,7 +3,7 @@
 #   bash scripts/gpu_run.sh [tests] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode]
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
 #                          [tests-model] [layerbench] [e2e] [e2e-small] [tests-gluon] [bench-gluon]
-#                          [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
+#                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
 #              GLUON_SCHEMES, GLUON_ARGS (bench-gluon), INT4_ARGS (bench-int4),
@@ -118,6 +118,17 @@ for step in "${steps[@]}"; do
     bench-decode)
       python3 -m tileq bench --suite decode-targets ${BENCH_CASES:+--cases "$BENCH_CASES"} --out "$OUT/decode" \
         --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 | tail -40 | tee "$OUT/bench_decode.log" ;;
+    compare-*)
+      # Before/after on one suite in one call: the suite run on the tree in .baseline/src (a copy of an
+      # earlier commit's src/, carried), then on this tree with --compare against it. COMPARE_CASES
+      # narrows both runs (--cases). compare-llm-decode, compare-llm-prefill-a, ...
+      suite=${step#compare-}
+      PYTHONPATH=.baseline/src python3 -m tileq bench --suite "$suite" --out "$OUT/before-$suite" \
+        ${COMPARE_CASES:+--cases "$COMPARE_CASES"} --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 \
+        | tail -5 | tee "$OUT/compare_before_$suite.log"
+      python3 -m tileq bench --suite "$suite" --out "$OUT/after-$suite" ${COMPARE_CASES:+--cases "$COMPARE_CASES"} \
+        --time-budget "${BENCH_SECONDS:-200}" --no-progress --compare "$OUT/before-$suite/results.csv" 2>&1 \
+        | tail -40 | tee "$OUT/compare_$suite.log" ;;
     bench-llm-decode|bench-llm-prefill|bench-llm-prefill-a|bench-llm-prefill-b)
       suite=${step#bench-}
       python3 -m tileq bench --suite "$suite" --out "$OUT/$suite" --time-budget "${BENCH_SECONDS:-200}" \

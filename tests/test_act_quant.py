@@ -23,6 +23,7 @@ from tileq._runtime import interpreter_active
 from tileq.activation import add_rmsnorm_quantize, quantize_activation
 from tileq.dtypes import OperandType
 from tileq.errors import DTypeError, LayoutError, ScaleError, ShapeError, UnsupportedError
+from tileq.dispatch import act_quant as daq
 from tileq.kernels import act_quant as aq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,7 +203,7 @@ def test_empty_launches_nothing(monkeypatch):
 @interp
 def test_long_rows_take_the_two_pass_loop():
     k = aq.MAX_REGISTER_ELEMS + 1000
-    assert aq.act_quant_config(k, "row", 128).loop_c
+    assert daq.act_quant_config(k, "row", 128).loop_c
     x = activations(2, k, seed=8)
     q, s = quantize_activation(x, "int8", backend="triton")
     qa, sa = quant.quantize_a(x, "int8", granularity="row")
@@ -504,24 +505,24 @@ def test_fused_fp16_and_errors():
 
 
 def test_config_heuristic():
-    cfg = aq.act_quant_config(17408, "row", 128)
+    cfg = daq.act_quant_config(17408, "row", 128)
     assert (cfg.hc, cfg.tc, cfg.num_warps) == (16384, 1024, 16)  # no idle half of a 32768 block
-    cfg = aq.act_quant_config(5120, "row", 128)
+    cfg = daq.act_quant_config(5120, "row", 128)
     assert (cfg.hc, cfg.tc) == (4096, 1024)
-    assert aq.act_quant_config(65536, "row", 128).loop_c == aq.LOOP_CHUNK
-    g = aq.act_quant_config(17408, "group", 128)
+    assert daq.act_quant_config(65536, "row", 128).loop_c == aq.LOOP_CHUNK
+    g = daq.act_quant_config(17408, "group", 128)
     assert (g.hr, g.hc, g.grid_k) == (16, 128, 9)  # 136 groups: 9 programs a row, 8 idle slots
-    assert aq.act_quant_config(5120, "group", 128).hr == 8  # 40 groups, none idle
+    assert daq.act_quant_config(5120, "group", 128).hr == 8  # 40 groups, none idle
     with pytest.raises(UnsupportedError, match=r"x: expected rows \(fused\) or groups of at most 32768"):
-        aq.act_quant_config(65536, "row", 128, fused=True)
+        daq.act_quant_config(65536, "row", 128, fused=True)
     for k in (1, 2, 5, 127, 128, 300, 1000, 4096, 5120, 7168, 14336, 17408, 18944, 32768, 40000):
         for granularity in ("row", "tensor", "group"):
             for gk in (1, 64, 100, 128, 4096):
-                cfg = aq.act_quant_config(k, granularity, gk)
+                cfg = daq.act_quant_config(k, granularity, gk)
                 assert aq.config_ok(cfg, k, granularity, gk), (k, granularity, gk, cfg)
                 if granularity != "tensor" and k <= aq.MAX_REGISTER_ELEMS:
                     try:
-                        fused = aq.act_quant_config(k, granularity, gk, fused=True)
+                        fused = daq.act_quant_config(k, granularity, gk, fused=True)
                     except UnsupportedError:
                         assert -(-k // gk) * aq._pow2_ceil(min(gk, k)) > aq.MAX_REGISTER_ELEMS // 2
                         continue
@@ -530,17 +531,19 @@ def test_config_heuristic():
 
 _COMPILE_SCRIPT = r"""
 import json, re, sys, torch
+from tileq.dispatch.act_quant import act_quant_config
 from tileq.kernels import act_quant as aq
 from tileq.dtypes import OperandType as OT
 dev = torch.device("cpu")
 def qa(k, otype, g="row", xdt=torch.bfloat16, sdt=None, m=16):
     return aq.ActQuantLaunch(x_shape=(m, k), device=dev, m=m, k=k, row_stride=k, x_dtype=xdt,
         otype=otype, granularity=g, group_k=128, s_shape=(m,), s_strides=(1, m), scale_dtype=sdt,
-        scale_val=1.0, interpreted=False)
+        scale_val=1.0, interpreted=False, cfg=act_quant_config(k, g, 128, m=m))
 def fu(k, otype, g="row", res=True, m=16):
     return aq.AddRmsNormQuantLaunch(x_shape=(m, k), device=dev, m=m, k=k, x_stride=k,
         r_stride=k if res else None, x_dtype=torch.bfloat16, otype=otype, granularity=g,
-        group_k=128, s_shape=(m,), s_strides=(1, m), eps=1e-6, interpreted=False)
+        group_k=128, s_shape=(m,), s_strides=(1, m), eps=1e-6, interpreted=False,
+        cfg=act_quant_config(k, g, 128, fused=True, m=m))
 variants = {
     "row_i8_17408": qa(17408, OT.I8), "row_fp8_5120": qa(5120, OT.FP8),
     "row_bf8_4096_fp16": qa(4096, OT.BF8, xdt=torch.float16), "row_i8_32768": qa(32768, OT.I8),

@@ -67,7 +67,7 @@ def logits(model, x, **kw):
 
 def assert_logits_close(got, want, exact=False):
     tol = LOGIT_TOL * want.abs().max()
-    assert want.std() > 5 * tol  # the expected values are far above the tolerance (DESIGN.md lesson 4)
+    assert want.std() > 5 * tol  # the expected values are far above the tolerance (docs/schemes.md section 7, rule 4)
     if exact:
         assert torch.equal(got, want)
         return

@@ -1,5 +1,5 @@
 """Activation quantization on the hot path: one kernel launch per call, no host synchronization,
-nothing allocated but the outputs, capturable in a CUDA graph (DESIGN.md section 4).
+nothing allocated but the outputs, capturable in a CUDA graph (docs/schemes.md section 4).
 
 ``quantize_activation(x, dtype, granularity=...)`` returns ``(q, s)`` in the form ``tileq.gemm``
 and ``tileq.linear`` take: ``scheme="rowcol"`` for 'row' and 'tensor' (s is fp32 [M]),
@@ -29,6 +29,8 @@ from ._runtime import bounded_put, env_raw
 from .dtypes import OperandType, parse_operand_type
 from .errors import ArchError, DTypeError, LayoutError, ScaleError, ShapeError, UnsupportedError, expect
 from .kernels import act_quant as _aq
+from .device import facts as device_facts
+from .dispatch.act_quant import act_quant_config
 from .dispatch.plan import resolve_backend
 
 _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -311,7 +313,8 @@ def _build_quantize(x, dtype, granularity, group_k, scale, preshuffled, out, bac
     return _aq.ActQuantLaunch(
         x_shape=tuple(x.shape), device=x.device, m=m, k=k, row_stride=row_stride, x_dtype=x.dtype,
         otype=otype, granularity=granularity, group_k=gk, s_shape=s_shape, s_strides=s_strides,
-        scale_dtype=scale_dtype, scale_val=scale_val, interpreted=interpreted)
+        scale_dtype=scale_dtype, scale_val=scale_val, interpreted=interpreted,
+        cfg=act_quant_config(k, granularity, gk, m=m, arch=_arch(x.device, interpreted)))
 
 
 class _Empty:
@@ -387,7 +390,13 @@ def _build_fused(x, residual, weight, eps, dtype, granularity, group_k, preshuff
     return _aq.AddRmsNormQuantLaunch(
         x_shape=tuple(x.shape), device=x.device, m=m, k=k, x_stride=x_stride, r_stride=r_stride,
         x_dtype=x.dtype, otype=otype, granularity=granularity, group_k=gk, s_shape=s_shape,
-        s_strides=s_strides, eps=float(eps), interpreted=interpreted)
+        s_strides=s_strides, eps=float(eps), interpreted=interpreted,
+        cfg=act_quant_config(k, granularity, gk, fused=True, m=m, arch=_arch(x.device, interpreted)))
+
+
+def _arch(device, interpreted: bool) -> str:
+    """The arch whose thresholds size the kernel: the GPU's (the interpreter plans for sm_90)."""
+    return device_facts(device if not interpreted else torch.device("cpu")).arch.name
 
 
 class _FusedReference:

@@ -116,7 +116,7 @@ def wants_int4p_prefill_build(fam: KernelFamily, arch: ArchInfo) -> bool:
     """Prefill families of nn.Linear int4 weights with 16-bit or fp8 activations (rcr, bquant:
     W4A16, and W4A8 below 256 tokens: e4m3 on the kernel's fp8 build, e5m2 cast to bf16 on its
     16-bit build with the activations' scale) get the sm_90 Gluon prefill kernel on prepacked
-    weights (tileq.kernels.int4p.prefill) built too."""
+    weights (tileq.kernels.int4p.prefill_launch) built too."""
     return (arch.name == "sm_90" and fam.pipeline == "prefill" and fam.b.value == "i4" and fam.layout == "rcr"
             and fam.a.value in ("bf16", "fp16", "fp8", "bf8") and fam.scheme.value == "bquant")
 
@@ -142,8 +142,10 @@ def _attempt(name: str, family: str, config: str, t0: float, build) -> tuple[Bui
 
 def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens: int = 128, split: int = 1,
                            streamk: bool = False) -> tuple[BuildResult, object]:
-    from .kernels.int4p.launch import W_SCALE_OF_SCHEME
-    from .kernels.int4p.prefill import TMA_STORE_MAX_TOKENS, compile_sm90, config_tag, kernel_name
+    from .device import for_arch
+    from .dispatch.int4 import overlap_for
+    from .kernels.int4p.config import W_SCALE_OF_SCHEME
+    from .kernels.int4p.prefill_launch import TMA_STORE_MAX_TOKENS, compile_sm90, config_tag, kernel_name
 
     w_kind = W_SCALE_OF_SCHEME[fam.scheme.value]
     # W4A8 always has its activations' per-token scale: e4m3 on the fp8 build, e5m2 cast to bf16
@@ -155,13 +157,13 @@ def _compile_int4p_prefill(fam: KernelFamily, arch: ArchInfo, t0: float, tokens:
                     config_tag(tokens, split, streamk, cast), t0,
                     lambda: compile_sm90(ct, w_kind, tokens=tokens, split=split,
                                          tma_store=split == 1 and tokens <= TMA_STORE_MAX_TOKENS, x_scale=x_scale,
-                                         streamk=streamk))
+                                         streamk=streamk, overlap=overlap_for(ct, tokens, for_arch(arch.name))))
 
 
 # The int4 prefill kernel's instances built per family: (token tile, split over K, stream-K) by
-# impl name. 64 tokens: calls of 33-64 tokens; split two ways: narrow weights (int4p.prefill.plan);
+# impl name. 64 tokens: calls of 33-64 tokens; split two ways: narrow weights (dispatch.int4.prefill_tiling);
 # 256 tokens: from 256 where their waves cost less (masked stores); stream-K with 128- and
-# 256-token tiles: W4A16 at 128-1023 tokens where prefill.streamk_for picks it (neither for
+# 256-token tiles: W4A16 at 128-1023 tokens where dispatch.int4.streamk_for picks it (neither for
 # W4A8's builds, ``int4p_prefill_impls``). Other split counts differ in one constant (the K range of
 # an item) and compile on first use.
 _INT4P_PREFILL_TILES = {"int4p_prefill": (128, 1, False), "int4p_prefill64": (64, 1, False),
@@ -172,7 +174,7 @@ _INT4P_PREFILL_TILES = {"int4p_prefill": (128, 1, False), "int4p_prefill64": (64
 
 def wants_int4p_streamk_build(fam: KernelFamily, arch: ArchInfo) -> bool:
     """The decode kernel's stream-K instance (the decode rule's choice for wave tails, 16-bit
-    activations only: ``int4p.launch._streamk_tail``) built beside the default one."""
+    activations only: ``dispatch.int4._streamk_tail``) built beside the default one."""
     return wants_int4p_build(fam, arch) and fam.a.value in ("bf16", "fp16")
 
 
@@ -180,10 +182,12 @@ def _compile_int4p(fam: KernelFamily, arch: ArchInfo, t0: float, streamk: bool =
                    ) -> tuple[BuildResult, object]:
     from triton.backends.compiler import GPUTarget
 
-    from .kernels.int4p.launch import (STREAMK_CONFIG, W_SCALE_OF_SCHEME, compile_options, compile_source, default_config,
-                                kernel_name)
+    from .device import for_arch
+    from .dispatch.int4 import STREAMK_CONFIG, default_config
+    from .kernels.int4p.config import W_SCALE_OF_SCHEME, kernel_name
+    from .kernels.int4p.launch import compile_options, compile_source
 
-    cfg = STREAMK_CONFIG if streamk else default_config(*DECODE_SHAPE, arch.typical_sms, fam.a.value)
+    cfg = STREAMK_CONFIG if streamk else default_config(*DECODE_SHAPE, fam.a.value, for_arch(arch.name))
     w_scale = W_SCALE_OF_SCHEME[fam.scheme.value]
     major, minor = arch.capability
     return _attempt(kernel_name(fam.a.value, w_scale, cfg), fam.name, f"int4p_{cfg.tag}", t0,

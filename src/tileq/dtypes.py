@@ -1,7 +1,7 @@
 """Operand types, the packed-int4 wrapper and the legal operand pairs.
 
 An operand type has a short name used in kernel names (``i8``, ``fp8``, ``bf8``, ``i4``,
-``bf16``, ``fp16``). Packed int4 follows DESIGN.md: two values per byte along the operand's
+``bf16``, ``fp16``). Packed int4 follows docs/schemes.md: two values per byte along the operand's
 unit-stride dimension, element 2j in the high nibble, value = nibble - 8.
 """
 
@@ -110,7 +110,7 @@ _ALIASES = {
 }
 
 
-# Legal (A, B) pairs, DESIGN.md section 1 "Operand dtypes".
+# Legal (A, B) pairs, docs/schemes.md section 1 "Operand dtypes".
 _F8 = (OperandType.FP8, OperandType.BF8)
 LEGAL_PAIRS: frozenset[tuple[OperandType, OperandType]] = frozenset(
     [(OperandType.I8, OperandType.I8)]

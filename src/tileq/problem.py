@@ -435,7 +435,7 @@ def _check_out(out, m: int, n: int, out_dtype, device) -> None:
 
 
 def _check_int32_overflow(spec: ProblemSpec) -> None:
-    """DESIGN.md: an int32 accumulation that adversarial data could overflow is refused."""
+    """docs/schemes.md: an int32 accumulation that adversarial data could overflow is refused."""
     if not spec.integer_mainloop:
         return
     span = spec.group_k if spec.scheme.grouped else spec.k

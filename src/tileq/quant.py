@@ -1,6 +1,6 @@
 """Host-side quantize / dequantize, int4 packing and scale preshuffling, in plain torch.
 
-A scale is a dequantization multiplier (``x ≈ q * s``, DESIGN.md section 1). Every function keeps
+A scale is a dequantization multiplier (``x ≈ q * s``, docs/schemes.md section 1). Every function keeps
 the device of its input and computes in fp32.
 """
 
@@ -29,7 +29,7 @@ INT4_SCALE_DIVISOR = 7.5
 
 _EPS = 1e-12
 _TINY = torch.finfo(torch.float32).tiny
-_SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # DESIGN.md: upcast to fp32
+_SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # docs/schemes.md: upcast to fp32
 
 
 # ----------------------------------------------------------------------------- quantize
@@ -133,7 +133,7 @@ def _check_finite(xf: torch.Tensor, arg: str) -> None:
 
 
 def _unit_stride_dim(x: torch.Tensor) -> int:
-    # DESIGN.md: the int4 pair runs along the operand's unit-stride dimension. A size-1 dim says
+    # docs/schemes.md: the int4 pair runs along the operand's unit-stride dimension. A size-1 dim says
     # nothing about the layout, so prefer a dimension that is both unit-stride and non-trivial.
     if x.stride(1) == 1 and x.shape[1] > 1:
         return 1
@@ -213,7 +213,7 @@ def _quantize_as(x, dtype, granularity, blocks: dict, pack_dim, arg, clip_search
         valid = ", ".join(repr(g) for g in blocks)
         raise ScaleError(expect("granularity", f"one of {valid}", repr(granularity)))
     q, scale = _quantize(x, dtype, blocks[granularity], _EPS, pack_dim, arg, clip_search)
-    # Contract shapes (DESIGN.md section 1): scalar 0-d, per-row [M] / per-column [N], groups 2-D.
+    # Contract shapes (docs/schemes.md section 1): scalar 0-d, per-row [M] / per-column [N], groups 2-D.
     if granularity == "tensor":
         return q, scale.reshape(())
     if granularity in ("row", "col"):
@@ -292,7 +292,7 @@ def dequantize_a(q, scale, *, group_k=128) -> torch.Tensor:
 def dequantize_b(q, scale, *, group_k=128, group_n=None) -> torch.Tensor:
     """Dequantize the logical B [K, N] with a scalar, [N] / [1, N] or [Gk, Gn] scale.
 
-    ``group_n`` defaults to 1 when ``scale.shape[1] == N``, else 128 (DESIGN.md: 1 or 128).
+    ``group_n`` defaults to 1 when ``scale.shape[1] == N``, else 128 (docs/schemes.md: 1 or 128).
     """
     K, N = _logical_shape(q, "q")
     scale = _check_scale(scale)
@@ -348,7 +348,7 @@ def _check_scale(scale) -> torch.Tensor:
 def pack_int4(x, dim=-1) -> PackedInt4:
     """Pack a 2-D integer tensor with values in [-8, 7], pairs along ``dim``.
 
-    byte = ((x[2j] + 8) << 4) | (x[2j+1] + 8): element 2j in the high nibble (DESIGN.md pk_int4).
+    byte = ((x[2j] + 8) << 4) | (x[2j+1] + 8): element 2j in the high nibble (docs/schemes.md section 3).
     The packed data keeps x's orientation with ``dim`` halved and of unit stride.
     """
     _check_2d(x, "x")

@@ -1,8 +1,8 @@
-"""The torch reference: DESIGN.md's formulas, executed literally. Ground truth of every test.
+"""The torch reference: the formulas of docs/schemes.md section 1, executed literally. Ground truth of every test.
 
 Products are formed in float64, which is exact for int8 and int4 operands (|sum| < 2**53) and
 well above fp32 accuracy for float ones. Each K-group's sum is then rounded to fp32, scaled in
-fp32 and accumulated in fp32, and the epilogue runs in DESIGN.md's order:
+fp32 and accumulated in fp32, and the epilogue runs in the epilogue order of docs/schemes.md section 1:
 ``acc_in + mainloop -> fp32 -> * a_scale rows -> * b_scale columns -> + bias -> cast``.
 Works on CPU and CUDA tensors alike.
 """

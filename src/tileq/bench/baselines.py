@@ -14,7 +14,7 @@ substitute). Kinds:
   peer         an optional library (vLLM, DeepGEMM, torchao), used only where importable
 
 "The best baseline" of a shape is the fastest fused / unfused / peer entry that passed the gate.
-Facts about the torch entry points are DESIGN.md section 7's (checked on an H200).
+Facts about the torch entry points are docs/schemes.md section 6's (checked on an H200).
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def build_scaled_rowwise(ops: Operands, ctx: Context) -> Runnable:
 
 
 def build_blockwise(ops: Operands, ctx: Context) -> Runnable:
-    """cuBLASLt 1x128 x 128x128 through F.scaled_mm, with DESIGN.md section 7's padding."""
+    """cuBLASLt 1x128 x 128x128 through F.scaled_mm, with docs/schemes.md section 6's padding."""
     m, n, k = ops.m, ops.n, ops.k
     gk, gn = -(-k // GROUP_K), -(-n // 128)
     m4 = -(-m // 4) * 4  # M must be a multiple of 4

@@ -24,7 +24,7 @@ from ..dtypes import OperandType, PackedInt4, check_pair, parse_operand_type
 from ..errors import LayoutError, ShapeError, UnsupportedError, expect
 from ..problem import LAYOUTS, ScaleLayout, Scheme, parse_scheme
 
-GROUP_K = 128  # DESIGN.md's default group_k; the block-wise torch baseline assumes it too
+GROUP_K = 128  # the default group_k (docs/schemes.md section 1); the block-wise torch baseline assumes it too
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Case:
 
     def unsupported_reason(self, m: int, n: int, k: int) -> str | None:
         """Why this case cannot run an (m, n, k) shape, or None."""
-        # int4 packs pairs along the operand's unit-stride dimension (DESIGN.md pk_int4).
+        # int4 packs pairs along the operand's unit-stride dimension (docs/schemes.md section 3).
         if self.a is OperandType.I4:
             dim, extent = ("K", k) if self.layout[0] == "r" else ("M", m)
             if extent % 2:

@@ -87,15 +87,17 @@ def measure(ms, configs, timer: Timer, copy_tbs: float) -> list[dict]:
 
 def act_quant_sweep(ks, ms, timer: Timer, hot: Timer, copy_tbps: float) -> list[dict]:
     """The row quantization's heuristic at large M, A/B in one run: LARGE_M off (16 warps per
-    row) against elements-per-thread settings; and, at small M, the in-model cost of one call:
+    row) against elements-per-thread settings (ACT_QUANT_LARGE_M, thresholds.py); and, at small M, the in-model cost of one call:
     20 back-to-back calls on L2-resident activations (a layer's input was just written by the
     kernel before it), per call."""
     from .. import activation
-    from ..kernels import act_quant
+    from ..device import facts
+    from ..dispatch import thresholds
 
     dev = torch.device("cuda")
     rows = []
-    saved = (act_quant.LARGE_M, act_quant.LARGE_M_ELEMS_PER_THREAD)
+    table = thresholds.for_arch(facts(dev).arch.name)  # (patched in place for the A/B, restored after)
+    saved = (table.ACT_QUANT_LARGE_M, table.ACT_QUANT_LARGE_M_ELEMS_PER_THREAD)
     try:
         for k in ks:
             for m in ms:
@@ -105,7 +107,7 @@ def act_quant_sweep(ks, ms, timer: Timer, hot: Timer, copy_tbps: float) -> list[
                 if m < 256:
                     variants = [("default", *saved)]
                 for label, large_m, ept in variants:
-                    act_quant.LARGE_M, act_quant.LARGE_M_ELEMS_PER_THREAD = large_m, ept
+                    table.ACT_QUANT_LARGE_M, table.ACT_QUANT_LARGE_M_ELEMS_PER_THREAD = large_m, ept
                     activation._CACHE.clear()
                     fn = lambda: activation.quantize_activation(x, "int8")  # noqa: E731
                     cold = timer.measure(fn).median_ms * 1e3
@@ -118,7 +120,7 @@ def act_quant_sweep(ks, ms, timer: Timer, hot: Timer, copy_tbps: float) -> list[
                         row["us_hot"] = burst
                     rows.append(row)
     finally:
-        act_quant.LARGE_M, act_quant.LARGE_M_ELEMS_PER_THREAD = saved
+        table.ACT_QUANT_LARGE_M, table.ACT_QUANT_LARGE_M_ELEMS_PER_THREAD = saved
         activation._CACHE.clear()
     return rows
 

@@ -134,7 +134,7 @@ def compare_runs(old: list[Result], new: list[Result], *, threshold: float = 0.0
                  metric: str = "relative") -> tuple[list[Change], list[str]]:
     """tileq regressions of ``new`` against ``old``: (changes slower than threshold, notes).
 
-    ``relative`` (default; DESIGN.md: quote ratios from one run, never absolute times across
+    ``relative`` (default; docs/schemes.md: quote ratios from one run, never absolute times across
     runs): tileq's time divided by bf16 torch.matmul's time at the same shape in the same run.
     ``absolute``: tileq's times directly.
     """

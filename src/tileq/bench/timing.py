@@ -1,4 +1,4 @@
-"""GPU timing, the environment record and the measured ceilings (DESIGN.md section 7).
+"""GPU timing, the environment record and the measured ceilings (docs/schemes.md section 6).
 
 Each timed run is bracketed by its own pair of CUDA events. Before each run the L2 is flushed by
 reading a buffer twice its size (so every run reads its operands from HBM, as a layer in a model
@@ -65,7 +65,7 @@ class Timer:
         self.flush_buf = None
         self.flush_sink = None
         if cfg.flush != "none":
-            # 2x the L2 (DESIGN.md: at least twice the 60 MB of an H200); 64 MiB floor when the
+            # 2x the L2 (docs/schemes.md: at least twice the 60 MB of an H200); 64 MiB floor when the
             # property is missing.
             nbytes = max(2 * self.l2_bytes, 64 << 20)
             self.flush_buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
@@ -205,7 +205,7 @@ def environment(device: torch.device) -> dict:
 
 @dataclass
 class Ceilings:
-    """Measured ceilings (DESIGN.md: work out FLOPs at the measured peak, bytes at the copy)."""
+    """Measured ceilings (docs/schemes.md: work out FLOPs at the measured peak, bytes at the copy)."""
 
     copy_tbps: float | None = None
     peak_tflops: dict = field(default_factory=dict)  # 'bf16' | 'fp8' | 'int8' -> TFLOP/s (TOP/s)

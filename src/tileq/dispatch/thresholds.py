@@ -79,6 +79,12 @@ SM90: dict[str, Threshold] = {
     "GLUON_SWAP_COLUMN_GROUPS": Threshold(
         1, "bquant with one-column b_scale groups runs swapped (1.69x the portable kernel)",
         _H200 + "gluon/bquant-swapped/"),
+    # --- activation quantization (dispatch/act_quant.py) ---
+    "ACT_QUANT_LARGE_M": Threshold(
+        256, "row quantization from this many rows takes fewer warps per program (many programs stream "
+             "at once; with 16 warps the kernel ran at 2.1-2.5x its byte floor at M = 4096)", _H200 + "act-quant/"),
+    "ACT_QUANT_LARGE_M_ELEMS_PER_THREAD": Threshold(
+        64, "... about this many elements per thread", _H200 + "act-quant/"),
     "GLUON_EPI_PRELOAD": Threshold(
         1, "schemes without group scales load the epilogue's vectors at each tile's start (1.02-1.10x)",
         _H200 + "gluon/preload/"),

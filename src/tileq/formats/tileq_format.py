@@ -30,7 +30,7 @@ Tensors of layer ``L`` (exactly ``tileq.nn.QuantLinear``'s state dict):
 - ``L.weight``: int8 [N, K] (A8W8, W8A16); float8_e4m3fn [N, K] (FP8Row, FP8Block); uint8
   [N, K / 2] for int4 (W4A16, W4A8), ``packing: "pk_int4"``: byte ``j`` of row ``n`` holds the
   values at k = 2j (high nibble) and k = 2j + 1 (low nibble), stored as value + 8 (nibble 0 is
-  -8, 15 is 7): CK's pk_int4 order, DESIGN.md section 1. Row-major, K contiguous.
+  -8, 15 is 7): CK's pk_int4 order, docs/schemes.md section 1. Row-major, K contiguous.
 - ``L.weight_scale``: float32, the dequantization multiplier (w = q * s) in the b_scale layout of
   the logical B = weight^T: [N] for per-channel configs (``group_k``/``group_n`` null); for groups
   [ceil(K / group_k), ceil(N / group_n)] row-major, group (g, h) covering k in

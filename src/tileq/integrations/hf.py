@@ -4,8 +4,8 @@
     print(fuse_decoder_(model))
 
 Why: an eager Hugging Face decode step is dominated by host time, every kernel launch costing
-microseconds (a bf16 Qwen3-14B spends 66 ms per token on GEMMs needing 7.45 ms, DESIGN.md section
-7). After ``quantize_`` a decoder layer runs 7 activation quantizations + 7 GEMMs, two RMSNorms of
+microseconds (a bf16 Qwen3-14B spends 66 ms per token on GEMMs needing 7.45 ms, docs/schemes.md
+section 6). After ``quantize_`` a decoder layer runs 7 activation quantizations + 7 GEMMs, two RMSNorms of
 about 8 eager ops each and two residual adds. ``fuse_decoder_`` rewrites each Llama / Qwen2 / Qwen3
 / Mistral decoder layer in place, as vLLM does:
 

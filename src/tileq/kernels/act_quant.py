@@ -20,7 +20,7 @@ import torch
 
 from .. import quant
 from ..dtypes import OperandType
-from ..errors import UnsupportedError, expect
+
 from .act_quant_kernel import _add_rmsnorm_quantize_kernel, _quantize_activation_kernel  # noqa: F401
 from .direct import KernelCall, direct_launch_enabled
 
@@ -35,19 +35,6 @@ _FLT_MAX = torch.finfo(torch.float32).max
 # thread at 16 warps; longer 'row'/'tensor' rows take the two-pass loop over LOOP_CHUNK elements.
 MAX_REGISTER_ELEMS = 32768
 LOOP_CHUNK = 8192
-# About 16 values per thread: two 16-byte loads of bf16 each, a row of 5120 in 16 warps
-# (designed, not yet measured: to be checked on the H200).
-ELEMS_PER_THREAD = 16
-MAX_WARPS = 16
-# From this many rows on, row programs get fewer warps (about 64 elements per thread): with 16
-# warps a program per row left 2-4 programs per SM and the row kernel at M = 4096 ran at 2.1-2.5x
-# its byte floor (H200, 2026-12-01); fewer warps let many programs stream at once.
-LARGE_M = 256
-LARGE_M_ELEMS_PER_THREAD = 64
-# A 'group' program covers about this many elements (several groups), so that small M still
-# spreads over many SMs: K = 17408 with groups of 128 makes 9 programs per row.
-GROUP_TILE_ELEMS = 2048
-
 _X_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
@@ -86,58 +73,6 @@ def _is_pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-def _split(n: int) -> tuple[int, int]:
-    """(head, tail) powers of two covering n units with the fewest: one power of two, or the
-    largest one below n plus a power of two for the rest (17408 = 16384 + 1024, not 32768)."""
-    single = _pow2_ceil(n)
-    head = _pow2_floor(n)
-    rest = n - head
-    tail = _pow2_ceil(rest) if rest else 0
-    return (head, tail) if head + tail < single else (single, 0)
-
-
-def _warps(elems: int, m: int = 1) -> int:
-    if m >= LARGE_M:
-        return min(MAX_WARPS, max(1, _pow2_floor(-(-elems // (32 * LARGE_M_ELEMS_PER_THREAD)))))
-    return min(MAX_WARPS, _pow2_ceil(-(-elems // (32 * ELEMS_PER_THREAD))))
-
-
-def _groups_per_program(n_groups: int, gp: int) -> int:
-    """Groups per 'group' program: the largest power of two up to GROUP_TILE_ELEMS / gp whose
-    last program is not mostly idle (padding at most 1/8 of the groups; Gk = 40 -> 8, 136 -> 16)."""
-    gpp = min(max(1, GROUP_TILE_ELEMS // gp), _pow2_ceil(n_groups))
-    while gpp > 1 and (-(-n_groups // gpp)) * gpp - n_groups > n_groups / 8:
-        gpp //= 2
-    return gpp
-
-
-def act_quant_config(k: int, granularity: str, group_k: int, *, fused: bool = False,
-                     m: int = 1) -> ActQuantConfig:
-    """The deterministic heuristic (K >= 1; ``m`` rows). Raises UnsupportedError where the kernels
-    have no layout: groups wider than MAX_REGISTER_ELEMS, a fused row longer than it."""
-    if granularity == "group":
-        gp = _pow2_ceil(min(group_k, k))
-        n_groups = -(-k // group_k)
-        if fused:  # the whole row in one program: head and tail pieces of whole groups
-            hr, tr = _split(n_groups)
-            cfg = ActQuantConfig(hr, gp, tr, gp if tr else 0, 0, 0, 1)
-        else:
-            gpp = _groups_per_program(n_groups, gp)
-            cfg = ActQuantConfig(gpp, gp, 0, 0, 0, 0, -(-n_groups // gpp))
-    else:
-        if k > MAX_REGISTER_ELEMS and not fused:
-            return ActQuantConfig(1, 0, 0, 0, LOOP_CHUNK, _warps(LOOP_CHUNK), 1)
-        hc, tc = _split(k)
-        cfg = ActQuantConfig(1, hc, 1 if tc else 0, tc, 0, 0, 1)
-    if cfg.elems > MAX_REGISTER_ELEMS:
-        what = f"group_k={group_k}" if granularity == "group" and not fused else f"K={k}"
-        raise UnsupportedError(expect(
-            "x", f"rows (fused) or groups of at most {MAX_REGISTER_ELEMS} elements for the Triton "
-            "kernel (they are held in registers); use backend='reference'", what))
-    rows = m if (granularity != "group" or fused) else 1  # group programs are already small
-    return ActQuantConfig(cfg.hr, cfg.hc, cfg.tr, cfg.tc, 0, _warps(cfg.elems, rows), cfg.grid_k)
-
-
 def config_ok(cfg: ActQuantConfig, k: int, granularity: str, group_k: int) -> bool:
     """The one legality predicate: power-of-two pieces covering every element (and group) of a
     row exactly once per program layout, within the register budget."""
@@ -173,8 +108,7 @@ class ActQuantLaunch:
 
     def __init__(self, *, x_shape, device, m: int, k: int, row_stride: int, x_dtype, otype,
                  granularity: str, group_k: int, s_shape, s_strides, scale_dtype, scale_val: float,
-                 interpreted: bool):
-        cfg = act_quant_config(k, granularity, group_k, m=m)
+                 interpreted: bool, cfg: ActQuantConfig):
         grouped = granularity == "group"
         self.q_shape, self.q_dtype = tuple(x_shape), otype.torch_dtype
         self.s_shape, self.s_strides, self.device = tuple(s_shape), tuple(s_strides), device
@@ -213,8 +147,7 @@ class AddRmsNormQuantLaunch:
 
     def __init__(self, *, x_shape, device, m: int, k: int, x_stride: int, r_stride: int | None,
                  x_dtype, otype, granularity: str, group_k: int, s_shape, s_strides, eps: float,
-                 interpreted: bool):
-        cfg = act_quant_config(k, granularity, group_k, fused=True, m=m)
+                 interpreted: bool, cfg: ActQuantConfig):
         grouped = granularity == "group"
         self.q_shape, self.q_dtype, self.x_dtype = tuple(x_shape), otype.torch_dtype, x_dtype
         self.s_shape, self.s_strides, self.device = tuple(s_shape), tuple(s_strides), device

@@ -8,7 +8,7 @@ The math is the offline helper's (``tileq.quant.quantize_a``), bit for bit on fi
 ``amax = max |x|``, ``s = max(amax / QMAX, EPS)`` and ``y = clamp(x / s, -QMAX, QMAX)`` in fp32
 with IEEE (round-to-nearest) divisions, then int8 rounds half to even and fp8/bf8 casts round to
 nearest even. NaN policy: a row (a group, for 'group') holding NaN or ±inf gets a NaN scale and
-q = 0, so a GEMM reading it makes that row's outputs NaN (DESIGN.md section 4).
+q = 0, so a GEMM reading it makes that row's outputs NaN (docs/schemes.md section 4).
 
 A program holds its values in registers as one or two "pieces", each a [R, C] tile (C a power of
 two): element (r, c) of a piece starting at ``base`` is k = base + r * GROUP_K + c for groups (row

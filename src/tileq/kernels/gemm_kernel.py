@@ -2,7 +2,7 @@
 
 A and B tiles are loaded in their stored layout, int4 is unpacked in registers and converted
 (exactly) to the partner's type, the product runs on the matrix units, group scales are
-promoted inside the K loop, and the epilogue follows DESIGN.md's order:
+promoted inside the K loop, and the epilogue follows the epilogue order of docs/schemes.md section 1:
 ``acc_in + mainloop -> fp32 -> * a_scale rows -> * b_scale columns -> + bias -> cast``.
 
 With SPLIT_K > 1 each program reduces a strided share of the K tiles and writes its fp32 partial

@@ -113,7 +113,7 @@ class FP8BlockConfig(QuantConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.block_size != 128:
-            # The kernels' grouped N scales are 1 or 128 wide (DESIGN.md section 1).
+            # The kernels' grouped N scales are 1 or 128 wide (docs/schemes.md section 1).
             raise UnsupportedError(expect("block_size", "128", repr(self.block_size)))
 
     @property

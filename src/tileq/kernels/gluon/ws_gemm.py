@@ -32,7 +32,7 @@ DeepGEMM and CUTLASS, the promotion of one warpgroup overlaps the wgmma of the o
 - group-scaled fp8: the main loop unrolled by two, each parity's scales loaded two K steps ahead;
 - the tiles of the last, partial wave optionally split over K (SPLIT_K): fp32 partials in a
   workspace, summed in order by ``split_reduce.py``;
-- epilogue per consumer, in DESIGN.md's order: acc_in, row scale, column scale, bias, cast;
+- epilogue per consumer, in the epilogue order of docs/schemes.md section 1: acc_in, row scale, column scale, bias, cast;
   stored with a TMA store from shared memory (its wait deferred to the next tile's epilogue) or,
   when the output's rows are not 16-byte aligned, with masked stores.
 
