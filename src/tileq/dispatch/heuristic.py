@@ -19,6 +19,7 @@ from ..problem import ProblemSpec, ScaleLayout
 from ..device import ArchInfo
 from ..kernels.config import TileConfig, config_problem
 from . import thresholds
+from .waves import split_for_programs
 
 
 @lru_cache(maxsize=1)
@@ -73,8 +74,8 @@ def heuristic_config(spec: ProblemSpec, arch: ArchInfo, pipeline: str, num_sms: 
         tiles = math.ceil(spec.m / bm) * math.ceil(spec.n / bn)
         k_tiles = max(math.ceil(spec.k / bk), 1)
         # Enough programs to keep every SM streaming, each with enough K tiles.
-        want = math.ceil(t.DECODE_SPLIT_PROGRAMS_PER_SM * num_sms / max(tiles, 1))
-        sk = max(1, min(want, k_tiles // t.DECODE_SPLIT_MIN_K_TILES, t.DECODE_SPLIT_MAX))
+        sk = split_for_programs(tiles, t.DECODE_SPLIT_PROGRAMS_PER_SM * num_sms, k_tiles,
+                                t.DECODE_SPLIT_MIN_K_TILES, t.DECODE_SPLIT_MAX)
     else:
         # Skinny or small problems: halve the tile until the grid covers the SMs once.
         while bn > 64 and math.ceil(spec.m / bm) * math.ceil(spec.n / bn) < num_sms:
@@ -104,8 +105,8 @@ def _decode_swapped(spec: ProblemSpec, arch: ArchInfo, bk: int, w: int, s: int,
     if spec.scheme.grouped:
         # A split over K where 64-row tiles alone leave SMs idle (each split >= 4 K tiles).
         k_tiles = max(math.ceil(spec.k / bk), 1)
-        split = max(1, min(math.ceil(t.DECODE_SWAP_SPLIT_PROGRAMS_PER_SM * num_sms / tiles),
-                           t.DECODE_SWAP_SPLIT_MAX, k_tiles // t.DECODE_SPLIT_MIN_K_TILES))
+        split = split_for_programs(tiles, t.DECODE_SWAP_SPLIT_PROGRAMS_PER_SM * num_sms, k_tiles,
+                                   t.DECODE_SPLIT_MIN_K_TILES, t.DECODE_SWAP_SPLIT_MAX)
         cfg = TileConfig(64, m_tile, bk, w, s, split, swap_ab=True)
     else:
         cfg = TileConfig(64, m_tile, 256 if _width(spec) == "8bit" else 128, w, s, 1, swap_ab=True)

@@ -8,6 +8,8 @@ of ``tiles`` programs on ``slots`` concurrent program slots (SMs x programs per 
 
 from __future__ import annotations
 
+import math
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -51,3 +53,9 @@ def streamk_cost(dp_tiles: int, k_steps: int, per: int, slots: int, overhead) ->
     its ``per`` (tile, K step) units of the rest, and ``overhead`` steps (its partial tiles'
     epilogues and the fix-up)."""
     return dp_tiles // slots * k_steps + per + overhead
+
+
+def split_for_programs(tiles: int, programs: float, k_steps: int, min_steps: int, max_split: int) -> int:
+    """K ranges per tile so that ``tiles`` tiles make about ``programs`` programs (1: none), each
+    range at least ``min_steps`` K steps, at most ``max_split``."""
+    return max(1, min(math.ceil(programs / max(tiles, 1)), k_steps // min_steps, max_split))
