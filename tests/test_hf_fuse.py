@@ -328,3 +328,51 @@ def test_refusal_unknown_layer_class():
     assert "no decoder layers found" in str(fuse_decoder_(torch.nn.Linear(2, 2)))
     with pytest.raises(UnsupportedError, match="model: expected a torch.nn.Module"):
         fuse_decoder_("model")
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+SAVE_CONFIGS = [tnn.A8W8Config(), tnn.FP8RowConfig(), tnn.FP8BlockConfig(), tnn.W8A16Config(),
+                tnn.W4A16Config(), tnn.W4A8Config()]
+
+
+@pytest.mark.parametrize("config", SAVE_CONFIGS, ids=lambda c: c.name)
+def test_fused_model_saves_the_standard_layout(config, tmp_path):
+    from tileq.formats import from_pretrained, save_pretrained
+
+    model = tiny("qwen3", config)
+    fused, summary = fused_copy(model)
+    assert summary.fused == ["model.layers.0", "model.layers.1"], str(summary)
+    before = {k: v.clone() for k, v in fused.state_dict().items()}
+    save_pretrained(fused, tmp_path)
+    # The fused model is left as it was ...
+    assert isinstance(fused.model.layers[0].self_attn.qkv_proj, tnn.QuantLinear)
+    after = fused.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    # ... and the checkpoint is the unfused model's: it loads, with the same tensors and logits as
+    # the unfused model's own checkpoint.
+    save_pretrained(model, tmp_path / "unfused")
+    loaded, want = from_pretrained(tmp_path), from_pretrained(tmp_path / "unfused")
+    assert isinstance(loaded.model.layers[0].self_attn.q_proj, tnn.QuantLinear)
+    got_state, want_state = loaded.state_dict(), want.state_dict()
+    assert got_state.keys() == want_state.keys()
+    assert all(torch.equal(got_state[k], want_state[k]) for k in want_state)
+    x = ids(batch=1, seq=5)
+    assert torch.equal(logits(loaded, x), logits(want, x))
+
+
+def test_fused_checkpoint_says_what_happened(tmp_path):
+    from tileq.errors import CheckpointError
+    from tileq.formats import from_pretrained, save_pretrained
+    from tileq.formats.safetensors_io import CheckpointReader, write_checkpoint
+
+    model = tiny("qwen3", tnn.A8W8Config())
+    save_pretrained(model, tmp_path)
+    # A checkpoint holding merged tensors, as fused models were once written.
+    with CheckpointReader(tmp_path) as reader:
+        tensors = [(k.replace("self_attn.q_proj.", "self_attn.qkv_proj."), reader.read(k)) for k in reader.keys()]
+    for f in tmp_path.glob("*.safetensors"):
+        f.unlink()
+    write_checkpoint(tensors, tmp_path)
+    with pytest.raises(CheckpointError, match=r"self_attn\.qkv_proj.*fuse_decoder_.*Save the model again"):
+        from_pretrained(tmp_path)

@@ -36,6 +36,10 @@ class ArchError(TileqError, ValueError):
     """An architecture missing from the arch table, or one that cannot run a dtype."""
 
 
+class CheckpointError(TileqError, ValueError):
+    """A checkpoint that cannot be read: missing, truncated, corrupt or inconsistent files."""
+
+
 def expect(arg: str, expected: str, got: object) -> str:
     """Format the standard message: ``arg: expected ..., got ...``."""
     return f"{arg}: expected {expected}, got {got}"
@@ -49,5 +53,6 @@ __all__ = [
     "ScaleError",
     "UnsupportedError",
     "ArchError",
+    "CheckpointError",
     "expect",
 ]

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import DTypeError, ShapeError, TileqError, UnsupportedError, expect
+from ..errors import CheckpointError, DTypeError, ShapeError, TileqError, UnsupportedError, expect
 from ..nn.configs import INT4_LAYOUTS
 from . import compressed_tensors as ct
 from . import deepseek_fp8 as dsf
@@ -122,6 +122,7 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
     else:
         parsed = tqf.parse_config(qc)
     with CheckpointReader(path, on_read=on_read) as reader:
+        _refuse_fused(reader)
         model = _build_skeleton(path, dtype, trust_remote_code, model_class)
         plans = _plan(model, method, parsed, reader)
         _check_not_tied(model, plans)
@@ -149,6 +150,22 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
     model.eval()
     model.tileq_checkpoint_format = method
     return model
+
+
+_FUSED = (".self_attn.qkv_proj.", ".mlp.gate_up_proj.")
+
+
+def _refuse_fused(reader: CheckpointReader) -> None:
+    """A checkpoint of a decoder fused by ``tileq.integrations.hf.fuse_decoder_`` (merged q/k/v and
+    gate/up tensors), which a model built from its config has no place for: say so."""
+    fused = next((k for k in reader.keys() if any(f in k for f in _FUSED)), None)
+    if fused is not None:
+        raise CheckpointError(
+            f"{fused}: this checkpoint holds a fused decoder's merged projections (self_attn.qkv_proj, "
+            f"mlp.gate_up_proj), written from a model fused with tileq.integrations.hf.fuse_decoder_ by a "
+            f"tileq that saved fused layers as they were; the model's config builds q/k/v_proj and "
+            f"gate/up_proj. Save the model again with this tileq (save_pretrained writes the standard layout "
+            f"from a fused model), then call fuse_decoder_ after loading")
 
 
 def _plan(model, method: str, parsed, reader: CheckpointReader) -> dict:
@@ -277,14 +294,16 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
     tileq's format. Returns the format written. Reloading with ``from_pretrained`` gives back the
     same tensors bit for bit.
     """
-    from ..nn import QuantLinear
-
     if format not in ("auto", ct.QUANT_METHOD, tqf.QUANT_METHOD):
         raise UnsupportedError(expect("format", "'auto', 'compressed-tensors' or 'tileq'", repr(format)))
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise UnsupportedError(expect("model", "a transformers model (with a .config)", type(model).__name__))
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantLinear)}
+    from ..integrations.hf import unfused_layers
+
+    # A fused decoder (fuse_decoder_) is written in the standard layout: its merged q/k/v and
+    # gate/up layers split back (copies; the model stays fused).
+    layers, merged = unfused_layers(model)
     if not layers:
         raise UnsupportedError(expect("model", "a model with tileq QuantLinear layers (see tileq.quantize_)",
                                       "no QuantLinear layer"))
@@ -296,7 +315,7 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
     fmt = tqf.QUANT_METHOD if format == tqf.QUANT_METHOD or blocked else ct.QUANT_METHOD
 
     tensors = []
-    for name, t in _plain_state(model, layers):
+    for name, t in _plain_state(model, set(layers) | merged):
         tensors.append((name, t))
     for name, layer in layers.items():
         tensors += ct.layer_tensors(name, layer) if fmt == ct.QUANT_METHOD else tqf.layer_tensors(name, layer)
@@ -323,7 +342,7 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
     return fmt
 
 
-def _plain_state(model, layers: dict):
+def _plain_state(model, layers):
     """(name, tensor) for every persistent parameter / buffer outside the QuantLinear layers; a
     parameter shared under several names (tied embeddings) is written once, under its first name,
     as transformers does (the loader's model re-ties it)."""

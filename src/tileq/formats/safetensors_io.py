@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import TileqError, expect
+from ..errors import CheckpointError, expect  # noqa: F401 (CheckpointError re-exported)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -41,10 +41,6 @@ _DTYPES = {
 }
 if hasattr(torch, "float8_e8m0fnu"):
     _DTYPES["F8_E8M0"] = torch.float8_e8m0fnu
-
-
-class CheckpointError(TileqError, ValueError):
-    """A checkpoint file that cannot be read: missing, truncated, corrupt or inconsistent."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -218,6 +218,28 @@ def split_quant_linear(merged: QuantLinear, sizes, has_bias) -> list[QuantLinear
     return parts
 
 
+def unfused_layers(model: nn.Module) -> tuple[dict[str, QuantLinear], set[str]]:
+    """(every QuantLinear of ``model`` by its name in the standard, unfused layout, the names of
+    the merged layers it split): a fused decoder's ``qkv_proj`` / ``gate_up_proj`` become fresh
+    ``q_proj`` / ``k_proj`` / ``v_proj`` and ``gate_proj`` / ``up_proj`` layers; the model is not
+    modified (``save_pretrained`` writes checkpoints in the layout every loader knows)."""
+    parts = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    out, merged = {}, set()
+    for name, mod in model.named_modules():
+        if not isinstance(mod, QuantLinear):
+            continue
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if leaf in parts and hasattr(parent, "_tileq_split"):
+            split = split_quant_linear(mod, parent._tileq_split, parent._tileq_bias)
+            for part, layer in zip(parts[leaf], split):
+                out[f"{parent_name}.{part}" if parent_name else part] = layer
+            merged.add(name)
+        else:
+            out[name] = mod
+    return out, merged
+
+
 # ----------------------------------------------------------------------------- the fused steps
 
 
