@@ -6,7 +6,7 @@
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
-#              GLUON_SCHEMES, GLUON_ARGS (bench-gluon), INT4_ARGS (bench-int4),
+#              GLUON_CASES, GLUON_ARGS (bench-gluon), INT4_ARGS (bench-int4),
 #              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
 #              CKPT_ARGS (extra arguments of scripts/make_checkpoint.py), CKPT_E2E_ARGS (of its tileq e2e runs).
@@ -49,14 +49,19 @@ for step in "${steps[@]}"; do
       python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
         | tail -40 | tee "$OUT/tests_gluon.log" ;;
     bench-gluon)
-      # Gluon vs the Triton kernel vs cuBLASLt per scheme (GLUON_SCHEMES, default rowcol):
-      # tables and $OUT/gluon*.csv; GLUON_ARGS: extra arguments (--variants, --m, --nk, ...).
-      # The CSVs travel as one archive, gluon_csv.tgz (the device returns a limited number of files).
-      for scheme in ${GLUON_SCHEMES:-rowcol}; do
-        python3 scripts/gluon_bench.py --scheme "$scheme" --out "$OUT" ${GLUON_ARGS:-} 2>&1 \
-          | tee "$OUT/bench_gluon_$scheme.log" | tail -45
-      done
-      (cd "$OUT" && tar czf gluon_csv.tgz gluon*.csv && rm -f gluon*.csv) ;;
+      # The sm_90 Gluon prefill kernel (tileq_gluon) against the portable Triton kernel (tileq_triton)
+      # and the torch baselines over the gluon-prefill suite, every tiling of its wave model timed too
+      # (tileq_gluon:<tiling>), CUDA-graph replays in 3 interleaved rounds: $OUT/gluon/ (results.csv,
+      # report.md, plots), then the wave model replayed on them (tileq replay --rule gluon-tiles,
+      # $OUT/gluon/replay.md). GLUON_CASES: the cases (default rowcol:fp8xfp8:rcr; 'gluon' = all five
+      # of the kernel's); GLUON_ARGS: more tileq bench arguments (--m-max, --shapes, --no-plots, ...).
+      python3 -m tileq bench --suite gluon-prefill --cases "${GLUON_CASES:-rowcol:fp8xfp8:rcr}" \
+        --impls gluon,triton --gluon-tilings --graphs --warmup 10 --runs 30 --rounds 3 --out "$OUT/gluon" \
+        --time-budget "${BENCH_SECONDS:-480}" --no-progress ${GLUON_ARGS:-} 2>&1 | tail -40 | tee "$OUT/bench_gluon.log"
+      brc=${PIPESTATUS[0]}
+      python3 -m tileq replay "$OUT/gluon/results.csv" --rule gluon-tiles --out "$OUT/gluon/replay.md" 2>&1 \
+        | tail -30 | tee -a "$OUT/bench_gluon.log"
+      (exit "$brc") ;;
     layerbench)
       python3 -m tileq layerbench --out "$OUT/layers" ${LAYER_ARGS:-} 2>&1 | tail -60 | tee "$OUT/layerbench.log" ;;
     e2e)

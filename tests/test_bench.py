@@ -499,3 +499,107 @@ def test_timing_flush_modes():
     assert FLUSH_MODES == ("read", "write", "none") and TimingConfig().flush == "read"
     with pytest.raises(ValueError, match="flush: expected one of read, write, none"):
         TimingConfig(flush="zero")
+
+
+# ----------------------------------------------------------------------------- --impls, --gluon-tilings, --rounds
+
+
+def test_report_by_m_range_and_int_mm_alone():
+    """Per M range and model: tileq against the best baseline and, for int8, against torch._int_mm
+    alone (the medians the deleted scripts/gluon_report.py gave); cases without a timed
+    torch._int_mm get no row in that table."""
+    from tileq.bench.report import _by_range, group_by_case
+
+    rows = []
+    int8, fp8 = "rowcol:i8xi8:rcr", "rowcol:fp8xfp8:rcr"
+    for m, vs_base, vs_raw in ((1024, 2.5, 1.2), (4096, 3.0, 1.4), (8192, 2.8, 1.5), (128, 2.0, 1.0)):
+        rows += [_row("qwen3-14b.q_o", m, int8, "tileq", "tileq", 1.0),
+                 _row("qwen3-14b.q_o", m, int8, "torch_int_mm_dequant", "unfused", vs_base),
+                 _row("qwen3-14b.q_o", m, int8, "torch_int_mm", "raw", vs_raw),
+                 _row("llama3-8b.o", m, fp8, "tileq", "tileq", 1.0),
+                 _row("llama3-8b.o", m, fp8, "torch_scaled_mm_rowwise", "fused", 0.9)]
+    text = "\n".join(_by_range(group_by_case(rows)))
+    best, raw = text.split("## By M range and model: tileq vs torch._int_mm alone")
+    assert "| case | M | all shapes | qwen3-14b | llama3-8b |" in best
+    assert f"| {int8} | > 512 | 2.80× (2.50–3.00, n=3) | 2.80× (n=3) | – |" in best
+    assert f"| {int8} | 65-512 | 2.00× (2.00–2.00, n=1) |" in best
+    assert f"| {fp8} | > 512 | 0.90× (0.90–0.90, n=3) | – | 0.90× (n=3) |" in best
+    assert f"| {int8} | > 512 | 1.40× (1.20–1.50, n=3) |" in raw and fp8 not in raw
+    no_raw = [r for r in rows if r.impl != "torch_int_mm"]
+    assert "_int_mm alone" not in "\n".join(_by_range(group_by_case(no_raw)))
+
+
+def test_report_variants_section():
+    rows = synthetic_rows()
+    case = "rowcol:i8xi8:rcr"
+    rows += [_row("p", 4096, case, "tileq_triton", "variant", 0.010 * 64 * 1.25),
+             _row("p", 4096, case, "tileq_gluon:128", "variant", 0.010 * 64 / 1.25),
+             _row("p", 4096, case, "tileq_gluon:64", "variant", status=R.NA, note="x")]
+    text = render(rows, title="syn", env={}, method="m", operands="o")
+    assert "## tileq forced onto one kernel or tiling" in text
+    assert f"| {case} | > 512 | tileq_triton | 1 | 0.80× (0.80–0.80, n=1) | 0.88× (0.88–0.88, n=1) |" in text
+    assert f"| {case} | > 512 | tileq_gluon:128 | 1 | 1.25× (1.25–1.25, n=1) |" in text
+    assert "tileq_gluon:64 |" not in text.split("## tileq forced")[1].split("## ")[0]  # not timed
+    assert "## tileq forced" not in render(synthetic_rows(), title="syn", env={}, method="m", operands="o")
+
+
+def test_forced_variants_count_as_tileq_failures():
+    from tileq.bench.harness import tileq_failures
+
+    rows = [_row("p", 16, "rowcol:i8xi8:rcr", "tileq_gluon:128", "variant", status=R.FAIL),
+            _row("p", 16, "rowcol:i8xi8:rcr", "tileq_prefill", "pipeline", status=R.FAIL),
+            _row("p", 16, "rowcol:i8xi8:rcr", "torch_int_mm", "raw", status=R.ERROR)]
+    assert [r.impl for r in tileq_failures(rows)] == ["tileq_gluon:128"]
+
+
+def test_timing_rounds_combine():
+    from tileq.bench.timing import Timing, combine_rounds
+
+    t = combine_rounds([Timing(1.0, 0.9, 10, "CUDA graph"), Timing(3.0, 0.8, 10, "CUDA graph"),
+                        Timing(2.0, 0.95, 10, "CUDA graph")])
+    assert (t.median_ms, t.min_ms, t.runs, t.note) == (2.0, 0.8, 30, "CUDA graph; 3 rounds")
+    one = Timing(1.0, 0.9, 10)
+    assert combine_rounds([one]) is one
+
+
+def test_bench_impls_and_gluon_tilings_on_cpu(tmp_path, capsys):
+    """On CPU: tileq_triton (the plan forced onto the portable kernel) is gated through the
+    interpreter; the Gluon kernel and its tilings are N/A with the plan's reason, one row per
+    candidate tiling where the kernel serves the problem (prefill), one N/A row where not."""
+    out = tmp_path / "run"
+    rc = tileq.cli.main(["bench", "--suite", "smoke", "--shapes", "gemv|prefill", "--cases",
+                         "rowcol:fp8xfp8:rcr,abquant:fp8xfp8:rcr,bquant:fp8xi4:rcr", "--impls", "triton,gluon",
+                         "--gluon-tilings", "--rounds", "3", "--baselines", "torch_bf16_matmul",
+                         "--out", str(out), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    rows = R.read_csv(out / "results.csv")
+    by = {(r.shape, r.case, r.impl): r for r in rows}
+    for case in ("rowcol:fp8xfp8:rcr", "abquant:fp8xfp8:rcr", "bquant:fp8xi4:rcr"):
+        for shape in ("smoke.gemv", "smoke.prefill"):
+            t, tri = by[(shape, case, "tileq")], by[(shape, case, "tileq_triton")]
+            assert tri.kind == "variant" and tri.status == R.NOT_MEASURED and tri.rel_err < REL_TOL
+            assert tri.kernel == t.kernel and "the plan runs the portable kernel itself" in tri.note
+            assert by[(shape, case, "tileq_gluon")].status == R.NA
+    assert "interpreter" in by[("smoke.prefill", "rowcol:fp8xfp8:rcr", "tileq_gluon")].note
+    tilings = {case: [r.impl for r in rows if r.shape == "smoke.prefill" and r.case == case
+                      and r.impl.startswith("tileq_gluon") and r.impl != "tileq_gluon"]
+               for case in ("rowcol:fp8xfp8:rcr", "abquant:fp8xfp8:rcr", "bquant:fp8xi4:rcr")}
+    assert tilings["rowcol:fp8xfp8:rcr"] == ["tileq_gluon:128", "tileq_gluon:64"]
+    assert tilings["abquant:fp8xfp8:rcr"] == ["tileq_gluon:128", "tileq_gluon:64", "tileq_gluon:256"]
+    assert tilings["bquant:fp8xi4:rcr"] == ["tileq_gluon_tilings"]  # int4: not the Gluon kernel's
+    assert "8-bit rcr prefill only" in by[("smoke.prefill", "bquant:fp8xi4:rcr", "tileq_gluon_tilings")].note
+    assert "prefill only" in by[("smoke.gemv", "rowcol:fp8xfp8:rcr", "tileq_gluon_tilings")].note
+    forced = [r for r in rows if r.impl.startswith("tileq_gluon:")]
+    assert len(forced) == 5 and all(r.status == R.NA and "Gluon needs a GPU" in r.note for r in forced)
+    assert "## tileq forced" not in (out / "report.md").read_text()  # nothing timed on CPU
+    assert tileq.cli.main(["bench", "--suite", "smoke", "--impls", "cuda", "--out", str(tmp_path)]) == 2
+    assert "impls: expected names from gluon, triton" in capsys.readouterr().err
+    assert tileq.cli.main(["bench", "--suite", "smoke", "--rounds", "0", "--out", str(tmp_path)]) == 2
+
+
+def test_gluon_prefill_suite():
+    shapes = load_suite("gluon-prefill")
+    assert len({(s.n, s.k) for s in shapes}) == 11 and len(shapes) == 77
+    assert sorted({s.m for s in shapes}) == [128, 256, 512, 1024, 2048, 4096, 8192]
+    assert [c.name for c in parse_case_list("gluon")] == [
+        "rowcol:fp8xfp8:rcr", "rowcol:fp8xfp8:rcr:fast", "abquant:fp8xfp8:rcr", "rowcol:i8xi8:rcr", "bquant:fp8xfp8:rcr"]

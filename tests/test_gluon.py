@@ -1136,62 +1136,37 @@ def test_gpu_cuda_graph_capture(gluon_on):
     assert len(gluon_on) == 3
 
 
-def _script(name):
-    import importlib.util
+def test_bench_builds_each_gluon_cases_baseline():
+    """tileq bench's Gluon cases (--cases gluon; scripts/gpu_run.sh bench-gluon): the kernel serves
+    each, and each gets its torch baseline from the registry, built from the case's operands
+    (cuBLASLt row-wise with the case's accumulation, block-wise, torch._int_mm + dequantization);
+    int8 also torch._int_mm alone (the report's vs-_int_mm table); bquant's one-column weight
+    groups have no torch product (no baseline: the Triton kernel and bf16 matmul stand beside it)."""
+    from tileq.bench.baselines import REGISTRY, SAME_MATH_KINDS, Context
+    from tileq.bench.cases import (build_operands, draw_activation, draw_weight, parse_case_list,
+                                   quantize_weight_side)
 
-    path = ROOT / "scripts" / f"{name}.py"
-    mod_spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    return mod
-
-
-def test_bench_script_builds_its_baselines():
-    """scripts/gluon_bench.py (GPU only) builds each scheme's torch baseline from a problem."""
-    from tileq.problem import build_problem
-
-    bench = _script("gluon_bench")
-    assert bench.SCHEMES["rowcol"][2] == "gluon.csv"
-    assert bench.SCHEMES["fast"][2] == "gluon_fast.csv" and bench.SCHEME_SPEC["fast"] == dict(fast_accum=True)
-    for scheme, (family, _, _) in bench.SCHEMES.items():
-        fam = parse_family(family)
-        spec = replace(family_spec(fam, 128, 256, 384), **bench.SCHEME_SPEC.get(scheme, {}))
-        problem = make_args(spec, seed=1).call(build_problem)
-        assert problem.spec.fast_accum == (scheme == "fast")
-        assert callable(bench._baseline(scheme, problem))
-        assert select.gluon_serves(problem.spec, fam.pipeline, 64) is None
-        for acc in (False, True):  # --acc
-            assert select.gluon_serves(replace(problem.spec, has_acc=acc), fam.pipeline, 64) is None
-    int8 = make_args(family_spec(parse_family(bench.SCHEMES["int8"][0]), 128, 256, 384), seed=1).call(build_problem)
-    assert callable(bench._int_mm_alone(int8))
-    assert "vs_int_mm" in bench.FIELDS
-
-
-def test_report_summarizes_the_int_mm_ratio(tmp_path):
-    """scripts/gluon_report.py: the int8 CSV's Gluon / torch._int_mm-alone column gets its own
-    table; CSVs without that column (older runs, other schemes) only the baseline one."""
-    import csv
-
-    bench, report = _script("gluon_bench"), _script("gluon_report")
-    rows = []
-    for m, vs_base, vs_raw in ((1024, 2.5, 1.2), (4096, 3.0, 1.4), (8192, 2.8, 1.5)):
-        for impl, base, raw in (("gluon", vs_base, vs_raw), ("cublaslt", 1.0, 0.5), ("int_mm", 2.0, 1.0)):
-            rows.append(dict(m=m, n=5120, k=5120, impl=impl, config="c", ms="1", tflops="1",
-                             vs_cublaslt=base, vs_int_mm=raw, max_rel_err="", note=""))
-    path = tmp_path / "gluon_int8.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=bench.FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    text = "\n".join(report.summarize(str(path)))
-    assert "Gluon / the scheme's torch baseline" in text and "| qwen3 | 1024-8192 | 2.800 (2.500-3.000, n=3) |" in text
-    assert "Gluon / torch._int_mm alone (target >= 1.3x)" in text
-    assert "| qwen3 | 1024-8192 | 1.400 (1.200-1.500, n=3) |" in text
-    old = tmp_path / "old.csv"
-    fields = [f for f in bench.FIELDS if f != "vs_int_mm"]
-    with open(old, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    text = "\n".join(report.summarize(str(old)))
-    assert "torch baseline" in text and "_int_mm" not in text
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    m, n, k = 128, 256, 384
+    want = {"rowcol:fp8xfp8:rcr": {"torch_scaled_mm_rowwise"}, "rowcol:fp8xfp8:rcr:fast": {"torch_scaled_mm_rowwise"},
+            "abquant:fp8xfp8:rcr": {"torch_scaled_mm_blockwise"}, "rowcol:i8xi8:rcr": {"torch_int_mm_dequant"},
+            "bquant:fp8xfp8:rcr": set()}
+    cases = parse_case_list("gluon")
+    assert [c.name for c in cases] == list(want)
+    for case in cases:
+        spec = case.spec(m, n, k)
+        assert select.gluon_serves(spec, "prefill", 64) is None, case.name
+        ops = build_operands(case, draw_activation(m, k, 0, cpu), quantize_weight_side(case, draw_weight(n, k, 0, cpu)))
+        applicable = [i for i in REGISTRY if i.kind in SAME_MATH_KINDS and i.module is None
+                      and i.unavailable(case, m, n, k, cuda) is None]
+        assert {i.name for i in applicable} == want[case.name]
+        for impl in applicable:
+            run = impl.build(ops, Context(cpu, "triton"))
+            assert callable(run.fn) and run.expected == "quantized"
+            if case.fast_accum:
+                assert "use_fast_accum=True" in run.note
+    int8 = cases[3]
+    raw = next(i for i in REGISTRY if i.name == "torch_int_mm")
+    assert raw.kind == "raw" and raw.unavailable(int8, m, n, k, cuda) is None
+    ops = build_operands(int8, draw_activation(m, k, 0, cpu), quantize_weight_side(int8, draw_weight(n, k, 0, cpu)))
+    assert raw.build(ops, Context(cpu, "triton")).expected == "raw"

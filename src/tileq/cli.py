@@ -1,4 +1,4 @@
-"""The ``tileq`` command: list, build, explain, selftest, tune, bench, overhead, e2e, demo."""
+"""The ``tileq`` command: list, build, explain, selftest, tune, bench, replay, overhead, e2e, demo."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ def main(argv=None) -> int:
     from .bench.e2e import register_cli as register_e2e
     from .bench.layers import register_cli as register_layers
     from .bench.overhead import register_cli as register_overhead
+    from .bench.replay import register_cli as register_replay
     from .demo import register_cli as register_demo
 
     register_demo(sub)
     register_bench(sub)
+    register_replay(sub)
     register_overhead(sub)
     register_e2e(sub)
     register_layers(sub)

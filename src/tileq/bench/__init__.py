@@ -1,11 +1,13 @@
 """The benchmark harness behind ``tileq bench`` and ``tileq demo``.
 
     suites     shape lists as CSV data files (built-in: smoke, llm, llm-decode, llm-prefill,
-               square, ck28; or a user's path)
+               square, ck28, gluon-prefill, ...; or a user's path)
     cases      what is measured per shape: (scheme, A dtype, B dtype, layout, A-scale storage),
                and the seeded operands each case is built from
     baselines  ONE registry of implementations (tileq, torch baselines, optional peers), each
                applicable or N/A with a reason
+    variants   tileq forced onto one kernel (``--impls gluon,triton``) or one Gluon tiling
+               (``--gluon-tilings``): rows that check a dispatch decision against the data
     gate       the correctness gate every implementation passes before it is timed
     timing     CUDA-event timing with L2 flushing and a host-lead sleep, optional CUDA graphs;
                environment and measured ceilings (copy bandwidth, bf16/fp8/int8 peaks)
@@ -15,6 +17,8 @@
     report     the markdown report;  plots: the PNG plots (matplotlib, optional)
     outputs    the output folder and the console table;  device: CUDA or the CPU interpreter
     cli        ``tileq bench``  (``tileq demo`` lives in ``tileq/demo.py`` and uses this package)
+    replay     ``tileq replay``: a dispatch rule replayed on a results.csv of timed variants
+               (``--rule gluon-tiles``), with ``--threshold NAME=VALUE`` overrides
 
 Nothing here imports Triton at import time: the CLI decides first whether Triton's interpreter
 must be switched on (no CUDA), which has to happen before ``tileq.kernels`` is imported.

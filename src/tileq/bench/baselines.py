@@ -12,6 +12,9 @@ substitute). Kinds:
   raw          torch._int_mm alone: the int32 product with no dequantization (a lower bound)
   reference    tileq's torch reference (float64 products); only with --baselines reference
   peer         an optional library (vLLM, DeepGEMM, torchao), used only where importable
+  pipeline     tileq with the prefill pipeline forced (the dispatcher's decode check)
+  variant      tileq forced onto one kernel or one Gluon tiling (``variants.py``: ``--impls``,
+               ``--gluon-tilings``); not in this registry, never a baseline
 
 "The best baseline" of a shape is the fastest fused / unfused / peer entry that passed the gate.
 Facts about the torch entry points are docs/schemes.md section 6's (checked on an H200).
@@ -45,6 +48,12 @@ class Runnable:
     bytes: int
     note: str = ""
     gated: Callable[[], torch.Tensor] | None = None
+    kernel: str = ""  # the kernel it runs, for the row's kernel column (tileq's own rows: its plan's)
+
+
+class NotApplicable(Exception):
+    """Raised by a builder that finds out only from the operands (or their plan) that it does not
+    apply: the row is N/A with this reason, not an error."""
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 A case is (scheme, A dtype, B dtype, layout, A-scale storage, accumulation), written
 ``scheme:AxB:layout`` with an optional ``:preshuffled`` (K-group-major A scales) or ``:fast``
 (fp8 tensor/rowcol with fast accumulation, against cuBLASLt with use_fast_accum=True), e.g.
-``rowcol:i8xi8:rcr``, ``aquant:i4xfp8:crr:preshuffled`` or ``rowcol:fp8xfp8:rcr:fast``. Named sets: ``headline`` (the default) and ``aquant28`` (CK's
-AQuant parity matrix, from ``catalog.aquant_matrix()``).
+``rowcol:i8xi8:rcr``, ``aquant:i4xfp8:crr:preshuffled`` or ``rowcol:fp8xfp8:rcr:fast``. Named sets: ``headline`` (the default), ``aquant28`` (CK's
+AQuant parity matrix, from ``catalog.aquant_matrix()``) and ``gluon`` (the schemes the sm_90 Gluon
+prefill kernel runs by default, and bquant's one-column groups it runs swapped).
 
 Operands: seeded bf16 activations X [M, K] and weights W [N, K] are drawn on the device and
 quantized with ``tileq.quant`` at each scheme's canonical granularity (the one the catalog builds
@@ -157,7 +158,19 @@ def aquant28() -> tuple[Case, ...]:
     return tuple(dict.fromkeys(cases))
 
 
-CASE_SETS = {"headline": lambda: HEADLINE, "aquant28": aquant28}
+# The sm_90 Gluon prefill kernel's cases (dispatch/gluon.py): fp8 rowcol precise and with fast
+# accumulation, DeepSeek's 1x128 x 128x128 blocks, int8 rowcol, and fp8 with one-column b_scale
+# groups (bquant, run swapped; torch has no such product: no same-math baseline).
+GLUON: tuple[Case, ...] = (
+    Case(Scheme.ROWCOL, T.FP8, T.FP8),
+    Case(Scheme.ROWCOL, T.FP8, T.FP8, fast_accum=True),
+    Case(Scheme.ABQUANT, T.FP8, T.FP8),
+    Case(Scheme.ROWCOL, T.I8, T.I8),
+    Case(Scheme.BQUANT, T.FP8, T.FP8),
+)
+
+
+CASE_SETS = {"headline": lambda: HEADLINE, "aquant28": aquant28, "gluon": lambda: GLUON}
 
 
 def parse_case_list(text: str, sep: str = ",") -> tuple[Case, ...]:

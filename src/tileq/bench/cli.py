@@ -1,7 +1,8 @@
 """``tileq bench``: run a suite, write results.csv / report.md / plots, optionally compare.
 
-Exit status: 0 when every tileq result passed its correctness gate (and no regression was found
-by --compare), 1 otherwise, 2 for a bad argument or suite file.
+Exit status: 0 when every tileq result (the plan's, and those of --impls / --gluon-tilings) passed
+its correctness gate (and no regression was found by --compare), 1 otherwise, 2 for a bad argument
+or suite file.
 """
 
 from __future__ import annotations
@@ -31,11 +32,21 @@ def register_cli(subparsers) -> None:
                    "results.csv and env.json), e.g. on a machine with matplotlib")
     p.add_argument("--cases", default="headline",
                    help="comma-separated cases (scheme:AxB:layout[:preshuffled]) or sets "
-                   "(headline, aquant28); suite rows with their own cases keep them (default: headline)")
+                   "(headline, aquant28, gluon); suite rows with their own cases keep them (default: headline)")
     p.add_argument("--schemes", default=None, help="comma-separated schemes to keep")
     p.add_argument("--baselines", default=None,
                    help="comma-separated baselines to run besides tileq (default: every default "
                    "entry of the registry; 'reference' times tileq's torch reference)")
+    p.add_argument("--impls", default=None, metavar="gluon,triton",
+                   help="also time tileq forced onto one kernel, comma-separated: 'gluon' (the sm_90 "
+                   "Gluon kernel switched on as by TILEQ_GLUON=1, with the plan's tiling; N/A where it "
+                   "does not serve the problem) and/or 'triton' (the plan forced onto the portable "
+                   "Triton kernel); rows tileq_gluon / tileq_triton beside tileq (the plan's choice)")
+    p.add_argument("--gluon-tilings", action="store_true",
+                   help="also time every candidate tiling of the Gluon kernel's wave model "
+                   "(dispatch.gluon.tile_costs: 128, 128+split, 64, 256) for each prefill problem the "
+                   "kernel serves, one row each named tileq_gluon:<tiling>, the plan's choice marked in "
+                   "its note (what 'tileq replay --rule gluon-tiles' checks the model against)")
     p.add_argument("--shapes", default=None, help="regular expression on shape names to keep")
     p.add_argument("--m-min", type=int, default=None, help="keep shapes with M >= this")
     p.add_argument("--m-max", type=int, default=None, help="keep shapes with M <= this")
@@ -44,6 +55,10 @@ def register_cli(subparsers) -> None:
     p.add_argument("--out", default=None, help="output folder (default: tileq-out/bench-<suite>)")
     p.add_argument("--warmup", type=int, default=50, help="warm-up runs per measurement (default: 50)")
     p.add_argument("--runs", type=int, default=100, help="timed runs per measurement; the median is reported (default: 100)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="split each measurement's --runs into this many rounds, every implementation "
+                   "of a (shape, case) timed once per round in turn (a clock drift then weighs on all "
+                   "alike); the time is the median of the rounds' medians (default: 1)")
     p.add_argument("--graphs", action="store_true", help="time CUDA-graph replays instead of launches")
     p.add_argument("--flush", choices=FLUSH_MODES, default="read",
                    help="how the L2 is evicted before each timed run: by reading a buffer twice "
@@ -102,6 +117,7 @@ def _list_everything() -> int:
     from .baselines import REGISTRY
     from .cases import CASE_SETS
     from .suites import BUILTIN_SUITES
+    from .variants import IMPLS, TILING_PREFIX
 
     print("suites:")
     for name, what in BUILTIN_SUITES.items():
@@ -114,6 +130,10 @@ def _list_everything() -> int:
         flags = [impl.kind] + ([] if impl.default else ["not default"]) + (
             ["CUDA"] if impl.cuda_only else []) + ([f"needs {impl.module}"] if impl.module else [])
         print(f"  {impl.name:<28} {impl.description}  [{', '.join(flags)}]")
+    print("tileq forced (--impls NAME, --gluon-tilings):")
+    for name, impl in IMPLS.items():
+        print(f"  {impl.name:<28} --impls {name}: {impl.description}")
+    print(f"  {TILING_PREFIX + '<tiling>':<28} --gluon-tilings: the Gluon kernel with one tiling of its wave model")
     return 0
 
 
@@ -175,7 +195,10 @@ def run_bench(args) -> int:
         shapes = select_shapes(shapes, args)
         cases = parse_case_list(args.cases)
         impls = select(_split([args.baselines]) if args.baselines else None)
-        for flag in ("warmup", "runs"):
+        from .variants import select_impls
+
+        variants = select_impls(_split([args.impls])) if args.impls else ()
+        for flag in ("warmup", "runs", "rounds"):
             if getattr(args, flag) < (0 if flag == "warmup" else 1):
                 raise TileqError(f"--{flag}: expected a {'non-negative' if flag == 'warmup' else 'positive'} "
                                  f"integer, got {getattr(args, flag)}")
@@ -197,7 +220,8 @@ def run_bench(args) -> int:
         timing=TimingConfig(args.warmup, args.runs, args.flush, args.graphs),
         seed=args.seed, time_budget_s=args.time_budget, progress=not args.no_progress,
         ceilings=not args.no_ceilings, title=f"bench {suite_label}",
-        precompile_jobs=args.precompile_jobs,
+        precompile_jobs=args.precompile_jobs, variants=variants, gluon_tilings=args.gluon_tilings,
+        rounds=args.rounds,
     )
     if device.type != "cuda":
         print("tileq bench: no CUDA device: checking correctness through Triton's interpreter; "

@@ -2,9 +2,14 @@
 
 For every (shape, case): operands are built (weights quantized once per (case, N, K) and reused
 across M), tileq's reference output is computed once, then each implementation of the registry
-runs in order: N/A with a reason, or gated (tileq into a NaN-poisoned ``out=``), then timed when
-a GPU is present. tileq and its baselines are thus interleaved shape by shape, so slow drift of
-clocks or temperature affects both sides of each ratio alike.
+runs in order: N/A with a reason, or gated (tileq into a NaN-poisoned ``out=``); then, when a GPU
+is present, the gated ones are timed in turn. tileq and its baselines are thus interleaved shape
+by shape, so slow drift of clocks or temperature affects both sides of each ratio alike; with
+``rounds`` > 1 each one's runs are split into rounds, every implementation timed once per round
+(the time: the median of the rounds' medians), which interleaves them within a shape too.
+
+``variants`` (``--impls``) and ``gluon_tilings`` (``--gluon-tilings``) add tileq forced onto one
+kernel or one Gluon tiling (``variants.py``) after the registry's entries.
 """
 
 from __future__ import annotations
@@ -16,14 +21,16 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from . import results as R
-from .baselines import Context, Impl, Runnable
+from .baselines import Context, Impl, NotApplicable, Runnable
 from .cases import (
     Case, Operands, WeightSide, build_operands, draw_activation, draw_weight, quantize_weight_side,
 )
 from .gate import gate, sqnr_db
 from .progress import Progress
 from .suites import Shape
-from .timing import Ceilings, Timer, TimingConfig, environment, measure_ceilings
+from .timing import Ceilings, Timer, Timing, TimingConfig, combine_rounds, environment, measure_ceilings
+from .variants import KIND as VARIANT
+from .variants import TILINGS_NA, tiling_impls
 
 
 @dataclass
@@ -39,6 +46,9 @@ class SweepConfig:
     ceilings: bool = True
     title: str = "bench"
     precompile_jobs: int | None = None  # CUDA: None = CPUs - 1 processes, 0 = compile inline
+    variants: tuple[Impl, ...] = ()  # tileq forced onto one kernel (variants.IMPLS), after impls
+    gluon_tilings: bool = False  # also every candidate tiling of the Gluon kernel (variants.py)
+    rounds: int = 1  # timing rounds per (shape, case), implementations in turn in each
 
 
 @dataclass
@@ -134,7 +144,9 @@ class _Runner:
         self.cfg = cfg
         dev = cfg.device
         self.ctx = Context(dev, "triton")
-        self.timer = Timer(dev, cfg.timing) if dev.type == "cuda" else None
+        # --rounds: each measurement's runs split between the rounds
+        per_round = replace(cfg.timing, runs=max(1, cfg.timing.runs // max(1, cfg.rounds)))
+        self.timer = Timer(dev, per_round) if dev.type == "cuda" else None
         self.broken: str | None = None  # set when the CUDA context failed: nothing runs after
 
     def row(self, shape: Shape, case: Case, impl: Impl, status: str, **kw) -> R.Result:
@@ -149,8 +161,9 @@ class _Runner:
         if self.cfg.device.type == "cuda" and ("CUDA error" in text or "illegal memory" in text):
             self.broken = _short(e, 200)
 
-    def measure(self, shape: Shape, case: Case, impl: Impl, ops: Operands, expected: dict,
-                state: _ShapeState) -> R.Result:
+    def prepare(self, shape: Shape, case: Case, impl: Impl, ops: Operands, expected: dict,
+                state: _ShapeState) -> R.Result | _Pending:
+        """N/A, reused (shared), failed or not timed: the row; else the gated runnable, pending."""
         why = impl.unavailable(case, shape.m, shape.n, shape.k, self.cfg.device)
         if why:
             return self.row(shape, case, impl, R.NA, note=why)
@@ -159,19 +172,16 @@ class _Runner:
             return replace(first, case=case.name, scheme=case.scheme.value, dtypes=case.dtypes,
                            layout=case.layout, note=(first.note + "; " if first.note else "")
                            + "measured once per shape (does not depend on the case)")
-        result = self._measure(shape, case, impl, ops, expected, state)
-        if impl.shared:
-            state.shared[impl.name] = result
-        return result
-
-    def _measure(self, shape, case, impl, ops, expected, state) -> R.Result:
         kernel = _tileq_kernel(ops, self.ctx.tileq_backend) if impl.kind == "tileq" else ""
         try:
             run: Runnable = impl.build(ops, self.ctx)
             out = (run.gated or run.fn)()
+        except NotApplicable as e:
+            return self.row(shape, case, impl, R.NA, note=str(e))
         except Exception as e:  # reported in the row; the sweep goes on
             self._note_cuda_failure(e)
             return self.row(shape, case, impl, R.ERROR, kernel=kernel, note=_short(e))
+        kernel = run.kernel or kernel
         want = expected[run.expected]()
         g = gate(out, want)
         sq = sqnr_db(out, state.product()) if run.expected != "raw" and g.ok else None
@@ -181,16 +191,43 @@ class _Runner:
         del out
         if self.timer is None:
             return self.row(shape, case, impl, R.NOT_MEASURED, **common, note=run.note)
-        try:
-            t = self.timer.measure(run.fn)
-        except Exception as e:
-            self._note_cuda_failure(e)
-            return self.row(shape, case, impl, R.ERROR, **common, note="timing: " + _short(e))
+        return _Pending(impl, run, common, ops.flops)
+
+    def time_pending(self, shape: Shape, case: Case, pending: list[_Pending]) -> dict:
+        """{impl name: row} of the gated implementations, timed in turn over the rounds."""
+        rows = {}
+        for _ in range(self.cfg.rounds):
+            for p in pending:
+                if p.impl.name in rows:
+                    continue  # failed in an earlier round
+                try:
+                    p.timings.append(self.timer.measure(p.run.fn))
+                except Exception as e:
+                    self._note_cuda_failure(e)
+                    rows[p.impl.name] = self.row(shape, case, p.impl, R.ERROR, **p.common,
+                                                 note="timing: " + _short(e))
+        for p in pending:
+            if p.impl.name not in rows:
+                rows[p.impl.name] = self._timed_row(shape, case, p, combine_rounds(p.timings))
+        return rows
+
+    def _timed_row(self, shape, case, p: _Pending, t: Timing) -> R.Result:
         sec = t.median_ms * 1e-3
-        note = "; ".join(x for x in (run.note, t.note) if x)
-        return self.row(shape, case, impl, R.OK, **common, time_ms=t.median_ms,
-                        time_min_ms=t.min_ms, runs=t.runs, tflops=ops.flops / sec / 1e12,
-                        tbps=run.bytes / sec / 1e12, note=note)
+        note = "; ".join(x for x in (p.run.note, t.note) if x)
+        return self.row(shape, case, p.impl, R.OK, **p.common, time_ms=t.median_ms,
+                        time_min_ms=t.min_ms, runs=t.runs, tflops=p.flops / sec / 1e12,
+                        tbps=p.run.bytes / sec / 1e12, note=note)
+
+
+@dataclass
+class _Pending:
+    """A gated implementation waiting to be timed."""
+
+    impl: Impl
+    run: Runnable
+    common: dict
+    flops: int
+    timings: list = field(default_factory=list)
 
 
 def run_sweep(cfg: SweepConfig) -> Sweep:
@@ -201,6 +238,9 @@ def run_sweep(cfg: SweepConfig) -> Sweep:
     if cfg.device.type == "cuda" and cfg.ceilings:
         ceilings = measure_ceilings(cfg.device)
     method = runner.timer.describe() if runner.timer else "correctness only (no GPU): not timed"
+    if runner.timer and cfg.rounds > 1:
+        method += (f"; repeated in {cfg.rounds} rounds, every implementation of a (shape, case) "
+                   "measured once per round in turn, its time the median of its rounds' medians")
 
     items = [(s, c) for s in cfg.shapes for c in s.cases_to_run(cfg.cases)]
     if cfg.device.type == "cuda" and cfg.precompile_jobs != 0:
@@ -234,9 +274,10 @@ def run_sweep(cfg: SweepConfig) -> Sweep:
 
 def _run_item(runner: _Runner, state: _ShapeState, shape: Shape, case: Case) -> list[R.Result]:
     cfg = runner.cfg
+    impls = cfg.impls + cfg.variants
     why = case.unsupported_reason(shape.m, shape.n, shape.k)
     if why:
-        return [runner.row(shape, case, impl, R.NA, note="case: " + why) for impl in cfg.impls]
+        return [runner.row(shape, case, impl, R.NA, note="case: " + why) for impl in impls]
     state.enter(shape)
     try:
         weight = state.weight(case, shape.n, shape.k)
@@ -245,16 +286,42 @@ def _run_item(runner: _Runner, state: _ShapeState, shape: Shape, case: Case) -> 
     except Exception as e:
         runner._note_cuda_failure(e)
         return [runner.row(shape, case, impl, R.ERROR, note="operands/reference: " + _short(e))
-                for impl in cfg.impls]
+                for impl in impls]
+    if cfg.gluon_tilings:
+        try:
+            impls += tiling_impls(ops, runner.ctx)
+        except Exception as e:  # the problem's plan failed: the tileq row reports it too
+            impls += (Impl(TILINGS_NA, VARIANT, "the Gluon kernel's tilings", lambda *_: None,
+                           _raise(e)),)
     expected = {
         "quantized": lambda: reference,
         "float": state.product,
         "raw": lambda: _raw_product(ops),
     }
-    return [runner.measure(shape, case, impl, ops, expected, state) for impl in cfg.impls]
+    rows, pending = [], []
+    for impl in impls:
+        r = runner.prepare(shape, case, impl, ops, expected, state)
+        rows.append(r)
+        if isinstance(r, _Pending):
+            pending.append(r)
+    if pending:
+        timed = runner.time_pending(shape, case, pending)
+        rows = [timed[r.impl.name] if isinstance(r, _Pending) else r for r in rows]
+    for impl, r in zip(impls, rows):  # a shared entry's row serves the shape's other cases
+        if impl.shared and impl.name not in state.shared and r.status != R.NA:
+            state.shared[impl.name] = r
+    return rows
+
+
+def _raise(e: BaseException):
+    def build(ops, ctx):
+        raise e
+
+    return build
 
 
 def tileq_failures(rows: list[R.Result]) -> list[R.Result]:
-    """tileq rows that failed the gate or raised: what makes ``bench`` / ``demo`` exit non-zero."""
-    return [r for r in rows if r.impl == "tileq" and r.status in (R.FAIL, R.ERROR)]
+    """tileq rows (its plan's and its forced variants') that failed the gate or raised: what makes
+    ``bench`` / ``demo`` exit non-zero."""
+    return [r for r in rows if (r.impl == "tileq" or r.kind == VARIANT) and r.status in (R.FAIL, R.ERROR)]
 

@@ -4,6 +4,11 @@
 quantized product that passed the gate (bf16 torch.matmul, the unquantized model, is reported
 beside it). A speedup is baseline time / tileq time from the same run (> 1: tileq is faster);
 "within ±15%" means tileq's time is 0.85x to 1.15x the baseline's.
+
+Timed runs also get the medians per M range and model (the shape name's part before its first
+'.'), against the best baseline and, for int8, against torch._int_mm alone; and, with tileq
+forced onto one kernel or tiling (``--impls``, ``--gluon-tilings``), each such variant against
+the plan's choice and the best baseline.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from .gate import REL_TOL
 
 WITHIN = 0.15
 MAX_FAILURES_LISTED = 50
+M_EDGES = (64, 512)  # M ranges of the per-range tables: <= 64 (decode), 65-512, > 512
+VARIANT_KIND = "variant"  # variants.KIND (tileq forced onto one kernel or tiling)
+RAW = "torch_int_mm"  # torch._int_mm alone (kind 'raw')
 
 
 def _fmt(v, spec=".3g", none="–") -> str:
@@ -135,6 +143,9 @@ def render(rows: list[R.Result], *, title: str, env: dict, method: str, operands
         out += ["**Timings need a GPU: this run checked correctness only (not measured).**", ""]
     out += _summary(by_case, timed_any)
     out += _dispatcher_check(by_case)
+    if timed_any:
+        out += _by_range(by_case)
+        out += _variants(by_case)
     for case, shapes in by_case.items():
         out += _case_section(case, shapes, timed_any)
     failures = [r for r in rows if r.status in (R.FAIL, R.ERROR)]
@@ -176,6 +187,104 @@ def _dispatcher_check(by_case: dict) -> list[str]:
             "Prefill pipeline forced / the dispatcher's choice, same run (> 1: the choice is faster).",
             "", "| case | shapes | choice slower than prefill | worst |", "|---|---|---|---|",
             *lines, ""]
+
+
+def m_range(m: int, edges=M_EDGES) -> str:
+    """The M range label of ``m`` ('1-64', '65-512', '> 512' for the default edges)."""
+    lo = 1
+    for edge in edges:
+        if m <= edge:
+            return f"{lo}-{edge}"
+        lo = edge + 1
+    return f"> {edges[-1]}" if edges else "all"
+
+
+def _model(shape: str) -> str:
+    return shape.split(".", 1)[0]
+
+
+def _spread(vals: list[float], full: bool = True) -> str:
+    if not vals:
+        return "–"
+    med = statistics.median(vals)
+    if not full:
+        return f"{_x(med)} (n={len(vals)})"
+    return f"{_x(med)} ({min(vals):.2f}–{max(vals):.2f}, n={len(vals)})"
+
+
+def _range_table(title: str, note: str, ratios: dict) -> list[str]:
+    """ratios: case -> [(m range, model, ratio)]; one row per (case, M range), the medians over
+    all shapes and per model."""
+    models = list(dict.fromkeys(model for vals in ratios.values() for _, model, _ in vals))
+    if not ratios:
+        return []
+    out = [f"## {title}", "", note, "",
+           "| case | M | all shapes | " + " | ".join(models) + " |",
+           "|---|---|---|" + "---|" * len(models)]
+    for case, vals in ratios.items():
+        for rng in dict.fromkeys(r for r, _, _ in sorted(vals, key=lambda v: _range_order(v[0]))):
+            here = [(model, v) for r, model, v in vals if r == rng]
+            cells = [_spread([v for mo, v in here if mo == model], full=False) for model in models]
+            out.append(f"| {case} | {rng} | {_spread([v for _, v in here])} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def _range_order(label: str) -> int:
+    return 1 << 62 if label.startswith(">") else int(label.split("-")[0])
+
+
+def _by_range(by_case: dict) -> list[str]:
+    """tileq against the best baseline, and int8 against torch._int_mm alone, per M range and model."""
+    vs_best, vs_raw = {}, {}
+    for case, shapes in by_case.items():
+        for key, impls in shapes.items():
+            t = impls.get("tileq")
+            if t is None or not t.timed:
+                continue
+            where = (m_range(key[2]), _model(key[1]))
+            b = best_baseline(impls)
+            if b is not None:
+                vs_best.setdefault(case, []).append((*where, b.time_ms / t.time_ms))
+            raw = impls.get(RAW)
+            if raw is not None and raw.timed:
+                vs_raw.setdefault(case, []).append((*where, raw.time_ms / t.time_ms))
+    out = _range_table("By M range and model: tileq vs the best baseline",
+                       "Speedup (best baseline time / tileq time): median (min–max, shapes) over all "
+                       "shapes, median (shapes) per model (the shape name up to its first '.').", vs_best)
+    out += _range_table("By M range and model: tileq vs torch._int_mm alone",
+                        "int8: torch._int_mm's time (the int32 product alone, no scales: a lower bound "
+                        "of any unfused int8 GEMM) / tileq's, as above.", vs_raw)
+    return out
+
+
+def _variants(by_case: dict) -> list[str]:
+    """Each forced variant (kind 'variant') against tileq (the plan's choice) and the best baseline."""
+    lines = []
+    for case, shapes in by_case.items():
+        acc: dict = {}  # (m range, variant) -> ([vs plan], [vs best baseline])
+        for key, impls in shapes.items():
+            t = impls.get("tileq")
+            b = best_baseline(impls)
+            for name, r in impls.items():
+                if r.kind != VARIANT_KIND or not r.timed:
+                    continue
+                vs_plan, vs_best = acc.setdefault((m_range(key[2]), name), ([], []))
+                if t is not None and t.timed:
+                    vs_plan.append(t.time_ms / r.time_ms)
+                if b is not None:
+                    vs_best.append(b.time_ms / r.time_ms)
+        for (rng, name), (vs_plan, vs_best) in sorted(acc.items(), key=lambda kv: _range_order(kv[0][0])):
+            lines.append(f"| {case} | {rng} | {name} | {max(len(vs_plan), len(vs_best))} | "
+                         f"{_spread(vs_plan)} | {_spread(vs_best)} |")
+    if not lines:
+        return []
+    return ["## tileq forced onto one kernel or tiling", "",
+            "`--impls` / `--gluon-tilings` rows: tileq (the plan's choice) time / the variant's (> 1: the "
+            "forced variant is faster than what the plan runs), and the best baseline's time / the "
+            "variant's; median (min–max, shapes). `tileq replay --rule gluon-tiles` checks the wave "
+            "model's choice of tiling on these rows.", "",
+            "| case | M | variant | shapes | vs tileq (the plan) | vs best baseline |",
+            "|---|---|---|---|---|---|", *lines, ""]
 
 
 def _summary(by_case: dict, timed_any: bool) -> list[str]:

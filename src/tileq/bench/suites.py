@@ -51,6 +51,8 @@ BUILTIN_SUITES = {
     "demo-cpu": "the demo shapes divided by about 40, M in {1, 16, 64} (tileq demo on CPU)",
     "prefill-targets": "the prefill floor shapes: 8192^3 and M = 4096 at five LLM projections",
     "decode-targets": "the decode target shapes: six LLM projections x M in 1..64",
+    "gluon-prefill": "the sm_90 Gluon prefill kernel's problem set: 11 LLM weights x M in 128..8192 "
+                     "(with --cases gluon --impls gluon,triton --gluon-tilings)",
 }
 
 # Short names used by scripts/gpu_run.sh.

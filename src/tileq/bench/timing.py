@@ -54,6 +54,16 @@ class Timing:
     note: str = ""
 
 
+def combine_rounds(timings: list[Timing]) -> Timing:
+    """One measurement from several rounds of the same callable: the median of the rounds'
+    medians, the fastest run, every run counted."""
+    if len(timings) == 1:
+        return timings[0]
+    note = "; ".join(dict.fromkeys(t.note for t in timings if t.note))
+    return Timing(statistics.median(t.median_ms for t in timings), min(t.min_ms for t in timings),
+                  sum(t.runs for t in timings), (note + "; " if note else "") + f"{len(timings)} rounds")
+
+
 class Timer:
     """Times callables on one CUDA device with the method of the module docstring."""
 

@@ -1,0 +1,476 @@
+"""``tileq replay``: a dispatch rule replayed on measured timings, so that a changed threshold is
+checked against the data before it ships (no GPU needed).
+
+A results CSV (``tileq bench``'s results.csv) holds, per problem, timed variants of one decision:
+rows whose implementation is ``Rule.prefix`` + the variant's name (``tileq bench
+--gluon-tilings`` writes ``tileq_gluon:128``, ``tileq_gluon:128+split``, ...). For each problem
+the rule asks the dispatch layer which variant it would pick, through the real dispatch
+functions (never a copy of their logic); the report gives per case and M range how many problems
+were replayed, the chosen variant's time over the fastest timed variant's (median, worst, how
+many beyond the tolerance) and the best baseline of the same run against the chosen and the
+fastest variant. ``--threshold NAME=VALUE`` replays again with entries of
+``tileq.dispatch.thresholds`` changed and reports both, with the problems whose choice changed.
+
+Adding a rule is one function from a problem to the dispatch layer's choice::
+
+    @rule("int4-decode", prefix="tileq_int4_decode:", help="the int4 decode kernel's config ...")
+    def int4_decode(p: Problem) -> Choice:
+        cfg, why = dispatch.int4.config_for(p.m, p.n, p.k, facts=...)
+        return Choice(cfg.tag, config=cfg.tag, why=why)
+
+``Problem`` carries the CSV's key (suite, shape, M, N, K, case), the problem's ``spec``, the SM
+count of the run and the timed variants; ``Choice.variant`` names the variant picked (None: the
+dispatch layer picks none of the rule's variants, e.g. another path), ``Choice.config`` (optional)
+what the measured row's kernel column must name for the time to stand for the choice (a changed
+threshold can change the config behind a variant's name: such a problem counts as not measured).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+from ..errors import ShapeError, UnsupportedError, expect
+from . import results as R
+from .report import best_baseline, m_range
+
+TOLERANCE = 0.03
+
+
+# ----------------------------------------------------------------------------- the data
+
+
+@dataclass
+class Problem:
+    """One problem of the CSV and its timed variants."""
+
+    suite: str
+    shape: str
+    m: int
+    n: int
+    k: int
+    case: str
+    num_sms: int  # of the GPU that ran it (the CSV's env.json, else --sms)
+    times: dict = field(default_factory=dict)  # variant -> ms
+    kernels: dict = field(default_factory=dict)  # variant -> the row's kernel column
+    baseline: tuple | None = None  # (name, ms) of the best same-math baseline of the run
+
+    @property
+    def spec(self):
+        """The ProblemSpec ``tileq bench`` built for this case and shape (``Case.spec``)."""
+        from .cases import parse_case
+
+        return parse_case(self.case).spec(self.m, self.n, self.k)
+
+    @property
+    def label(self) -> str:
+        return f"{self.shape} M={self.m} N={self.n} K={self.k} {self.case}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    variant: str | None  # the variant the dispatch layer picks; None: none of the rule's
+    config: str = ""  # when set: the measured row's kernel column must name it ('_'-separated part)
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    prefix: str  # a variant's row: impl == prefix + the variant's name
+    help: str
+    choose: Callable[[Problem], Choice]
+    arch: str = "sm_90"  # whose thresholds the rule reads (what --threshold changes)
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(name: str, *, prefix: str, help: str, arch: str = "sm_90"):
+    """Register ``choose(problem) -> Choice`` as the rule ``name``."""
+
+    def register(choose: Callable[[Problem], Choice]):
+        RULES[name] = Rule(name, prefix, help, choose, arch)
+        return choose
+
+    return register
+
+
+def _env_sms(csv_path: str) -> int | None:
+    """The SM count in the env.json beside a results.csv (``tileq bench`` writes it), or None."""
+    path = os.path.join(os.path.dirname(os.path.abspath(csv_path)), "env.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return int(json.load(f)["env"]["multiprocessors"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def load_problems(rows: list[R.Result], rule_: Rule, num_sms: int) -> list[Problem]:
+    """The problems with at least one timed variant of the rule, in the CSV's order."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r.suite, r.shape, r.m, r.n, r.k, r.case), []).append(r)
+    problems = []
+    for (suite, shape, m, n, k, case), group in by.items():
+        p = Problem(suite, shape, m, n, k, case, num_sms)
+        for r in group:
+            if r.impl.startswith(rule_.prefix) and r.timed:
+                name = r.impl[len(rule_.prefix):]
+                if name not in p.times or r.time_ms < p.times[name]:  # (a repeated row: its fastest)
+                    p.times[name], p.kernels[name] = r.time_ms, r.kernel
+        if not p.times:
+            continue
+        b = best_baseline({r.impl: r for r in group})
+        p.baseline = (b.impl, b.time_ms) if b is not None else None
+        problems.append(p)
+    return problems
+
+
+def read_problems(path: str, rule_: Rule, num_sms: int | None = None) -> list[Problem]:
+    """``path``: a results.csv or the folder of one. ``num_sms``: overrides the env.json's."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "results.csv")
+    sms = num_sms or _env_sms(path)
+    if sms is None:
+        from ..device import for_arch
+
+        sms = for_arch(rule_.arch).num_sms
+    return load_problems(R.read_csv(path), rule_, sms)
+
+
+# ----------------------------------------------------------------------------- replaying
+
+
+@dataclass
+class Outcome:
+    problem: Problem
+    choice: Choice
+    status: str  # 'replayed' | 'not measured' (the choice's time is not in the CSV) | 'other path'
+    chosen_ms: float | None = None
+    fastest: tuple = ("", math.nan)  # (variant, ms)
+
+    @property
+    def over_fastest(self) -> float | None:
+        """The chosen variant's time / the fastest's (1: the choice is the fastest)."""
+        return self.chosen_ms / self.fastest[1] if self.chosen_ms is not None else None
+
+
+def _names(kernel: str, config: str) -> bool:
+    return re.search(rf"(^|_){re.escape(config)}(_|$)", kernel or "") is not None
+
+
+def replay(problems: list[Problem], rule_: Rule) -> list[Outcome]:
+    out = []
+    for p in problems:
+        choice = rule_.choose(p)
+        fastest = min(p.times.items(), key=lambda kv: kv[1])
+        if choice.variant is None:
+            out.append(Outcome(p, choice, "other path", fastest=fastest))
+        elif choice.variant not in p.times or (choice.config and not _names(p.kernels[choice.variant], choice.config)):
+            out.append(Outcome(p, choice, "not measured", fastest=fastest))
+        else:
+            out.append(Outcome(p, choice, "replayed", p.times[choice.variant], fastest))
+    return out
+
+
+@dataclass
+class Group:
+    case: str
+    m_range: str
+    problems: int = 0
+    replayed: int = 0
+    not_measured: int = 0
+    other: int = 0
+    changed: int | None = None  # choices that differ from the unchanged thresholds' (overrides only)
+    over_fastest: list = field(default_factory=list)
+    vs_baseline: list = field(default_factory=list)  # baseline ms / chosen ms
+    best_vs_baseline: list = field(default_factory=list)  # baseline ms / fastest ms
+
+    def beyond(self, tolerance: float) -> int:
+        return sum(r > 1 + tolerance for r in self.over_fastest)
+
+
+def summarize(outcomes: list[Outcome], edges=(64, 512), before: list[Outcome] | None = None) -> list[Group]:
+    """Per (case, M range), then 'all': ``before`` (the same problems replayed with the unchanged
+    thresholds) counts the changed choices."""
+    groups: dict = {}
+    total = Group("all", "all")
+    changed = {id(o.problem): o.choice.variant for o in before} if before is not None else None
+    for o in outcomes:
+        g = groups.setdefault((o.problem.case, m_range(o.problem.m, edges)),
+                              Group(o.problem.case, m_range(o.problem.m, edges)))
+        for x in (g, total):
+            x.problems += 1
+            if changed is not None:
+                x.changed = (x.changed or 0) + (changed.get(id(o.problem)) != o.choice.variant)
+            if o.status == "not measured":
+                x.not_measured += 1
+            elif o.status == "other path":
+                x.other += 1
+            else:
+                x.replayed += 1
+                x.over_fastest.append(o.over_fastest)
+                if o.problem.baseline is not None:
+                    x.vs_baseline.append(o.problem.baseline[1] / o.chosen_ms)
+                    x.best_vs_baseline.append(o.problem.baseline[1] / o.fastest[1])
+    cases = list(dict.fromkeys(case for case, _ in groups))  # in the CSV's order
+    order = sorted(groups.values(), key=lambda g: (cases.index(g.case), _range_key(g.m_range)))
+    return order + [total]
+
+
+def _range_key(label: str) -> int:
+    return 1 << 62 if label.startswith(">") else int(label.split("-")[0])
+
+
+# ----------------------------------------------------------------------------- thresholds
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` items -> {NAME: VALUE} (checked against the table when applied)."""
+    out = {}
+    for item in items or []:
+        name, sep, value = str(item).partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise UnsupportedError(expect("--threshold", "NAME=VALUE, e.g. GLUON_SPLIT_FIXED_STEPS=10", repr(item)))
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _value(name: str, text: str, old):
+    try:
+        v = float(text)
+    except ValueError:
+        raise UnsupportedError(expect(f"--threshold {name}", "a number", repr(text))) from None
+    if isinstance(old, int) and not isinstance(old, bool):
+        if not v.is_integer():
+            raise UnsupportedError(expect(f"--threshold {name}", f"an integer (it is {old})", repr(text)))
+        return int(v)
+    return v
+
+
+def _clear_dispatch_caches() -> None:
+    """Forget every cached decision of ``tileq.dispatch`` (a cached plan may have read a threshold)."""
+    for name, mod in list(sys.modules.items()):
+        if name == "tileq.dispatch" or name.startswith("tileq.dispatch."):
+            for obj in list(vars(mod).values()):
+                clear = getattr(obj, "cache_clear", None)
+                if callable(clear) and getattr(obj, "__module__", None) == name:
+                    clear()
+
+
+@contextmanager
+def thresholds_overridden(overrides: dict[str, str], arch: str = "sm_90"):
+    """Inside: ``tileq.dispatch.thresholds.for_arch(arch)`` returns a Table with the named entries
+    changed (a patched copy; the shipped one is restored after), so every rule reading it sees
+    them; cached dispatch decisions are forgotten on the way in and out."""
+    from ..dispatch import thresholds
+
+    table = thresholds.for_arch(arch)
+    unknown = sorted(set(overrides) - set(table.entries))
+    if unknown:
+        raise UnsupportedError(expect("--threshold", f"names of tileq.dispatch.thresholds ({arch}), e.g. "
+                                      f"{', '.join(list(table.entries)[:3])}", ", ".join(unknown)))
+    entries = {name: replace(t, value=_value(name, overrides[name], t.value)) if name in overrides else t
+               for name, t in table.entries.items()}
+    said = ", ".join(f"{n}={entries[n].value}" for n in overrides)
+    patched = thresholds.Table(table.arch, entries, f"{table.measured_on}; replayed with {said}")
+    tables = thresholds._TABLES  # for_arch's cache: the one place its tables live
+    saved = tables.get(table.arch)
+    tables[table.arch] = patched
+    _clear_dispatch_caches()
+    try:
+        yield patched
+    finally:
+        if saved is None:
+            tables.pop(table.arch, None)
+        else:
+            tables[table.arch] = saved
+        _clear_dispatch_caches()
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def _x(v) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+def _median(vals) -> float | None:
+    return statistics.median(vals) if vals else None
+
+
+def render_groups(groups: list[Group], tolerance: float) -> list[str]:
+    with_changed = any(g.changed is not None for g in groups)
+    head = ("| case | M | problems | replayed | not measured | other path | "
+            + ("changed | " if with_changed else "")
+            + f"chosen / fastest: median | worst | beyond {tolerance:.0%} | "
+            "baseline / chosen (median) | baseline / fastest (median) |")
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for g in groups:
+        worst = max(g.over_fastest) if g.over_fastest else None
+        out.append(f"| {g.case} | {g.m_range} | {g.problems} | {g.replayed} | {g.not_measured} | {g.other} | "
+                   + (f"{g.changed if g.changed is not None else '–'} | " if with_changed else "")
+                   + f"{_x(_median(g.over_fastest))} | {_x(worst)} | {g.beyond(tolerance)} | "
+                   f"{_x(_median(g.vs_baseline))} | {_x(_median(g.best_vs_baseline))} |")
+    return out
+
+
+def render_problems(outcomes: list[Outcome], tolerance: float, only_beyond: bool, limit: int | None = None) -> list[str]:
+    rows = [o for o in outcomes if not only_beyond or (o.over_fastest or 0) > 1 + tolerance]
+    if only_beyond:
+        rows.sort(key=lambda o: -(o.over_fastest or 0))
+    if not rows:
+        return []
+    shown = rows[:limit] if limit else rows
+    out = ["| problem | chosen | fastest | chosen / fastest | baseline / chosen | why |", "|---|---|---|---|---|---|"]
+    for o in shown:
+        base = o.problem.baseline
+        vs = base[1] / o.chosen_ms if base and o.chosen_ms else None
+        chosen = o.choice.variant if o.choice.variant is not None else "(other path)"
+        if o.status == "not measured":
+            chosen += " (not measured)"
+        out.append(f"| {o.problem.label} | {chosen} | {o.fastest[0]} | {_x(o.over_fastest)} | {_x(vs)} | "
+                   f"{o.choice.why.replace('|', '/')} |")
+    if len(shown) < len(rows):
+        out.append(f"\n{len(rows) - len(shown)} more (--per-problem lists every problem).")
+    return out
+
+
+def render(rule_: Rule, sources: list[str], runs: list[tuple[str, list[Outcome], list[Group]]],
+           tolerance: float, per_problem: bool) -> str:
+    out = [f"# tileq replay --rule {rule_.name}", "", rule_.help, "",
+           f"Data: {', '.join(sources)}. A problem: a (shape, M, N, K, case) with at least one timed "
+           f"`{rule_.prefix}*` row. Chosen / fastest: the dispatch layer's variant's time over the "
+           f"fastest timed variant's (1.000: it picks the fastest). Baseline: the fastest same-math "
+           f"torch or peer implementation of the same run (speedup > 1: the variant is faster). "
+           f"Not measured: the chosen variant (or its config) was not timed; other path: the dispatch "
+           f"layer picks none of these variants.", ""]
+    for title, outcomes, groups in runs:
+        out += [f"## {title}", ""] + render_groups(groups, tolerance) + [""]
+        listing = render_problems(outcomes, tolerance, only_beyond=not per_problem, limit=None if per_problem else 20)
+        if listing:
+            out += ["Every problem:" if per_problem else f"Problems beyond {tolerance:.0%}, worst first:", ""]
+            out += listing + [""]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- the rules
+
+
+@rule("gluon-tiles", prefix="tileq_gluon:",
+      help="The sm_90 Gluon prefill kernel's tiling: `dispatch.gluon.choose_tiles` (the wave model of "
+           "`tile_costs`, its constants GLUON_* in dispatch/thresholds.py) against every candidate tiling "
+           "timed by `tileq bench --gluon-tilings` (rows tileq_gluon:<tiling>).")
+def gluon_tiles(p: Problem) -> Choice:
+    from ..dispatch import thresholds
+    from ..dispatch.gluon import GLUON_ARCH, choose_tiles, gluon_serves
+    from ..dispatch.heuristic import choose_pipeline
+    from ..kernels.gluon.config import instance_tag
+    from .variants import tiling_name
+
+    spec = p.spec
+    decode_max_m = thresholds.for_arch(GLUON_ARCH).DECODE_MAX_M
+    why = gluon_serves(spec, choose_pipeline(spec, decode_max_m), decode_max_m)
+    if why is not None:
+        return Choice(None, why=why)
+    cfg, why = choose_tiles(spec, p.num_sms)
+    name = tiling_name(spec, cfg, p.num_sms)
+    if name is None:  # (choose_tiles picks among tile_costs' candidates: never)
+        return Choice(None, why=f"{cfg.tag} is none of the wave model's candidates")
+    return Choice(name, config=instance_tag(spec, cfg), why=why)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "replay",
+        help="replay a dispatch rule on a results CSV of timed variants (a threshold change checked "
+             "against the data)",
+        description="For each problem of a results CSV (tileq bench's results.csv, e.g. of --gluon-tilings), "
+        "ask the dispatch layer which of the timed variants it picks, and report per case and M range "
+        "how far that is from the fastest variant and from the best baseline; --threshold replays it "
+        "again with thresholds changed. No GPU needed. Exit status: 0, or 2 for a bad argument or CSV.",
+    )
+    p.add_argument("csv", nargs="*", help="results.csv files of tileq bench (or their folders)")
+    p.add_argument("--rule", default=None, help=f"the rule to replay: {', '.join(RULES)} (--list describes them)")
+    p.add_argument("--list", action="store_true", help="list the rules and the thresholds they can change, then exit")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="replay again with this entry of tileq.dispatch.thresholds changed (repeat for "
+                   "several), reporting both and the problems whose choice changed")
+    p.add_argument("--sms", type=int, default=None,
+                   help="SM count to plan for (default: the 'multiprocessors' of the env.json beside each "
+                   "CSV, else the rule's arch's typical count)")
+    p.add_argument("--m-edges", default="64,512",
+                   help="comma-separated M range edges of the report's groups (default: 64,512: M <= 64, "
+                   "65-512, > 512)")
+    p.add_argument("--tolerance", type=float, default=TOLERANCE,
+                   help=f"a choice more than this much slower than the fastest variant is counted and "
+                   f"listed (default: {TOLERANCE} = {TOLERANCE * 100:.0f}%%)")
+    p.add_argument("--per-problem", action="store_true",
+                   help="list every problem (default: only those beyond --tolerance, at most 20)")
+    p.add_argument("--out", default=None, help="also write the report (markdown) to this file")
+    p.set_defaults(func=run_replay)
+
+
+def _list_rules() -> int:
+    from ..dispatch import thresholds
+
+    for r in RULES.values():
+        print(f"{r.name} (rows {r.prefix}<variant>; thresholds of {r.arch}):\n  {r.help}")
+    table = thresholds.for_arch("sm_90")
+    print(f"\nthresholds ({table!r}):")
+    for name, t in table.entries.items():
+        print(f"  {name} = {t.value}: {t.decides}")
+    return 0
+
+
+def run_replay(args) -> int:
+    from ..errors import TileqError
+
+    if args.list:
+        return _list_rules()
+    try:
+        if args.rule not in RULES:
+            raise UnsupportedError(expect("--rule", f"one of {', '.join(RULES)}", repr(args.rule)))
+        if not args.csv:
+            raise ShapeError(expect("csv", "at least one results.csv (or its folder)", "none"))
+        rule_ = RULES[args.rule]
+        try:
+            edges = tuple(int(x) for x in args.m_edges.split(",") if x.strip())
+        except ValueError:
+            raise ShapeError(expect("--m-edges", "comma-separated integers", repr(args.m_edges))) from None
+        if list(edges) != sorted(set(edges)):
+            raise ShapeError(expect("--m-edges", "increasing integers", repr(args.m_edges)))
+        overrides = parse_overrides(args.threshold)
+        problems = []
+        for path in args.csv:
+            problems += read_problems(path, rule_, args.sms)
+        if not problems:
+            raise ShapeError(expect("csv", f"timed '{rule_.prefix}*' rows (tileq bench with the flag that "
+                                    f"writes them)", "none"))
+        current = replay(problems, rule_)
+        runs = [("Current thresholds", current, summarize(current, edges))]
+        if overrides:
+            with thresholds_overridden(overrides, rule_.arch) as table:
+                changed = replay(problems, rule_)
+            said = ", ".join(f"{n}={table.entries[n].value}" for n in overrides)
+            runs.append((f"With {said}", changed, summarize(changed, edges, before=current)))
+    except (TileqError, ValueError, OSError) as e:
+        print(f"tileq replay: error: {e}", file=sys.stderr)
+        return 2
+    text = render(rule_, args.csv, runs, args.tolerance, args.per_problem)
+    print(text)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return 0
