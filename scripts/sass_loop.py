@@ -35,7 +35,8 @@ _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 def _prepacked_source(ct: str, bm: int, w_scale: str, warps: int = 4, stages: int = 2, split_k: int = 1,
                       maxnreg: int | None = None, scale_ahead: bool = False, fp16: bool = False,
                       fixup: bool = False, streamk: bool = False):
-    from tileq.prepacked.launch import Int4pConfig, compile_options, compile_source
+    from tileq.kernels.int4p.config import Int4pConfig
+    from tileq.kernels.int4p.launch import compile_options, compile_source
 
     cfg = Int4pConfig(bm, split_k, stages, warps, maxnreg, scale_ahead, fp16, fixup, streamk)
     x_type = {"fp8e4nv": "fp8", "fp8e5": "bf8"}.get(ct, ct)

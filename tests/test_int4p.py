@@ -12,15 +12,27 @@ import pytest
 import torch
 
 import tileq
+from tileq import api_prepacked
+from tileq.api_prepacked import linear_prepacked
+from tileq.device import for_arch
+from tileq.dispatch import int4 as rules
+from tileq.dispatch.int4 import default_config, describe_prepacked
+from tileq.dispatch.thresholds import for_arch as thresholds_for
 from tileq.errors import DTypeError, ShapeError
-from tileq.prepacked import BLOCK_K, PrepackedInt4, prepack_int4, unprepack_int4
-import tileq.prepacked.launch as launch_mod
-from tileq.prepacked.launch import Int4pConfig, default_config, describe_prepacked, linear_prepacked
-from tileq.prepacked import prepacked_values
+from tileq.kernels.int4p import prefill_launch as pl
+from tileq.kernels.int4p.config import X_TYPES, Int4pConfig
+from tileq.prepacked import BLOCK_K, PrepackedInt4, prepack_int4, prepacked_values, unprepack_int4
 from tileq.quant import pack_int4, unpack_int4
 
 DEV = "cuda" if os.environ.get("TILEQ_TEST_GPU") == "1" and torch.cuda.is_available() else "cpu"
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+T = thresholds_for("sm_90")  # the INT4_* routing numbers (dispatch/thresholds.py)
+SM90 = for_arch("sm_90")  # an sm_90 GPU's facts (132 SMs)
+
+
+def sm90_with(num_sms: int):
+    """An sm_90 GPU with ``num_sms`` SMs."""
+    return replace(SM90, num_sms=num_sms)
 
 
 # ----------------------------------------------------------------------------- layout
@@ -141,9 +153,9 @@ def test_w4a8_decode_casts_activations_on_large_weights(xt, monkeypatch):
     explain says which; results match the reference either way."""
     big_n, big_k = 28672, 8192  # 117 MB of int4
     mid_n, mid_k = 14336, 4096  # 29 MB
-    cap = launch_mod.W4A8_CAST_MAX_M
-    assert cap == 32 and launch_mod.cast_min_bytes(16) == launch_mod.W4A8_CAST_MIN_BYTES
-    assert launch_mod.cast_min_bytes(17) == launch_mod.W4A8_CAST_MIN_BYTES_32 < launch_mod.W4A8_CAST_MIN_BYTES
+    cap = T.INT4_W4A8_CAST_MAX_M
+    assert cap == 32 and rules.cast_min_bytes(16) == T.INT4_W4A8_CAST_MIN_BYTES
+    assert rules.cast_min_bytes(17) == T.INT4_W4A8_CAST_MIN_BYTES_32 < T.INT4_W4A8_CAST_MIN_BYTES
     assert "cast to bf16 first: 117.4 MB of int4 >= 75 MB" in describe_prepacked(1, big_n, big_k, xt)
     assert describe_prepacked(1, big_n, big_k, xt).startswith("bquant_bf16xi4p_rcr_decode__")
     assert "cast to bf16" in describe_prepacked(cap, big_n, big_k, xt)
@@ -151,7 +163,7 @@ def test_w4a8_decode_casts_activations_on_large_weights(xt, monkeypatch):
     assert "cast" not in describe_prepacked(16, 2 * mid_n, mid_k, xt)
     for m in (1, 16, 17, cap):  # (up to the cap the weight's size decides)
         text = describe_prepacked(m, mid_n, mid_k, xt)
-        assert text.startswith(f"bquant_{launch_mod._X_TYPES[xt]}xi4p_rcr_decode__") and "_h16" in text, text
+        assert text.startswith(f"bquant_{X_TYPES[xt]}xi4p_rcr_decode__") and "_h16" in text, text
         assert "cast" not in text and "converted to fp16" in text, text
     # (from 33 tokens the Gluon kernel: e4m3 with group scales on its fp8 build, e5m2 cast to bf16)
     fused = xt == torch.float8_e4m3fn
@@ -168,13 +180,14 @@ def test_w4a8_decode_casts_activations_on_large_weights(xt, monkeypatch):
     xs, ws = torch.rand(m) + 0.5, torch.rand(-(-k // 128), n) + 0.5
     want = _reference(x, v, ws, xs, None, 128)
     results = {}
-    for threshold in (0, launch_mod.W4A8_CAST_MIN_BYTES):
-        monkeypatch.setattr(launch_mod, "W4A8_CAST_MIN_BYTES", threshold)
+    for threshold in (0, T.INT4_W4A8_CAST_MIN_BYTES):
+        monkeypatch.setattr(T, "INT4_W4A8_CAST_MIN_BYTES", threshold)
+        monkeypatch.setattr(api_prepacked, "_LAUNCHES", {})  # (a launch is kept per call signature)
         assert ("cast to bf16" in describe_prepacked(m, n, k, xt)) == (threshold == 0)
         y = linear_prepacked(x.to(DEV), w, xs.to(DEV), ws.to(DEV), out_dtype=torch.float32)
         assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 2e-6
         results[threshold] = y
-    assert torch.equal(results[0], results[launch_mod.W4A8_CAST_MIN_BYTES])
+    assert torch.equal(results[0], results[T.INT4_W4A8_CAST_MIN_BYTES])
 
 
 @pytest.mark.parametrize("m,n,k,gk,split", [(3, 70, 1000, 128, 2), (5, 130, 1536, 256, 1), (1, 64, 4096, 128, 2),
@@ -202,7 +215,7 @@ def test_fp16_conversion_of_fp8_activations_matches_reference(xt, m, n, k, split
     instead of bf16 and runs an fp16 wgmma; every product is exact either way, so fp32 outputs
     match the reference as tightly; its tag ('_h16') names another binary; 16-bit activations
     refuse it (bf16 values are not all fp16 values)."""
-    from tileq.prepacked.launch import kernel_ct
+    from tileq.kernels.int4p.config import kernel_ct
 
     torch.manual_seed(m + n + k)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
@@ -228,7 +241,7 @@ def test_in_kernel_splitk_sum_matches_the_reduction_kernel(m, n, k, xt, gk, spli
     order, so the output is bit for bit the reduction kernel's (bias in the first slab, the
     activations' scales in each), call after call (the tile counters go back to zero); its tag
     ('_fx') names another binary and needs a split."""
-    from tileq.kernels import buffers as kbuf, launch as kl
+    from tileq.kernels import buffers as kbuf
 
     v, w, x, ws, xs = _decode_problem(m, n, k, xt, gk, m + n + split)
     b = torch.randn(n) if bias else None
@@ -267,11 +280,11 @@ def test_streamk_decode_matches_reference(monkeypatch, m, n, k, xt, gk, cfg, sms
     start and end inside tiles, whole tiles between, one unit per program, two token tiles, group
     and per-channel scales, fp8 activations with token scales, bias), the same bits call after
     call (the tile counters back to zero); '_stk' in the tag, no split with it."""
-    from tileq.prepacked import launch as il
-    from tileq.kernels import buffers as kbuf, launch as kl
+    from tileq import device
+    from tileq.kernels import buffers as kbuf
 
-    monkeypatch.setattr(il, "_num_sms", lambda device: sms)
-    monkeypatch.setattr(il, "_LAUNCHES", {})  # (a launch's program count is made for its SM count)
+    monkeypatch.setattr(device, "facts", lambda dev: sm90_with(sms))
+    monkeypatch.setattr(api_prepacked, "_LAUNCHES", {})  # (a launch's program count is made for its SM count)
     v, w, x, ws, xs = _decode_problem(m, n, k, xt, gk, m + n + sms)
     b = torch.randn(n)
     d = lambda t: None if t is None else t.to(DEV)  # noqa: E731
@@ -338,8 +351,9 @@ def test_kernel_refusals():
 
 
 def test_dequantize_is_exact_and_prefill_takes_it():
-    from tileq.prepacked.dequant import DEQUANT_MIN_M, dequantize_prepacked
+    from tileq.kernels.int4p.dequant import dequantize_prepacked
 
+    DEQUANT_MIN_M = T.INT4_DEQUANT_MIN_M
     torch.manual_seed(11)
     n, k = 37, 1100  # K not a multiple of 512: the last block is partial
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
@@ -351,8 +365,8 @@ def test_dequantize_is_exact_and_prefill_takes_it():
     got = dequantize_prepacked(w.data, n, k, ws.to(DEV), "group", (n, 1), 128, torch.float16)
     want = (v.float() * ws.repeat_interleave(128, 0)[:k].t()).half()
     assert torch.equal(got.cpu(), want)
-    # From DEQUANT_MIN_M tokens linear_prepacked takes dequantize + matmul (16-bit rounding of
-    # the weight and the product: bf16-level agreement, not the fused kernel's).
+    # From DEQUANT_MIN_M tokens linear_prepacked takes a prefill path (on a CPU: W4A16 dequantize +
+    # matmul, W4A8 the fp8 GEMM on the values; bf16-level agreement, not the fused kernel's).
     m = DEQUANT_MIN_M + 3
     for xt in (torch.bfloat16, torch.float8_e4m3fn):
         x = torch.randn(m, k).to(xt)
@@ -373,19 +387,19 @@ def _w4a8_scales(kind, n, k, group_k):
             "scalar": torch.tensor(0.015)}[kind]
 
 
-@pytest.mark.parametrize("fp8_prefill", ["bf16", "fp8"])
-def test_out_is_checked_on_every_path(fp8_prefill, monkeypatch):
-    """out= of the wrong dtype or shape is an error whichever path runs the call (here the W4A8
-    prefill paths); the right one is written in place."""
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_out_is_checked_on_every_path(x_dtype):
+    """out= of the wrong dtype or shape is an error whichever path runs the call (here the prefill
+    paths: W4A8 the fp8 GEMM on the values, W4A16 dequantize + cuBLAS on a CPU, the Gluon kernel
+    on an sm_90 GPU); the right one is written in place."""
     from tileq.errors import DTypeError, ShapeError
-    from tileq.prepacked.dequant import DEQUANT_MIN_M
 
-    monkeypatch.setenv("TILEQ_W4A8_PREFILL", fp8_prefill)
-    m, n, k = DEQUANT_MIN_M, 24, 512
+    m, n, k = T.INT4_DEQUANT_MIN_M, 24, 512
     torch.manual_seed(2)
     w = prepack_int4(torch.randint(-8, 8, (n, k), dtype=torch.int8)).to(DEV)
-    x = torch.randn(m, k).to(torch.float8_e4m3fn).to(DEV)
-    sx, sw = torch.ones(m, device=DEV), torch.ones(n, device=DEV)
+    x = torch.randn(m, k).to(x_dtype).to(DEV)
+    sx = torch.ones(m, device=DEV) if x_dtype in FP8 else None
+    sw = torch.ones(n, device=DEV)
     with pytest.raises(DTypeError, match="out"):
         linear_prepacked(x, w, sx, sw, out=torch.empty(m, n, device=DEV))
     with pytest.raises(ShapeError, match="out"):
@@ -398,7 +412,7 @@ def test_out_is_checked_on_every_path(fp8_prefill, monkeypatch):
 @pytest.mark.parametrize("x_dtype", FP8)
 def test_dequantize_values_to_fp8_is_exact(x_dtype):
     """The values alone (w_kind 'none') in e4m3 and e5m2: -8..7 are exact in both."""
-    from tileq.prepacked.dequant import dequantize_prepacked
+    from tileq.kernels.int4p.dequant import dequantize_prepacked
 
     torch.manual_seed(3)
     n, k = 37, 1100
@@ -438,7 +452,7 @@ def test_dequantize_matches_the_values_bit_for_bit(n, k, dtype, w_kind):
     themselves: every output type and scale kind, N not a multiple of the rows per program,
     K not a multiple of 512 (the padding words are not written out, group scales past K are not
     read) and more than one 512 block. Negative scales: zeros keep their sign."""
-    from tileq.prepacked.dequant import dequantize_prepacked
+    from tileq.kernels.int4p.dequant import dequantize_prepacked
 
     torch.manual_seed(n * 7 + k)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
@@ -461,7 +475,7 @@ def test_dequantize_group_scales_of_every_width(group_k, transposed):
     """Group scales of any multiple of 128 (a group can start at every 128 of K, at every 256,
     once per 512 block or less often; 64 and 96 too, which linear_prepacked refuses),
     [K/group_k, N] contiguous or transposed, K ending inside a group; bit for bit."""
-    from tileq.prepacked.dequant import dequantize_prepacked
+    from tileq.kernels.int4p.dequant import dequantize_prepacked
 
     torch.manual_seed(group_k)
     n, k = 33, 1700
@@ -482,7 +496,8 @@ def test_w4a8_fp8_prefill_runs_tileqs_fp8_gemm(w_kind, x_kind):
     """Fp8PrefillLaunch through the Triton kernels (the interpreter on CPU): the int4 values as
     fp8, group scales by scheme bquant (groups of one column), the others by rowcol; per-token or
     per-tensor activation scales, bias; against the float64 reference."""
-    from tileq.prepacked.fp8_prefill import Fp8PrefillLaunch
+    from tileq.dispatch.plan import make_plan
+    from tileq.kernels.int4p.fp8_prefill import Fp8PrefillLaunch
 
     torch.manual_seed(5)
     m, n, k, group_k = 7, 40, 640, 256 if w_kind == "group" else 128
@@ -492,7 +507,9 @@ def test_w4a8_fp8_prefill_runs_tileqs_fp8_gemm(w_kind, x_kind):
     x = (torch.randn(m, k) * 50).clamp(-400, 400).to(torch.float8_e4m3fn)
     sx = torch.rand(m) + 0.5 if x_kind == "vector" else torch.tensor(0.7)
     bias = torch.randn(n)
-    launch = Fp8PrefillLaunch(n, k, w_kind, x_kind, group_k, torch.bfloat16, x.dtype, backend="triton")
+    spec = rules.inner_spec(m, n, k, "fp8", x_kind, w_kind, torch.bfloat16, group_k, True)
+    plan = make_plan(spec, torch.device(DEV), backend="triton")
+    launch = Fp8PrefillLaunch(n, k, w_kind, x_kind, group_k, torch.bfloat16, x.dtype, plan)
     assert launch.scheme == ("bquant" if w_kind == "group" else "rowcol")
     y = launch(x.to(DEV), w.data, sx.to(DEV), sw.to(DEV), bias.to(DEV))
     want = _reference(x, v, sw, sx, bias, group_k)
@@ -500,18 +517,13 @@ def test_w4a8_fp8_prefill_runs_tileqs_fp8_gemm(w_kind, x_kind):
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
 
 
-def test_w4a8_prefill_path_is_chosen_by_the_environment(monkeypatch):
-    """TILEQ_W4A8_PREFILL: 'fp8' (default) the fp8 GEMM, 'bf16' dequantize + bf16 cuBLAS (same
-    answer, through linear_prepacked from DEQUANT_MIN_M tokens), anything else an error."""
-    from tileq.prepacked.dequant import DEQUANT_MIN_M
-
-    from tileq.prepacked.prefill import W4A8_MAX_M
-
+def test_w4a8_prefill_takes_the_fp8_gemm():
+    """W4A8 from INT4_DEQUANT_MIN_M tokens where the Gluon prefill kernel does not take the call:
+    the fp8 GEMM on the int4 values (bquant for group scales, rowcol for per-channel ones), through
+    linear_prepacked, against the reference; describe says so."""
+    DEQUANT_MIN_M = T.INT4_DEQUANT_MIN_M
     f8 = torch.float8_e4m3fn
-    big = W4A8_MAX_M  # (below, an sm_90 GPU runs the Gluon kernel on the activations cast to bf16)
-    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "bf16")
-    assert describe_prepacked(big, 4096, 4096, f8, w_scale="vector").startswith("dequant+cublas")
-    assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096).startswith("bquant_bf16xi4p_rcr_prefill__gluon")
+    big = T.INT4_W4A8_MAX_M  # (below, an sm_90 GPU runs the Gluon kernel on the activations cast to bf16)
     torch.manual_seed(9)
     m, n, k = DEQUANT_MIN_M + 1, 24, 512
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
@@ -520,14 +532,10 @@ def test_w4a8_prefill_path_is_chosen_by_the_environment(monkeypatch):
     x = (torch.randn(m, k) * 50).clamp(-400, 400).to(f8)
     sx = torch.rand(m) + 0.5
     want = _reference(x, v, sw, sx, None, 128)
-    y16 = linear_prepacked(x.to(DEV), w, sx.to(DEV), sw.to(DEV))
-    assert float((y16.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
-    monkeypatch.delenv("TILEQ_W4A8_PREFILL")
     text = describe_prepacked(big, 4096, 4096, f8)
     assert text.startswith("dequant-fp8+tileq") and "bquant GEMM" in text
-    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp8")
-    assert describe_prepacked(big, 4096, 4096, f8) == text
     assert "rowcol GEMM" in describe_prepacked(big, 4096, 4096, f8, w_scale="vector")
+    assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096).startswith("bquant_bf16xi4p_rcr_prefill__gluon")
     # (on the CPU the Gluon kernel serves nothing: from DEQUANT_MIN_M tokens the fp8 GEMM)
     assert describe_prepacked(DEQUANT_MIN_M, 4096, 4096, f8, device=torch.device("cpu")).startswith(
         "dequant-fp8+tileq")
@@ -535,9 +543,6 @@ def test_w4a8_prefill_path_is_chosen_by_the_environment(monkeypatch):
     assert below.startswith("bquant_bf16xi4p_rcr_decode__") and "fp8 activations cast to bf16 first" in below
     y = linear_prepacked(x.to(DEV), w, sx.to(DEV), sw.to(DEV))
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
-    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp9")
-    with pytest.raises(ValueError, match="TILEQ_W4A8_PREFILL"):
-        linear_prepacked(x.to(DEV), w, sx.to(DEV), sw.to(DEV))
 
 
 def test_default_config_covers_the_gpu():
@@ -572,7 +577,7 @@ def test_default_config_covers_the_gpu():
     (32, 28672, 8192, "m64n32k512_w4_s2_swap"),           # 32-token tiles: not this rule
 ])
 def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, k, tag):
-    from tileq.prepacked.launch import decode_rule
+    decode_rule = rules.decode_rule
 
     cfg, why = decode_rule(m, n, k, streamk=False)  # (the bands; stream-K for wave tails below)
     assert cfg.tag == tag, why
@@ -603,17 +608,17 @@ def test_decode_rule_picks_stages_and_the_register_cap_by_programs_per_sm(m, n, 
 
 
 def test_decode_rule_scales_with_the_number_of_sms():
-    from tileq.prepacked.launch import decode_rule
+    decode_rule = rules.decode_rule
 
     # 448 programs: four per SM on 132 SMs; on 114 SMs (H100 PCIe) 456 slots still hold them,
     # on 100 SMs they do not: three stages at M = 16, still capped at M = 1.
-    assert decode_rule(16, 28672, 8192, num_sms=114)[0].maxnreg == 128
-    assert decode_rule(16, 28672, 8192, num_sms=100, streamk=False)[0] == \
+    assert decode_rule(16, 28672, 8192, facts=sm90_with(114))[0].maxnreg == 128
+    assert decode_rule(16, 28672, 8192, facts=sm90_with(100), streamk=False)[0] == \
         Int4pConfig(16, 1, 3, maxnreg=168, scale_ahead=True)
-    assert decode_rule(1, 28672, 8192, num_sms=100, streamk=False)[0] == Int4pConfig(16, 1, 2, 4, 128)
+    assert decode_rule(1, 28672, 8192, facts=sm90_with(100), streamk=False)[0] == Int4pConfig(16, 1, 2, 4, 128)
     # (448 tiles on 100 SMs: 1.12 waves of four per SM at M = 1, 2.24 of two at M = 16: stream-K)
-    assert decode_rule(1, 28672, 8192, num_sms=100)[0].streamk
-    assert decode_rule(16, 28672, 8192, num_sms=100)[0] == \
+    assert decode_rule(1, 28672, 8192, facts=sm90_with(100))[0].streamk
+    assert decode_rule(16, 28672, 8192, facts=sm90_with(100))[0] == \
         Int4pConfig(16, 1, 3, maxnreg=168, scale_ahead=True, streamk=True)
 
 
@@ -631,12 +636,10 @@ def test_decode_rule_takes_streamk_for_a_wave_tail(m, n, k, x_type, streamk):
     """Stream-K where an unsplit config's tiles leave the last wave of its band at most a quarter
     full (16-bit activations): two programs per SM (three stages, 168 registers, scales ahead; 32-
     token tiles two stages), and the reason says so."""
-    from tileq.prepacked.launch import STREAMK_TAIL, decode_rule
-
-    cfg, why = decode_rule(m, n, k, x_type)
+    cfg, why = rules.decode_rule(m, n, k, x_type)
     assert cfg.streamk == streamk and ("stream-K" in why) == streamk, why
     if streamk:
-        assert cfg.per_sm == 2 and cfg.split_k == 1 and f"at most {STREAMK_TAIL} full" in why
+        assert cfg.per_sm == 2 and cfg.split_k == 1 and f"at most {T.INT4_DECODE_STREAMK_TAIL} full" in why
         assert cfg == (Int4pConfig(16, 1, 3, 4, 168, True, streamk=True) if m <= 16 else
                        Int4pConfig(32, 1, 2, streamk=True))
 
@@ -810,7 +813,7 @@ def test_selftest_prepacked_pass():
 def test_tuned_table_configs_parse_and_serve_only_their_sizes():
     import json
 
-    from tileq.prepacked.launch import _TUNED_PATH, config_for, default_config, tuned_table
+    from tileq.dispatch.int4 import _TUNED_PATH, config_for, tuned_table
 
     doc = json.load(open(_TUNED_PATH))
     assert doc["arch"] == "sm_90" and "H200" in doc["about"]
@@ -833,11 +836,10 @@ def test_tuned_table_configs_parse_and_serve_only_their_sizes():
 # ----------------------------------------------------------------------------- Gluon prefill
 
 
-def test_prefill_path_choice(monkeypatch):
+def test_prefill_path_choice():
     """From DEQUANT_MIN_M tokens: the Gluon kernel for W4A16 on an sm_90 GPU (with group scales
     below GROUP_SCALE_MAX_M), W4A8 the fp8 GEMM on the values, dequantize + cuBLAS otherwise,
     each with its reason."""
-    from tileq.prepacked import prefill
 
     assert describe_prepacked(512, 5120, 5120).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
     assert describe_prepacked(512, 5120, 5120, torch.float16).startswith("bquant_fp16xi4p_rcr_prefill__gluon_")
@@ -845,20 +847,19 @@ def test_prefill_path_choice(monkeypatch):
     assert w4a8.startswith("bquant_fp8xi4p_rcr_prefill__gluon_") and "its fp8 build" in w4a8
     w4a8 = describe_prepacked(200, 5120, 5120, torch.float8_e4m3fn, w_scale="vector")
     assert w4a8.startswith("rowcol_bf16xi4p_rcr_prefill__gluon_") and "fp8 activations cast to bf16 first" in w4a8
-    big8 = prefill.W4A8_MAX_M
+    big8 = T.INT4_W4A8_MAX_M
     assert describe_prepacked(big8, 5120, 5120, torch.float8_e4m3fn, w_scale="vector").startswith("dequant-fp8+tileq")
-    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "bf16")
-    for x_dtype, k, why in ((torch.float8_e4m3fn, 1100, "W4A8 from 256 tokens: the fp8 GEMM"),
-                            (torch.bfloat16, 1100, "multiple of 8")):
-        text = describe_prepacked(300, 5120, k, x_dtype)
-        assert text.startswith("dequant+cublas") and why in text
+    for x_dtype, path, why in ((torch.float8_e4m3fn, "dequant-fp8+tileq", "W4A8 from 256 tokens: the fp8 GEMM"),
+                               (torch.bfloat16, "dequant+cublas", "multiple of 8")):
+        text = describe_prepacked(300, 5120, 1100, x_dtype)
+        assert text.startswith(path) and why in text, text
     assert "a compiled kernel on a GPU" in describe_prepacked(512, 5120, 5120, device=torch.device("cpu"))
     cpu = torch.device("cpu")
-    assert prefill.unserved(512, 5120, "bf16", "none", "group", torch.float32, cpu) == "bf16/fp16 outputs only"
-    assert "(W4A16)" in prefill.unserved(512, 5120, "bf16", "vector", "group", torch.bfloat16, cpu)
-    assert "(W4A8)" in prefill.unserved(512, 5120, "fp8", "none", "group", torch.bfloat16, cpu)
+    assert rules.unserved(512, 5120, "bf16", "none", "group", torch.float32, device=cpu) == "bf16/fp16 outputs only"
+    assert "(W4A16)" in rules.unserved(512, 5120, "bf16", "vector", "group", torch.bfloat16, device=cpu)
+    assert "(W4A8)" in rules.unserved(512, 5120, "fp8", "none", "group", torch.bfloat16, device=cpu)
     # Group scales: dequantize + cuBLAS from GROUP_SCALE_MAX_M tokens; per-channel: the kernel.
-    big = prefill.GROUP_SCALE_MAX_M
+    big = T.INT4_GROUP_SCALE_MAX_M
     assert "measured faster" in describe_prepacked(big, 5120, 5120)
     assert describe_prepacked(big, 5120, 5120, w_scale="vector").startswith("rowcol_bf16xi4p_rcr_prefill__gluon_")
 
@@ -867,63 +868,61 @@ def test_256_token_tiles_from_256_tokens(monkeypatch):
     """From T256_MIN_M (256) tokens the 256-token tile where its waves cost less (TILE256_COST of a
     128-token tile's); with group scales only below GROUP_T256_MAX_M (dequantize + cuBLAS
     otherwise); never with a TMA store or an activation scale."""
-    from tileq.prepacked import prefill
 
-    assert prefill.T256_MIN_M == 256
-    assert prefill.tokens_for(255, 8192) == 128 and prefill.tokens_for(1024, 8192) == 256  # 4 waves against 2
-    assert prefill.tokens_for(1024, 5120) == 128  # 3 waves against 2 (x 1.7)
-    assert prefill.tokens_for(256, 8192) == 128  # 1 wave either way
-    assert prefill.tokens_for(512, 5120) == 256 and prefill.tokens_for(512, 4096) == 128  # 160 / 128 tiles of 128
+    assert T.INT4_T256_MIN_M == 256
+    assert rules.tokens_for(255, 8192) == 128 and rules.tokens_for(1024, 8192) == 256  # 4 waves against 2
+    assert rules.tokens_for(1024, 5120) == 128  # 3 waves against 2 (x 1.7)
+    assert rules.tokens_for(256, 8192) == 128  # 1 wave either way
+    assert rules.tokens_for(512, 5120) == 256 and rules.tokens_for(512, 4096) == 128  # 160 / 128 tiles of 128
     # below T256_THIN_MAX_M not where the last 256-token tile holds fewer than 128 tokens (Qwen3-14B
     # qkv at 288-352 tokens: 168 / 112 tiles of 128 / 256)
-    assert [prefill.tokens_for(m, 7168) for m in (288, 383, 384)] == [128, 128, 256]
-    assert prefill.T256_THIN_MAX_M == 512 and prefill.tokens_for(544, 4096) == 256  # (from 512 as before)
-    assert prefill.plan(320, 7168, 5120, 132) == (128, 1)
-    assert prefill.streamk_for(320, 7168, 5120, 128, 1, 132) == (128, True)
+    assert [rules.tokens_for(m, 7168) for m in (288, 383, 384)] == [128, 128, 256]
+    assert T.INT4_T256_THIN_MAX_M == 512 and rules.tokens_for(544, 4096) == 256  # (from 512 as before)
+    assert rules.prefill_tiling(320, 7168, 5120) == (128, 1)
+    assert rules.streamk_for(320, 7168, 5120, 128, 1) == (128, True)
     # an activation scale (W4A8) keeps 128-token tiles: the 256-token build with one spilled
-    assert prefill.tokens_for(512, 5120, 132, x_scale=True) == 128
-    assert prefill.plan(512, 5120, 5120, 132, x_scale=True) == (128, 1)
-    assert prefill.tokens_for(4096, 5120) == 256 and prefill.tokens_for(4096) == 128
+    assert rules.tokens_for(512, 5120, x_scale=True) == 128
+    assert rules.prefill_tiling(512, 5120, 5120, x_scale=True) == (128, 1)
+    assert rules.tokens_for(4096, 5120) == 256
     text = describe_prepacked(1024, 8192, 28672)  # Llama-70B down, group scales
     assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90"), text
     assert "2 waves of 256-token tiles (x 1.7) against 4 of 128-token ones" in text, text
     assert describe_prepacked(1024, 5120, 5120).startswith("dequant+cublas")
-    assert describe_prepacked(prefill.GROUP_T256_MAX_M, 8192, 28672).startswith("dequant+cublas")
+    assert describe_prepacked(T.INT4_GROUP_T256_MAX_M, 8192, 28672).startswith("dequant+cublas")
     chan = describe_prepacked(4096, 5120, 5120, w_scale="vector")
     assert chan.startswith("rowcol_bf16xi4p_rcr_prefill__gluon_w128t256k512_ws2x64_sm90"), chan
     with pytest.raises(ValueError, match="no TMA store"):
-        prefill.constexprs("bf16", "group", 128, False, True, 256)
+        pl.constexprs("bf16", "group", 128, False, True, 256)
     with pytest.raises(ValueError, match="no activation scale"):
-        prefill.constexprs("bf16", "group", 128, False, False, 256, 1, "vector")
+        pl.constexprs("bf16", "group", 128, False, False, 256, 1, "vector")
 
 
 def test_stream_k_choice():
     """streamk_for: W4A16 from 128 to 1023 tokens, stream-K where its cost (whole tiles' K blocks +
     per + STREAMK_OVERHEAD) beats the plan's waves x K blocks per item by STREAMK_MARGIN, with the
     token tile of the cheaper cost; never for W4A8 or outside that range; explain names it."""
-    from tileq.prepacked import prefill
 
     # Mistral-24B down at 512 tokens: 80 tiles of 256 tokens x 64 K blocks in one wave against
     # 39 + 3 blocks per SM with stream-K
-    assert prefill.plan(512, 5120, 32768, 132) == (256, 1)
-    assert prefill.streamk_for(512, 5120, 32768, 256, 1, 132) == (256, True)
-    assert prefill.plan_cost(512, 5120, 32768, 256, 1, 132) == 64 * prefill.TILE256_COST
-    assert prefill.streamk_cost(512, 5120, 32768, 256, 132) == (39 + prefill.STREAMK_OVERHEAD) * prefill.TILE256_COST
-    assert prefill.streamk_for(512, 5120, 32768, 256, 1, 132, x_scale=True) == (256, False)
-    assert prefill.streamk_for(1024, 5120, 32768, 256, 1, 132) == (256, False)  # (STREAMK_MAX_M)
-    assert prefill.streamk_for(100, 34816, 5120, 128, 1, 132) == (128, False)  # (below 128 tokens)
+    assert rules.prefill_tiling(512, 5120, 32768) == (256, 1)
+    assert rules.streamk_for(512, 5120, 32768, 256, 1) == (256, True)
+    assert rules.plan_cost(512, 5120, 32768, 256, 1) == 64 * T.INT4_TILE256_COST
+    assert rules.streamk_cost(512, 5120, 32768, 256) == (39 + T.INT4_STREAMK_OVERHEAD) * T.INT4_TILE256_COST
+    assert rules.streamk_for(512, 5120, 32768, 256, 1, x_scale=True) == (256, False)
+    assert rules.streamk_for(1024, 5120, 32768, 256, 1) == (256, False)  # (STREAMK_MAX_M)
+    assert rules.streamk_for(100, 34816, 5120, 128, 1) == (128, False)  # (below 128 tokens)
     # Qwen3-14B gate_up at 128 tokens: 272 tiles in 3 waves of 10 blocks; stream-K 132 whole tiles
     # then 11 units: 24 against 30
-    assert prefill.streamk_for(128, 34816, 5120, 128, 1, 132) == (128, True)
+    assert rules.streamk_for(128, 34816, 5120, 128, 1) == (128, True)
     # Qwen3-14B o at 512 tokens: 80 tiles of 256 in one wave of 10 blocks (17 with the tile's cost)
     # against (7 + 3) x 1.7 x 1.1: not enough
-    assert prefill.streamk_for(512, 5120, 5120, 256, 1, 132) == (256, False)
+    assert rules.streamk_for(512, 5120, 5120, 256, 1) == (256, False)
     # DeepSeek-V3 down at 200 tokens: 112 tiles of 128 tokens in one wave of 36 blocks; 256-token
     # stream-K (from STREAMK_T256_MIN_M) 56 x 36 units, 16 per SM: (16 + 3) x 1.7 x 1.1 = 35.5
-    assert prefill.STREAMK_T256_MIN_M == 129
-    assert prefill.plan(200, 7168, 18432, 132) == (128, 1)
-    assert prefill.streamk_for(200, 7168, 18432, 128, 1, 132) == (256, True)
-    assert prefill.streamk_for(128, 7168, 18432, 128, 2, 132)[0] == 128  # (the plan splits K 2 ways)
+    assert T.INT4_STREAMK_T256_MIN_M == 129
+    assert rules.prefill_tiling(200, 7168, 18432) == (128, 1)
+    assert rules.streamk_for(200, 7168, 18432, 128, 1) == (256, True)
+    assert rules.streamk_for(128, 7168, 18432, 128, 2)[0] == 128  # (the plan splits K 2 ways)
     text = describe_prepacked(512, 5120, 32768)
     assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t256k512_stk_ws2x64_sm90"), text
     assert "stream-K: 0 whole tiles of 256 tokens, then 39 of the other 5120" in text, text
@@ -935,17 +934,14 @@ def test_prefill_kernel_below_dequant_min_m():
     64-token tiling has the tiles to fill the SMs (0.65 x SMs, 0.5 x from 128 tokens: the decode
     kernel splits K, this one does not); the token tile with fewer waves (a 64-token tile at 0.8
     of a 128-token one's cost)."""
-    from tileq.prepacked import prefill
-
-    assert not prefill.prefers(32, 34816, 132) and prefill.prefers(33, 34816, 132)
-    assert prefill.prefers(48, 11008, 132) and not prefill.prefers(48, 10880, 132)  # 86 / 85 tiles
-    assert not prefill.prefers(96, 5120, 132) and prefill.prefers(128, 5120, 132)  # 80 tiles either way
-    assert not prefill.prefers(128, 4096, 132) and prefill.prefers(192, 4096, 132)  # 64 / 96 tiles
-    assert prefill.tokens_for(48, 34816) == prefill.tokens_for(64, 34816) == 64
-    assert prefill.tokens_for(96, 7168) == 64  # 112 tiles (one wave) against 56
-    assert prefill.tokens_for(96, 34816) == 128  # 544 tiles: 5 waves x 0.8 against 3
-    assert prefill.tokens_for(192, 7168) == 128 and prefill.tokens_for(300, 4096) == 128
-    assert prefill.tokens_for(100) == 128
+    assert not rules.prefers(32, 34816) and rules.prefers(33, 34816)
+    assert rules.prefers(48, 11008) and not rules.prefers(48, 10880)  # 86 / 85 tiles
+    assert not rules.prefers(96, 5120) and rules.prefers(128, 5120)  # 80 tiles either way
+    assert not rules.prefers(128, 4096) and rules.prefers(192, 4096)  # 64 / 96 tiles
+    assert rules.tokens_for(48, 34816) == rules.tokens_for(64, 34816) == 64
+    assert rules.tokens_for(96, 7168) == 64  # 112 tiles (one wave) against 56
+    assert rules.tokens_for(96, 34816) == 128  # 544 tiles: 5 waves x 0.8 against 3
+    assert rules.tokens_for(192, 7168) == 128 and rules.tokens_for(300, 4096) == 128
     text = describe_prepacked(48, 34816, 5120)
     assert text.startswith("bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_sm90") and "272 tiles" in text
     # 40 tiles of 64 tokens: too few for prefers(), few enough for the split over K (plan)
@@ -966,62 +962,62 @@ def test_prefill_plan_routes_narrow_weights_to_the_split():
     """plan(): the split over K where the tiling leaves a third of the SMs idle (at most 0.65 x
     SMs tiles) and split_for finds one; else the unsplit kernel where prefers() (or from
     DEQUANT_MIN_M tokens), else the decode kernel (None)."""
-    from tileq.prepacked import prefill
 
-    assert prefill.plan(32, 5120, 17408, 132) is None  # below MIN_M: the decode kernel
-    assert prefill.plan(48, 5120, 17408, 132) == (64, 3)  # 40 tiles
-    assert prefill.plan(48, 4608, 3584, 132) == (64, 3)  # 36 tiles, 7 K blocks: ranges of 2-3
-    assert prefill.plan(48, 11008, 4096, 132) == (64, 1)  # 86 tiles: over 0.65 x SMs, prefers()
-    assert prefill.plan(48, 10880, 1024, 132) is None  # 85 tiles but 2 K blocks; not prefers()
-    assert prefill.plan(96, 5120, 17408, 132) == (128, 3)  # a 128-token tile once split
-    assert prefill.plan(128, 8192, 28672, 132) == (128, 2)  # 64 tiles
-    assert prefill.plan(128, 11008, 4096, 132) == (128, 1)  # 86 tiles: unsplit
-    assert prefill.plan(256, 3584, 18944, 132) == (128, 7)  # 56 tiles, 37 blocks
-    assert prefill.plan(256, 4608, 3584, 132) == (128, 1)  # 7 blocks: under four per range above 128 tokens
-    assert prefill.plan(256, 7168, 18432, 132) == (128, 1)  # 112 tiles: over 0.65 x SMs
-    assert prefill.plan(4096, 5120, 5120, 132) == (256, 1) and prefill.plan(512, 5120, 5120, 132) == (256, 1)
-    assert prefill.plan(512, 4096, 5120, 132) == (128, 1)
-    assert prefill.plan(48, 5120, 17408, 100) == (64, 5) and prefill.plan(48, 11008, 4096, 200) == (64, 2)
+    assert rules.prefill_tiling(32, 5120, 17408) is None  # below MIN_M: the decode kernel
+    assert rules.prefill_tiling(48, 5120, 17408) == (64, 3)  # 40 tiles
+    assert rules.prefill_tiling(48, 4608, 3584) == (64, 3)  # 36 tiles, 7 K blocks: ranges of 2-3
+    assert rules.prefill_tiling(48, 11008, 4096) == (64, 1)  # 86 tiles: over 0.65 x SMs, prefers()
+    assert rules.prefill_tiling(48, 10880, 1024) is None  # 85 tiles but 2 K blocks; not prefers()
+    assert rules.prefill_tiling(96, 5120, 17408) == (128, 3)  # a 128-token tile once split
+    assert rules.prefill_tiling(128, 8192, 28672) == (128, 2)  # 64 tiles
+    assert rules.prefill_tiling(128, 11008, 4096) == (128, 1)  # 86 tiles: unsplit
+    assert rules.prefill_tiling(256, 3584, 18944) == (128, 7)  # 56 tiles, 37 blocks
+    assert rules.prefill_tiling(256, 4608, 3584) == (128, 1)  # 7 blocks: under four per range above 128 tokens
+    assert rules.prefill_tiling(256, 7168, 18432) == (128, 1)  # 112 tiles: over 0.65 x SMs
+    assert rules.prefill_tiling(4096, 5120, 5120) == (256, 1) and rules.prefill_tiling(512, 5120, 5120) == (256, 1)
+    assert rules.prefill_tiling(512, 4096, 5120) == (128, 1)
+    assert rules.prefill_tiling(48, 5120, 17408, sm90_with(100)) == (64, 5) and rules.prefill_tiling(48, 11008, 4096, sm90_with(200)) == (64, 2)
 
 
 def test_prefill_split_choice_and_names():
     """The prefill kernel's split over K: only for grids of fewer tiles than SMs, the split with
     the fewest K blocks in a row (waves x blocks per range), at least two 512-wide K blocks per
     range (four above 128 tokens); its own name."""
-    from tileq.prepacked import prefill
 
-    assert prefill.split_for(4096, 5120, 5120, 128, 132) == 1  # 1280 tiles
+    assert rules.split_for(4096, 5120, 5120, 128) == 1  # 1280 tiles
     # 80 tiles on 132 SMs, K = 17408 has 34 blocks: 2 -> 160 items (2 waves x 17 blocks = 34),
     # 3 -> 240 (2 x 12 = 24), 6 -> 480 (4 x 6 = 24), 8 -> 640 (5 x 5 = 25): 3 (the smaller of a tie)
-    assert prefill.split_for(256, 5120, 17408, 128, 132) == 3
+    assert rules.split_for(256, 5120, 17408, 128) == 3
     # 56 tiles, 36 blocks: 2 -> 112 items (1 wave x 18), 7 -> 392 (3 waves x 6 = 18, one range empty)
-    assert prefill.split_for(48, 7168, 18432, 64, 132) == 2
-    assert prefill.split_for(256, 5120, 2048, 128, 132) == 1  # 4 blocks: 2 ways gives 2 waves of half K
-    assert prefill.split_for(128, 5120, 2048, 128, 132) == 2  # 40 tiles: 80 items, one wave
-    assert prefill.split_for(128, 5120, 1024, 128, 132) == 1  # 2 blocks
-    assert prefill.split_for(256, 4608, 3584, 128, 132) == 1 and prefill.split_for(128, 4608, 3584, 128, 132) == 3
-    assert prefill.kernel_name("bf16", "group", 64, 3) == "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk3_ws2x64_sm90"
+    assert rules.split_for(48, 7168, 18432, 64) == 2
+    assert rules.split_for(256, 5120, 2048, 128) == 1  # 4 blocks: 2 ways gives 2 waves of half K
+    assert rules.split_for(128, 5120, 2048, 128) == 2  # 40 tiles: 80 items, one wave
+    assert rules.split_for(128, 5120, 1024, 128) == 1  # 2 blocks
+    assert rules.split_for(256, 4608, 3584, 128) == 1 and rules.split_for(128, 4608, 3584, 128) == 3
+    assert pl.kernel_name("bf16", "group", 64, 3) == "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk3_ws2x64_sm90"
     with pytest.raises(ValueError, match="no TMA store"):
-        prefill.constexprs("bf16", "group", 128, False, True, 64, 2)
+        pl.constexprs("bf16", "group", 128, False, True, 64, 2)
 
 
 def test_prefill_path_on_a_gpu(monkeypatch):
-    """unserved() for a CUDA device, with the device queries answered as an H200's / an L40S's."""
-    from tileq.dispatch import plan
-    from tileq.device import ARCHS
-    from tileq.prepacked import prefill
+    """unserved() for a CUDA device of an H200's / an L40S's facts, compiled (not interpreted),
+    with TILEQ_GLUON unset or 0; on the interpreter never."""
+    from tileq import settings
+    from tileq.device import ARCHS, DeviceFacts
 
-    monkeypatch.setattr("tileq._runtime.interpreter_active", lambda: False)
     monkeypatch.delenv("TILEQ_GLUON", raising=False)
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(plan, "_device_arch", lambda index: (ARCHS["sm_90"], 132, "H200"))
-    args = (512, 5120, "bf16", "none", "group", torch.bfloat16, cuda)
-    assert prefill.unserved(*args) is None
+    compiled = replace(settings.current(), interpreted=False)
+    args = (512, 5120, "bf16", "none", "group", torch.bfloat16)
+    assert rules.unserved(*args, facts=SM90, device=cuda, switches=compiled) is None
+    assert rules.unserved(*args, facts=SM90, device=cuda, switches=replace(compiled, interpreted=True)) == \
+        "a compiled kernel on a GPU"
     monkeypatch.setenv("TILEQ_GLUON", "0")
-    assert "TILEQ_GLUON=0" in prefill.unserved(*args)
-    monkeypatch.delenv("TILEQ_GLUON")
-    monkeypatch.setattr(plan, "_device_arch", lambda index: (ARCHS["sm_89"], 142, "L40S"))
-    assert prefill.unserved(*args) == "Gluon kernels are sm_90 only, this is sm_89"
+    off = replace(settings.current(), interpreted=False)
+    assert "TILEQ_GLUON=0" in rules.unserved(*args, facts=SM90, device=cuda, switches=off)
+    l40s = DeviceFacts(ARCHS["sm_89"], 142, ARCHS["sm_89"].smem_bytes, "L40S")
+    assert rules.unserved(*args, facts=l40s, device=cuda, switches=compiled) == \
+        "Gluon kernels are sm_90 only, this is sm_89"
 
 
 def _sm90_build(compile_line: str, name: str) -> dict:
@@ -1048,11 +1044,13 @@ def _sm90_build(compile_line: str, name: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none", streamk=False, fixup=False,
-                   overlap=None):
-    r = _sm90_build("from tileq.prepacked.prefill import compile_sm90\n"
+def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="none", streamk=False, overlap=None):
+    """The prefill kernel's sm_90 build; ``overlap`` None: as the plan has it (``rules.overlap_for``)."""
+    if overlap is None:
+        overlap = rules.overlap_for(ct, tokens)
+    r = _sm90_build("from tileq.kernels.int4p.prefill_launch import compile_sm90\n"
                     f"k = compile_sm90({ct!r}, {w_kind!r}, 128, {bias}, {tma_store}, {tokens}, {split}, {x_scale!r}, "
-                    f"streamk={streamk}, fixup={fixup}, overlap={overlap})", "i4p-prefill")
+                    f"streamk={streamk}, overlap={overlap})", "i4p-prefill")
     sass = r["sass"]
     r["ops"] = {o: len(re.findall(r"\b" + o + r"\b", sass)) for o in
                 ("HGMMA", "QGMMA", "F2FP", "LDS", "STS", "LDL", "STL", "HMUL2", "HADD2", "PRMT", "SHFL", "UTMALDG",
@@ -1067,7 +1065,6 @@ def _prefill_build(ct, w_kind, bias, tma_store, tokens=128, split=1, x_scale="no
     ("bf16", "group", True, True, 64, 1, "none", False), ("fp16", "vector", False, False, 64, 1, "none", False),
     ("bf16", "group", True, False, 64, 3, "none", False),  # fp32 partials
     ("fp16", "scalar", False, False, 128, 2, "none", False),
-    ("bf16", "group", False, True, 16, 1, "none", False), ("bf16", "group", True, False, 16, 3, "none", False),
     ("bf16", "group", True, True, 128, 1, "vector", False),  # W4A8
     ("bf16", "vector", False, False, 64, 2, "scalar", False),
     ("bf16", "group", True, False, 256, 1, "none", False), ("fp16", "vector", False, False, 256, 1, "none", False),
@@ -1103,16 +1100,15 @@ def test_sm90_prefill_build(ct, w_kind, bias, tma_store, tokens, split, x_scale,
 
 @pytest.mark.parametrize("w_kind,tma_store,tokens,split,streamk", [
     ("group", True, 64, 1, False), ("group", False, 64, 3, False), ("vector", True, 128, 1, False),
-    ("group", False, 128, 1, True), ("scalar", True, 16, 1, False)])
+    ("group", False, 128, 1, True)])
 def test_sm90_prefill_build_overlaps_conversion_and_wgmma(w_kind, tma_store, tokens, split, streamk):
     """overlap (16-bit build, the default): per consumer and 512 of K, slices 0-2 wait with two wgmma groups
     left in flight (the next slice converts meanwhile, into a second set of A registers) and
     slice 3 waits for all; no wgmma serialized by ptxas, no spills; 256-token tiles and the fp8
     build refuse it (the former spilled)."""
-    from tileq.prepacked import prefill
 
-    assert prefill.overlap_for("bf16", tokens) and not prefill.overlap_for("bf16", 256)  # (the default)
-    assert not prefill.overlap_for("fp8", 64)
+    assert rules.overlap_for("bf16", tokens) and not rules.overlap_for("bf16", 256)  # (the default)
+    assert not rules.overlap_for("fp8", 64)
     r = _prefill_build("bf16", w_kind, False, tma_store, tokens, split, "none", streamk)
     sass = r["sass"]
     assert r["ops"]["HGMMA"] == 2 * 32 and r["ops"]["LDL"] == 0 and r["ops"]["STL"] == 0, r["ops"]
@@ -1123,64 +1119,8 @@ def test_sm90_prefill_build_overlaps_conversion_and_wgmma(w_kind, tma_store, tok
     assert re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", plain["sass"]) == ["0x0"] * 8  # (without: every slice)
     for ct, tokens_ in (("bf16", 256), ("fp8", 64)):
         with pytest.raises(ValueError, match="overlap"):
-            prefill.constexprs(ct, "group", 128, False, False, tokens_, 1, "vector" if ct == "fp8" else "none",
+            pl.constexprs(ct, "group", 128, False, False, tokens_, 1, "vector" if ct == "fp8" else "none",
                                overlap=True)
-
-
-@pytest.mark.parametrize("kw", [dict(), dict(split=4, fixup=True), dict(split=2), dict(w_kind="vector", has_bias=True),
-                                dict(stages=3), dict(ct="fp16", w_kind="scalar"),
-                                dict(split=3, fixup=True, has_bias=True, one_token=True)])
-def test_sm90_gluon_decode_build(kw):
-    """The Gluon decode kernel (built, not routed) compiled for sm_90 on the CPU: per 512 of K,
-    32 m64n16k16 wgmmas on the converted weights; slices 0-2 wait with the next slice's two
-    groups in flight (its promotion runs while they do), the block's last slice waits for all;
-    no spills; 64 KB of shared memory at two stages and at most 168 registers (three programs per
-    SM); fp8 activations refused. One token (M a constant, as the JIT builds a launch of one
-    token) builds too, with the in-kernel sum of the split."""
-    from tileq.prepacked import decode_gluon
-
-    args = ", ".join(f"{key}={val!r}" for key, val in kw.items())
-    r = _sm90_build(f"from tileq.prepacked.decode_gluon import compile_sm90\nk = compile_sm90({args})", "i4p-decode")
-    sass = r["sass"]
-    assert len(re.findall(r"\bHGMMA\.64x16x16\b", sass)) == 32
-    assert re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", sass) == ["0x2", "0x2", "0x2", "0x0"]
-    assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
-    assert int(re.search(r"REG:(\d+)", r["usage"]).group(1)) <= 168
-    assert r["shared"] <= (kw.get("stages", 2) * 32 + 1) * 1024
-    with pytest.raises(ValueError, match="16-bit activations"):
-        decode_gluon.constexprs("fp8", "group", 128, False)
-    assert decode_gluon.kernel_name("bf16", "group", 4, fixup=True) == \
-        "bquant_bf16xi4p_rcr_decode__gluon_m64n16k512_s2_sk4_fx_swap_sm90"
-
-
-@pytest.mark.parametrize("ct,w_kind,bias,tokens,split,x_scale", [
-    ("bf16", "group", True, 64, 3, "none"), ("fp16", "scalar", False, 16, 2, "none"),
-    ("bf16", "vector", False, 64, 2, "scalar"), ("fp8", "group", True, 64, 2, "vector")])
-def test_sm90_prefill_build_sums_split_partials_itself(ct, w_kind, bias, tokens, split, x_scale):
-    """Split over K with fixup (the split's partials summed by the kernel): the main loop as
-    without it (its wgmmas, one wait per slice and consumer, no spills); after each consumer's
-    partial, a barrier of its own warpgroup (a named barrier of 128 threads, not the CTA's: the
-    producer warp never reaches it), one gpu-scope acq_rel atomic add by one thread of the
-    consumer (its count broadcast through shared memory) and the exchange that puts the counter
-    back to zero; the sum's loads bypass L1 (ld.global.cg)."""
-    r = _prefill_build(ct, w_kind, bias, False, tokens, split, x_scale, fixup=True)
-    ops = r["ops"]
-    assert ops["HGMMA" if ct != "fp8" else "QGMMA"] == 2 * (32 if ct != "fp8" else 16), ops
-    assert ops["LDL"] == 0 and ops["STL"] == 0 and ops["DEPBAR"] <= 16, ops
-    assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
-    ptx = r["ptx"]
-    assert len(re.findall(r"atom\.global\.gpu\.acq_rel\.add", ptx)) == 2, "one count per consumer"
-    assert len(re.findall(r"atom\.global\.gpu\.relaxed\.exch", ptx)) == 2
-    assert "ld.global.cg" in ptx
-    # each consumer's barriers are named barriers of its 128 threads
-    assert not re.search(r"\bbar\.sync\s+\d+;", ptx) and re.search(r"bar\.sync\s+0, 128;", ptx), \
-        sorted(set(re.findall(r"bar\.sync[^;]*;", ptx)))
-    from tileq.prepacked import prefill
-
-    for bad_tokens, bad_split in ((64, 1), (128, 2)):  # (a 128-token build spilled)
-        with pytest.raises(ValueError, match="split over K"):
-            prefill.constexprs("bf16", "group", 128, False, False, bad_tokens, bad_split, fixup=True)
-    assert prefill.kernel_name("bf16", "group", 64, 3, fixup=True).endswith("w128t64k512_sk3_fx_ws2x64_sm90")
 
 
 @pytest.mark.parametrize("bias,tma_store,tokens,split,x_scale,streamk", [
@@ -1206,33 +1146,28 @@ def test_sm90_fused_w4a8_build(bias, tma_store, tokens, split, x_scale, streamk)
     assert ops["UTMASTG"] == (2 if tma_store else 0), ops
     assert "STACK:0" in r["usage"] and "LOCAL:0" in r["usage"]
     assert r["shared"] <= 232448
-    from tileq.prepacked import prefill
 
     with pytest.raises(ValueError, match="group scales"):
-        prefill.constexprs("fp8", "vector", 128, False, True, 128, 1, "vector")
+        pl.constexprs("fp8", "vector", 128, False, True, 128, 1, "vector")
 
 
-def test_w4a8_fused_build_routing(monkeypatch):
+def test_w4a8_fused_build_routing():
     """W4A8 with group scales and e4m3 activations takes the Gluon kernel's fp8 build below
-    W4A8_MAX_M where the plan gives it the call (fused_for); TILEQ_W4A8_PREFILL=fused at every M
-    (the fp8 GEMM's calls too), per-channel scales keep their paths; 'bf16' never; a wrong value
-    is an error."""
-    from tileq.prepacked import fp8_prefill
-
+    INT4_W4A8_MAX_M where the plan gives it the call (fused_for), and a little above on wide or
+    deep weights; per-channel scales keep their paths."""
     f8 = torch.float8_e4m3fn
-    assert fp8_prefill.mode() == "fp8"
-    assert fp8_prefill.fused_for(255, "fp8", "group", 5120, 5120)
-    assert not fp8_prefill.fused_for(256, "fp8", "group", 5120, 5120)
-    assert not fp8_prefill.fused_for(100, "bf8", "group", 5120, 5120)
-    assert not fp8_prefill.fused_for(100, "fp8", "vector", 5120, 5120)
+    assert rules.fused_for(255, "fp8", "group", 5120, 5120)
+    assert not rules.fused_for(256, "fp8", "group", 5120, 5120)
+    assert not rules.fused_for(100, "bf8", "group", 5120, 5120)
+    assert not rules.fused_for(100, "fp8", "vector", 5120, 5120)
     # up to FUSED_WIDE_N_MAX_M (288) on weights with N >= 16384, FUSED_WIDE_MAX_M (256) with K >= 8192
-    assert fp8_prefill.fused_for(256, "fp8", "group", 16384, 4096)
-    assert fp8_prefill.fused_for(256, "fp8", "group", 5120, 8192)
-    assert not fp8_prefill.fused_for(256, "fp8", "group", 16383, 8191)
-    assert fp8_prefill.fused_for(288, "fp8", "group", 16384, 4096)
-    assert not fp8_prefill.fused_for(289, "fp8", "group", 28672, 8192)
-    assert not fp8_prefill.fused_for(257, "fp8", "group", 8192, 28672)
-    assert not fp8_prefill.fused_for(256, "fp8", "vector", 28672, 8192)
+    assert rules.fused_for(256, "fp8", "group", 16384, 4096)
+    assert rules.fused_for(256, "fp8", "group", 5120, 8192)
+    assert not rules.fused_for(256, "fp8", "group", 16383, 8191)
+    assert rules.fused_for(288, "fp8", "group", 16384, 4096)
+    assert not rules.fused_for(289, "fp8", "group", 28672, 8192)
+    assert not rules.fused_for(257, "fp8", "group", 8192, 28672)
+    assert not rules.fused_for(256, "fp8", "vector", 28672, 8192)
     text = describe_prepacked(256, 5120, 17408, f8)
     assert text.startswith("bquant_fp8xi4p_rcr_prefill__gluon_w128t128k512_sk3_ws2x64_sm90"), text
     rule = "on weights with N >= 16384 up to 288 tokens, with K >= 8192 up to 256"
@@ -1243,20 +1178,10 @@ def test_w4a8_fused_build_routing(monkeypatch):
     assert describe_prepacked(256, 5120, 5120, f8).startswith("dequant-fp8+tileq")
     assert describe_prepacked(200, 5120, 5120, f8).startswith("bquant_fp8xi4p_rcr_prefill__gluon_")
     assert describe_prepacked(1024, 5120, 5120, f8).startswith("dequant-fp8+tileq")
-    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "bf16")
-    assert not fp8_prefill.fused_for(100, "fp8", "group", 5120, 5120)
-    assert describe_prepacked(200, 5120, 5120, f8).startswith("bquant_bf16xi4p_rcr_prefill__gluon_")
-    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fused")
-    text = describe_prepacked(1024, 5120, 5120, f8)
-    assert text.startswith("bquant_fp8xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90"), text
-    assert "its fp8 build" in text
     assert describe_prepacked(48, 5120, 17408, f8).startswith("bquant_fp8xi4p_rcr_prefill__gluon_w128t64k512_sk3")
     chan = describe_prepacked(1024, 5120, 5120, f8, w_scale="vector")
-    assert chan.startswith("dequant-fp8+tileq") and "group scales only" in chan
-    assert describe_prepacked(1024, 5120, 5120).startswith("dequant+cublas")  # W4A16 unchanged
-    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fast")
-    with pytest.raises(ValueError, match="'fused'"):
-        fp8_prefill.mode()
+    assert chan.startswith("dequant-fp8+tileq") and "W4A8 from 256 tokens" in chan
+    assert describe_prepacked(1024, 5120, 5120).startswith("dequant+cublas")  # (W4A16, group scales)
 
 
 @pytest.mark.parametrize("dtype,w_kind", [("bfloat16", "group"), ("float16", "vector"), ("float8_e4m3fn", "none"),
@@ -1269,7 +1194,7 @@ def test_sm90_build_of_the_dequantize_kernel(dtype, w_kind):
     per pair to 16 bits; for fp8 one LOP3, one packed subtraction and one conversion per pair."""
     import collections
 
-    r = _sm90_build(f"from tileq.prepacked.dequant import compile_sm90\nk = compile_sm90(torch.{dtype}, {w_kind!r})",
+    r = _sm90_build(f"from tileq.kernels.int4p.dequant import compile_sm90\nk = compile_sm90(torch.{dtype}, {w_kind!r})",
                     f"dequant-{dtype}-{w_kind}")
     full = collections.Counter()  # opcode with its modifiers -> count
     for ln in r["sass"].splitlines():
@@ -1313,10 +1238,7 @@ def _w4a16_problem(m, n, k, seed, device="cuda"):
 @pytest.fixture
 def prefill_launches(monkeypatch):
     """Counts the Gluon prefill kernel's launches."""
-    from tileq.prepacked import launch as ilaunch
-    from tileq.prepacked import prefill
-
-    real = prefill._gl()["kernel"]
+    real = pl._gl()["kernel"]
     calls = []
 
     class Counting:
@@ -1324,10 +1246,10 @@ def prefill_launches(monkeypatch):
             calls.append(grid)
             return real[grid]
 
-    monkeypatch.setitem(prefill._gl(), "kernel", Counting())
-    ilaunch._LAUNCHES.clear()
+    monkeypatch.setitem(pl._gl(), "kernel", Counting())
+    api_prepacked._LAUNCHES.clear()
     yield calls
-    ilaunch._LAUNCHES.clear()
+    api_prepacked._LAUNCHES.clear()
 
 
 @GPU
@@ -1361,13 +1283,13 @@ def test_gpu_prefill_kernel_matches_reference(m, n, k, xt, gk, prefill_launches)
     assert err < (1e-2 if gk > 0 else 5e-3), err
 
 
-def _forced_prefill(m, n, k, gk, seed, tokens, split=1, streamk=False, x_dtype=torch.bfloat16, fixup=False,
-                    overlap=None):
+def _forced_prefill(m, n, k, gk, seed, tokens, split=1, streamk=False, x_dtype=torch.bfloat16, overlap=None):
     """A GluonPrefillLaunch forced to a token tile (and split) for CPU-made operands: int4 values,
     their prepacked weight on the GPU, group (gk > 0), per-channel (0) or per-tensor (-1) scales,
-    bf16 activations and a bias (dequantize + cuBLAS as the fallback)."""
-    from tileq.prepacked import prefill
-    from tileq.prepacked.dequant import DequantLaunch
+    bf16 activations and a bias (dequantize + cuBLAS as the fallback); ``overlap`` None: as the
+    plan has it."""
+    from tileq.device import facts
+    from tileq.kernels.int4p.dequant import DequantLaunch
 
     torch.manual_seed(seed)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
@@ -1384,9 +1306,12 @@ def _forced_prefill(m, n, k, gk, seed, tokens, split=1, streamk=False, x_dtype=t
     x = torch.randn(m, k).to(x_dtype)
     bias = torch.randn(n)
     fallback = DequantLaunch(n, k, kind, "none", strides, max(gk, 128), x_dtype, x_dtype)
-    launch = prefill.GluonPrefillLaunch(m, n, k, x_dtype, x_dtype, kind, strides, max(gk, 128),
-                                        True, torch.device("cuda"), fallback, tokens=tokens, split=split,
-                                        streamk=streamk, fixup=fixup, overlap=overlap)
+    cuda = torch.device("cuda")
+    if overlap is None:
+        overlap = rules.overlap_for({torch.bfloat16: "bf16", torch.float16: "fp16"}[x_dtype], tokens)
+    launch = pl.GluonPrefillLaunch(m, n, k, x_dtype, x_dtype, kind, strides, max(gk, 128), True, cuda, fallback,
+                                   tokens=tokens, num_sms=facts(cuda).num_sms, overlap=overlap, split=split,
+                                   streamk=streamk)
     return launch, v, w, ws, x, bias
 
 
@@ -1406,7 +1331,7 @@ def _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(17, 577, 1104), (64, 4000, 4096), (100, 384, 2560), (33, 1024, 512)])
 @pytest.mark.parametrize("gk", [128, 0, -1])
-@pytest.mark.parametrize("tokens", [16, 64, 128, 256])
+@pytest.mark.parametrize("tokens", [64, 128, 256])
 def test_gpu_prefill_token_tiles_at_small_m(m, n, k, gk, tokens, prefill_launches):
     """Both token tiles of the Gluon prefill kernel at M below its default range (64: M = 100 in
     two tiles, the second mostly past M; 128: one tile mostly past M), odd N (577: masked stores),
@@ -1445,13 +1370,13 @@ def test_gpu_prefill_split_k(m, n, k, split, gk, prefill_launches):
 @GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,tokens,split,streamk", [(40, 577, 1104, 64, 1, False), (100, 5120, 5120, 64, 3, False),
-                                                        (7, 1000, 3584, 16, 2, False), (200, 4001, 2560, 128, 1, False),
+                                                        (200, 4001, 2560, 128, 1, False),
                                                         (300, 5120, 5120, 128, 1, True), (1030, 1024, 512, 128, 1, False)])
 @pytest.mark.parametrize("gk", [128, 0, -1])
 def test_gpu_prefill_overlap(m, n, k, tokens, split, streamk, gk, prefill_launches):
     """overlap: each consumer converts its next slice while this slice's wgmmas run: the same
     chain of wgmmas in the same order, so bit for bit the result without it (and the reference's);
-    16-, 64- and 128-token tiles, split over K, stream-K, K tails, odd N, all scale kinds, bias."""
+    64- and 128-token tiles, split over K, stream-K, K tails, odd N, all scale kinds, bias."""
     launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k, tokens, split, streamk, overlap=True)
     assert launch.overlap
     y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
@@ -1464,7 +1389,7 @@ def _replays_bit_for_bit(call, out, want):
     """``call()`` (writing ``out``) run once, captured in a CUDA graph and replayed three times
     into a zeroed ``out``: each replay gives ``want`` bit for bit, and the kernels summing their
     partials themselves leave every tile counter at zero."""
-    from tileq.kernels import buffers as kbuf, launch as kl
+    from tileq.kernels import buffers as kbuf
 
     call()  # (compiled before the capture)
     g = torch.cuda.CUDAGraph()
@@ -1480,39 +1405,14 @@ def _replays_bit_for_bit(call, out, want):
 
 @GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,split,tokens", [(100, 577, 1104, 4, 64), (33, 384, 2560, 5, 64),
-                                                (48, 5120, 5120, 3, 64), (7, 1000, 3584, 2, 16),
-                                                (64, 4001, 8192, 8, 64)])
-@pytest.mark.parametrize("gk", [128, 0, -1])
-def test_gpu_prefill_split_k_summed_in_the_kernel(m, n, k, split, tokens, gk, prefill_launches):
-    """fixup: the split's partials summed by the kernel (each half tile's last consumer), one
-    launch, bit for bit the reduction kernel's result (the same sums in the same order), call after
-    call (the counters go back to zero), also replayed in a CUDA graph; an empty last K range (K =
-    1104 in four), odd N, K tails, all three scale kinds, the bias."""
-    launch, v, w, ws, x, bias = _forced_prefill(m, n, k, gk, m + n + k + split, tokens, split, fixup=True)
-    assert launch.name.endswith(f"_sk{split}_fx_ws2x64_sm90") and launch.reduce is None
-    y = _check_forced_prefill(launch, v, w, ws, x, bias, gk, prefill_launches)
-    plain = _forced_prefill(m, n, k, gk, m + n + k + split, tokens, split)[0]
-    xc, wsc, bc = x.cuda(), ws.cuda(), bias.cuda()
-    assert torch.equal(plain(xc, w.data, None, wsc, bc), y)
-    for _ in range(3):
-        assert torch.equal(launch(xc, w.data, None, wsc, bc), y)
-    out = torch.empty_like(y)
-    _replays_bit_for_bit(lambda: launch(xc, w.data, None, wsc, bc, out), out, y)
-
-
-@GPU
-@pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(1, 36864, 7168), (12, 35840, 5120), (24, 37888, 3584), (3, 4001, 2000)])
 def test_gpu_streamk_decode_as_routed_and_in_a_cuda_graph(m, n, k):
     """The decode rule's stream-K (wave-tail weights at M = 1, 12 and 24; an odd small weight
     forced) on the GPU's own SM count: against the float64 reference, the same bits call after
     call and replayed in a CUDA graph (its partials and counters in the stream's buffers), the
     counters back to zero."""
-    from tileq.prepacked.launch import config_for
-
     v, w, x, ws, _ = _decode_problem(m, n, k, torch.bfloat16, 128, m + n)
-    cfg = config_for(m, n, k)[0] if n > 30000 else Int4pConfig(16, 1, 3, 4, 168, True, streamk=True)
+    cfg = rules.config_for(m, n, k)[0] if n > 30000 else Int4pConfig(16, 1, 3, 4, 168, True, streamk=True)
     assert cfg.streamk, cfg
     xc, wsc = x.cuda(), ws.cuda()
     y = linear_prepacked(xc, w, None, wsc, config=cfg, out_dtype=torch.float32)
@@ -1566,59 +1466,6 @@ def test_gpu_stream_k_is_routed(w_scale, m, n, k, tile, prefill_launches):
 
 @GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 4, 16])
-@pytest.mark.parametrize("split", [1, 3])
-def test_gpu_prefill_kernel_16_token_tiles_at_decode(m, split, prefill_launches):
-    """The 16-token tile at decode sizes (a candidate decode kernel, not routed): TMA zero-fills
-    the token rows past M, split over K or not, group scales and bias."""
-    from tileq.prepacked import prefill
-    from tileq.prepacked.dequant import DequantLaunch
-
-    n, k = 1000, 3584
-    v, w, ws, x = _w4a16_problem(m, n, k, seed=m + split)
-    bias = torch.randn(n, device="cuda")
-    strides = (ws.stride(0), ws.stride(1))
-    fallback = DequantLaunch(n, k, "group", "none", strides, 128, torch.bfloat16, torch.bfloat16)
-    launch = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group", strides, 128, True,
-                                        torch.device("cuda"), fallback, tokens=16, split=split)
-    y = launch(x, w.data, None, ws, bias)
-    torch.cuda.synchronize()
-    assert len(prefill_launches) == 1
-    want = _reference(x.cpu(), v, ws.cpu(), None, bias.cpu(), 128)
-    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
-
-
-@GPU
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k", [(1, 1000, 3584), (7, 577, 1104), (16, 5120, 5120), (13, 4001, 8192)])
-@pytest.mark.parametrize("gk,xt", [(128, torch.bfloat16), (0, torch.float16), (256, torch.bfloat16)])
-@pytest.mark.parametrize("split,fixup", [(1, False), (3, True), (4, False)])
-def test_gpu_gluon_decode_kernel(m, n, k, gk, xt, split, fixup):
-    """The Gluon decode kernel (built, not routed) against the float64 reference with fp32 outputs:
-    exact products, fp32 promotion per 128 of K as the Triton decode kernel does; odd N (masked
-    stores), K tails (TMA zero fill), token rows past M, group (128, 256) and per-channel scales,
-    bias, split over K with the partials summed by the reduction kernel or in the kernel (the
-    counters back to zero); a second call gives the same bits."""
-    from tileq.prepacked import decode_gluon
-    from tileq.kernels import buffers as kbuf, launch as kl
-
-    v, w, x, ws, _ = _decode_problem(m, n, k, xt, gk, m + n + k + split)
-    bias = torch.randn(n)
-    kind, strides = ("group", (ws.stride(0), ws.stride(1))) if gk else ("vector", (0, 1))
-    launch = decode_gluon.GluonDecodeLaunch(m, n, k, xt, torch.float32, kind, strides, gk or 128, True,
-                                            torch.device("cuda"), None, split=split, fixup=fixup)
-    scheme = "bquant" if gk else "rowcol"
-    assert launch.name.startswith(f"{scheme}_{decode_gluon._CT[xt]}xi4p_rcr_decode__gluon_m64n16k512_s2")
-    xc, wsc, bc = x.cuda(), ws.cuda(), bias.cuda()
-    y = launch(xc, w.data, None, wsc, bc)
-    want = _reference(x, v, ws, None, bias, gk or 128)
-    assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 2e-6
-    assert torch.equal(launch(xc, w.data, None, wsc, bc), y)
-    assert not any(int(c.count_nonzero()) for c in kbuf._COUNTERS.values())
-
-
-@GPU
-@pytest.mark.gpu
 def test_gpu_small_m_takes_the_prefill_kernel(prefill_launches):
     """48 tokens on 11008 weight rows (86 tiles of 64 tokens): linear_prepacked runs the Gluon
     kernel's 64-token tile, and matches the reference."""
@@ -1637,10 +1484,9 @@ def test_gpu_small_m_takes_the_prefill_kernel(prefill_launches):
 def test_gpu_narrow_weights_take_the_split(m, prefill_launches):
     """1000 weight rows (8 tiles): linear_prepacked runs the Gluon kernel split over K (plan), with
     a bias, and matches the reference; a second call gives the same bits."""
-    from tileq.prepacked import prefill
 
     n, k = 1000, 3584 if m <= 128 else 9216
-    tokens, split = prefill.plan(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    tokens, split = rules.prefill_tiling(m, n, k, sm90_with(torch.cuda.get_device_properties(0).multi_processor_count))
     assert split > 1
     assert f"_sk{split}_" in describe_prepacked(m, n, k, device=torch.device("cuda"))
     v, w, ws, x = _w4a16_problem(m, n, k, seed=m)
@@ -1663,12 +1509,11 @@ def test_gpu_narrow_weights_take_the_split(m, prefill_launches):
     (48, 34816, 1024, torch.float8_e4m3fn, "vector", "group")])  # the unsplit 64-token tiling (prefers)
 def test_gpu_w4a8_takes_the_prefill_kernel(m, n, k, xt, x_kind, w_kind, prefill_launches):
     """W4A8 from 33 tokens to W4A8_MAX_M - 1: linear_prepacked runs the Gluon kernel, its fp8 build
-    for e4m3 with group scales (fp8_prefill.fused_for), else on the activations cast to bf16, the
+    for e4m3 with group scales (rules.fused_for), else on the activations cast to bf16, the
     token scales and a bias in its epilogue (one launch of it, describe says which), and matches
     the reference; a second call gives the same bits."""
-    from tileq.prepacked import prefill
 
-    assert prefill.MIN_M <= m < prefill.W4A8_MAX_M
+    assert T.INT4_PREFILL_MIN_M <= m < T.INT4_W4A8_MAX_M
     text = describe_prepacked(m, n, k, xt, w_scale=w_kind, device=torch.device("cuda"))
     fused = xt == torch.float8_e4m3fn and w_kind == "group"
     assert ("its fp8 build" if fused else "activations cast to bf16 first") in text, text
@@ -1690,17 +1535,15 @@ def test_gpu_w4a8_takes_the_prefill_kernel(m, n, k, xt, x_kind, w_kind, prefill_
 @GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("w_kind", ["group", "vector"])
-def test_gpu_w4a8_fp8_prefill(w_kind, monkeypatch):
-    """W4A8 on the GPU from W4A8_MAX_M tokens (TILEQ_W4A8_PREFILL=fp8, the default):
+def test_gpu_w4a8_fp8_prefill(w_kind):
+    """W4A8 on the GPU from W4A8_MAX_M tokens:
     linear_prepacked writes the values as fp8 and runs tileq's fp8 GEMM (bquant with one-column
     groups, or rowcol), bias, odd N; matches the reference."""
-    from tileq.prepacked import prefill
 
-    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fp8")
-    assert "dequant-fp8+tileq" in describe_prepacked(prefill.W4A8_MAX_M, 1000, 3584, torch.float8_e4m3fn,
+    assert "dequant-fp8+tileq" in describe_prepacked(T.INT4_W4A8_MAX_M, 1000, 3584, torch.float8_e4m3fn,
                                                      w_scale=w_kind, device=torch.device("cuda"))
     torch.manual_seed(13)
-    m, n, k = prefill.W4A8_MAX_M + 1, 1000, 3584  # (below, the Gluon kernel takes W4A8)
+    m, n, k = T.INT4_W4A8_MAX_M + 1, 1000, 3584  # (below, the Gluon kernel takes W4A8)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
     w = prepack_int4(v).to("cuda")
     sw = _w4a8_scales(w_kind, n, k, 128)
@@ -1720,7 +1563,8 @@ def test_gpu_w4a8_decode_both_fp8_types_and_the_cast(cast_min_bytes, monkeypatch
     matches its reference (the launch's pointer dtypes keep the two compiled kernels apart), on
     the kernel's own fp8 conversion or, with the cast threshold at 0, cast to bf16 first."""
     if cast_min_bytes is not None:
-        monkeypatch.setattr(launch_mod, "W4A8_CAST_MIN_BYTES", cast_min_bytes)
+        monkeypatch.setattr(T, "INT4_W4A8_CAST_MIN_BYTES", cast_min_bytes)
+    monkeypatch.setattr(api_prepacked, "_LAUNCHES", {})  # (a launch is kept per call signature)
     torch.manual_seed(17)
     n, k = 1000, 3584
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
@@ -1793,12 +1637,10 @@ def test_gpu_stream_k_in_a_cuda_graph(prefill_launches):
 @pytest.mark.gpu
 def test_gpu_prefill_direct_launches(monkeypatch):
     """Later calls skip Triton's JIT launch: the same results, and a kept handle."""
-    from tileq.prepacked import launch as ilaunch
-    from tileq.prepacked import prefill
     from tileq.kernels import direct
 
     monkeypatch.delenv("TILEQ_DIRECT_LAUNCH", raising=False)
-    ilaunch._LAUNCHES.clear()
+    api_prepacked._LAUNCHES.clear()
     m, n, k = 700, 1024, 1536
     v, w, ws, x = _w4a16_problem(m, n, k, seed=9)
     first = linear_prepacked(x, w, None, ws)
@@ -1806,9 +1648,9 @@ def test_gpu_prefill_direct_launches(monkeypatch):
     assert float((first.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
     for _ in range(3):
         assert torch.equal(linear_prepacked(x, w, None, ws), first)
-    kernel = prefill._gl()["kernel"]
+    kernel = pl._gl()["kernel"]
     assert any(key[1] is kernel for key in direct._HANDLES)
-    ilaunch._LAUNCHES.clear()
+    api_prepacked._LAUNCHES.clear()
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the reduction runs a Triton kernel on CPU tensors")
@@ -1816,19 +1658,18 @@ def test_prefill_launcher_split(monkeypatch):
     """The launcher split over K, against a stand-in kernel on CPU tensors: no TMA store, the
     fp32 [split, M, N] workspace as the kernel's output, then the ordered split-K reduction of
     the portable kernels reading that layout (checked on a filled workspace)."""
-    from tileq.prepacked import prefill
     from tileq.testing import KernelRecorder
 
     rec = KernelRecorder()
-    monkeypatch.setitem(prefill._gl(), "kernel", rec)
+    monkeypatch.setitem(pl._gl(), "kernel", rec)
     m, n, k, split = 100, 577, 1104, 3
     torch.manual_seed(4)
     w = prepack_int4(torch.randint(-8, 8, (n, k), dtype=torch.int8))
     ws = torch.rand(-(-k // 128), n) * 0.02 + 0.01
     x = torch.randn(m, k).to(torch.bfloat16)
-    launch = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
-                                        (ws.stride(0), ws.stride(1)), 128, False, torch.device("cpu"), None,
-                                        tokens=64, split=split)
+    launch = pl.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
+                                   (ws.stride(0), ws.stride(1)), 128, False, torch.device("cpu"), None,
+                                   tokens=64, num_sms=132, overlap=True, split=split)
     assert launch.name == "bquant_bf16xi4p_rcr_prefill__gluon_w128t64k512_sk3_ws2x64_sm90"
     launch(x, w.data, None, ws, None)
     (grid, args, kwargs), = rec.calls
@@ -1853,7 +1694,7 @@ def test_stream_k_schedule_covers_every_unit_once(tiles, k, sms):
     (tile, K block) unit of the rest in exactly one program, ``per`` per program (the last
     ones fewer or none); a tile's programs have ranks 0 .. count - 1 in K order, ``slabs`` is the
     largest count and ``shared`` the tiles with more than one."""
-    from tileq.prepacked import streamk
+    from tileq.kernels.int4p import streamk
 
     s = streamk.schedule(tiles, k, sms)
     kb = streamk.k_blocks(k)
@@ -1888,9 +1729,9 @@ def test_stream_k_fixup_sums_shared_tiles(m, n, k, tokens, sms):
     and tile, the sum of its K blocks' contributions, in C where the program holds the whole tile,
     else in slab ``rank``; C then holds every tile's full sum (the shared ones within a bf16
     step)."""
-    from tileq.prepacked import prefill, streamk
+    from tileq.kernels.int4p import streamk
 
-    tiles = prefill.tiles(m, n, tokens)
+    tiles = pl.tiles(m, n, tokens)
     s = streamk.schedule(tiles, k, sms)
     kb = streamk.k_blocks(k)
     torch.manual_seed(m + n)
@@ -1898,9 +1739,9 @@ def test_stream_k_fixup_sums_shared_tiles(m, n, k, tokens, sms):
     npm, npn = -(-m // tokens), -(-n // 128)
 
     def region(t):  # gemm_kernel.grouped_tile in plain Python
-        group = prefill.GROUP_M * npn
-        first = (t // group) * prefill.GROUP_M
-        size = min(npm - first, prefill.GROUP_M)
+        group = pl.GROUP_M * npn
+        first = (t // group) * pl.GROUP_M
+        size = min(npm - first, pl.GROUP_M)
         pm, pn = first + (t % group) % size, (t % group) // size
         return slice(pm * tokens, (pm + 1) * tokens), slice(pn * 128, (pn + 1) * 128)
 
@@ -1916,71 +1757,11 @@ def test_stream_k_fixup_sums_shared_tiles(m, n, k, tokens, sms):
                 work[r, rows, cols] = value
     assert s.shared > 0
     streamk._fixup_kernel[(sms - 1, -(-tokens // streamk.FIXUP_TOKENS))](
-        work, out, m, n, n, s.per, kb, s.dp, s.units, npm, npn, BT=tokens, GROUP_M=prefill.GROUP_M,
+        work, out, m, n, n, s.per, kb, s.dp, s.units, npm, npn, BT=tokens, GROUP_M=pl.GROUP_M,
         BLOCK_T=streamk.FIXUP_TOKENS, SLABS=s.slabs)
     want = part.sum(0)
     assert not out.isnan().any()
     assert torch.all((out.float() - want).abs() <= want.abs() * 2 ** -7 + 1e-5)
-
-
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the fallback runs Triton kernels on CPU tensors")
-def test_gluon_decode_launcher(monkeypatch):
-    """The Gluon decode launcher against a stand-in kernel on CPU tensors: the words as [64, 32]
-    boxes of the [N, K/8] storage, the activations as [16, 64] tiles, a program per 64 rows x 16
-    tokens and K range; split over K, the fp32 workspace and (fixup) the tile counters, or the
-    reduction kernel's launch; activation rows TMA cannot read go to the fallback."""
-    from tileq.prepacked import decode_gluon
-    from tileq.testing import KernelRecorder
-
-    rec = KernelRecorder()
-    monkeypatch.setitem(decode_gluon._gl(), "kernel", rec)
-    m, n, k = 5, 577, 1104
-    v, _, x, ws, _ = _decode_problem(m, n, k, torch.bfloat16, 128, 11)
-    w, st = prepack_int4(v), (ws.stride(0), ws.stride(1))  # (CPU tensors on any machine)
-    launch = decode_gluon.GluonDecodeLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group", st, 128, False,
-                                            torch.device("cpu"), None)
-    assert launch.name == "bquant_bf16xi4p_rcr_decode__gluon_m64n16k512_s2_swap_sm90" and launch.reduce is None
-    launch(x, w.data, None, ws, None)
-    (grid, args, kwargs), = rec.calls
-    w_desc, x_desc, out = args[:3]
-    assert grid == (-(-n // 64), 1) and args[3] is ws and args[4:] == (None, None, None, None, m, n, k, n, *st, 0)
-    assert (w_desc.shape, w_desc.block_shape) == ([n, 3 * 64], [64, 32])
-    assert (x_desc.shape, x_desc.strides, x_desc.block_shape) == ([m, k], [k, 1], [16, 64])
-    assert out.shape == (m, n) and out.dtype == torch.bfloat16
-    assert (kwargs["SPLIT"], kwargs["STAGES"], kwargs["FIXUP"], kwargs["BT"]) == (1, 2, False, 16)
-    assert "mul.rn" not in kwargs["ASM0"]  # (unscaled: the group scales are applied in fp32)
-    fixed = decode_gluon.GluonDecodeLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group", st, 128, False,
-                                           torch.device("cpu"), None, split=3)
-    assert fixed.name.endswith("_s2_sk3_fx_swap_sm90") and fixed.reduce is None
-    fixed(x, w.data, None, ws, None)
-    grid, args, kwargs = rec.calls[-1]
-    assert grid == (-(-n // 64), 3) and kwargs["FIXUP"] is True and args[2].dtype == torch.bfloat16
-    assert args[6].dtype == torch.float32 and args[6].numel() >= 3 * m * n and args[7].dtype == torch.int32
-    plain = decode_gluon.GluonDecodeLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group", st, 128, False,
-                                           torch.device("cpu"), None, split=3, fixup=False)
-    assert plain.reduce is not None and not plain.name.endswith("_fx_swap_sm90")
-    before = len(rec.calls)
-    odd = torch.randn(m, k + 1).to(torch.bfloat16)[:, :k]  # rows of 2 * 1105 bytes: not for TMA
-    called = []
-    aside = decode_gluon.GluonDecodeLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group", st, 128, False,
-                                           torch.device("cpu"), lambda *a: called.append(a) or "fallback")
-    assert aside(odd, w.data, None, ws, None) == "fallback" and len(called) == 1 and len(rec.calls) == before
-
-
-def test_gluon_decode_launcher_imports_its_kernel():
-    """A Gluon decode launcher made before anything imported its kernel finds it at its first
-    launch (its call looks the kernel up in the lazily filled table at every launch)."""
-    from tileq.prepacked import decode_gluon
-    from tileq.prepacked.decode_gluon_kernel import _i4p_decode_kernel
-
-    saved = dict(decode_gluon._GL)
-    decode_gluon._GL.clear()
-    try:
-        launch = decode_gluon.GluonDecodeLaunch(5, 577, 1104, torch.bfloat16, torch.bfloat16, "group", (577, 1), 128,
-                                                False, torch.device("cpu"), None)
-        assert getattr(launch.call.module, launch.call.name) is _i4p_decode_kernel
-    finally:
-        decode_gluon._GL.update(saved)
 
 
 def test_prefill_launcher_descriptors(monkeypatch):
@@ -1988,12 +1769,11 @@ def test_prefill_launcher_descriptors(monkeypatch):
     [128, 32] tiles of the [N, K/8] storage, the activations as [128, 64] tiles, the output
     through TMA when its rows are 16-byte aligned and with masked stores otherwise, the grid;
     an activation base pointer TMA cannot take runs the dequantize path instead."""
-    from tileq.prepacked import prefill
-    from tileq.prepacked.dequant import DequantLaunch
+    from tileq.kernels.int4p.dequant import DequantLaunch
     from tileq.testing import KernelRecorder
 
     rec = KernelRecorder()
-    monkeypatch.setitem(prefill._gl(), "kernel", rec)
+    monkeypatch.setitem(pl._gl(), "kernel", rec)
     torch.manual_seed(3)
     m, n, k = 300, 577, 1104
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
@@ -2002,8 +1782,9 @@ def test_prefill_launcher_descriptors(monkeypatch):
     x = torch.randn(m, k).to(torch.bfloat16)
     fallback = DequantLaunch(n, k, "group", "none", (ws.stride(0), ws.stride(1)), 128, torch.bfloat16,
                              torch.bfloat16)
-    launch = prefill.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
-                                        (ws.stride(0), ws.stride(1)), 128, False, torch.device("cpu"), fallback)
+    launch = pl.GluonPrefillLaunch(m, n, k, torch.bfloat16, torch.bfloat16, "group",
+                                   (ws.stride(0), ws.stride(1)), 128, False, torch.device("cpu"), fallback,
+                                   tokens=128, num_sms=132, overlap=True)
     assert launch.name == "bquant_bf16xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90"
     launch(x, w.data, None, ws, None)
     (grid, args, kwargs), = rec.calls
@@ -2012,13 +1793,13 @@ def test_prefill_launcher_descriptors(monkeypatch):
     assert (x_desc.shape, x_desc.strides, x_desc.block_shape) == ([m, k], [k, 1], [128, 64])
     assert c_desc is None and kwargs["TMA_STORE"] is False  # 577 bf16 = 1154-byte rows
     assert args[6] is None and kwargs["X_SCALE"] == "none"  # (W4A16: no token scales)
-    assert grid == (min(132, 3 * 5),) and args[7] is None and args[8] is None  # (no workspace, no counters)
-    assert args[9:] == (m, n, k, n, n, 1, 0, 0)
+    assert grid == (min(132, 3 * 5),) and args[7] is None  # (no workspace)
+    assert args[8:] == (m, n, k, n, n, 1, 0, 0)
     assert (kwargs["W_SCALE"], kwargs["GROUP_K"], kwargs["BT"], kwargs["WS"], kwargs["XS"]) == ("group", 128, 128, 2, 8)
     assert kwargs["maxnreg"] == 168 and "mul.rn.bf16x2" in kwargs["ASM0"]
     n2 = 576  # 16-byte rows: TMA stores through a [128, 64] box
-    launch2 = prefill.GluonPrefillLaunch(m, n2, k, torch.bfloat16, torch.bfloat16, "vector", (0, 1), 128, True,
-                                         torch.device("cpu"), fallback)
+    launch2 = pl.GluonPrefillLaunch(m, n2, k, torch.bfloat16, torch.bfloat16, "vector", (0, 1), 128, True,
+                                    torch.device("cpu"), fallback, tokens=128, num_sms=132, overlap=True)
     launch2(x, prepack_int4(v[:n2]).data, None, torch.ones(n2), torch.zeros(n2))
     _, args, kwargs = rec.calls[-1]
     assert kwargs["TMA_STORE"] is True and args[2].block_shape == [128, 64] and "mul.rn" not in kwargs["ASM0"]
@@ -2037,22 +1818,43 @@ def test_prefill_launcher_descriptors(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k,bias", [(40, 1000, 3584, False), (300, 4000, 1104, True), (1030, 5120, 5120, False),
                                         (2048, 4001, 2560, True)])
-def test_gpu_w4a8_fused_kernel(m, n, k, bias, prefill_launches, monkeypatch):
-    """TILEQ_W4A8_PREFILL=fused on an H200: the fused fp8 kernel (one launch of the Gluon prefill
-    kernel's fp8 build) matches the reference on the unpacked weight: split over K at 40 tokens, a
-    K tail, masked stores (N = 4001), the bias; a second call gives the same bits."""
-    monkeypatch.setenv("TILEQ_W4A8_PREFILL", "fused")
-    assert "its fp8 build" in describe_prepacked(m, n, k, torch.float8_e4m3fn, device=torch.device("cuda"))
+def test_gpu_w4a8_fused_kernel(m, n, k, bias, prefill_launches):
+    """The fused fp8 build of the Gluon prefill kernel on an H200 (routed below INT4_W4A8_MAX_M, as
+    at 40 tokens; forced above with the tiling the plan would give it) matches the reference on
+    the unpacked weight: split over K at 40 tokens, a K tail, masked stores (N = 4001), the bias;
+    one launch; a second call gives the same bits."""
+    from tileq.device import facts
+    from tileq.kernels.int4p.dequant import DequantLaunch
+
+    cuda, f8 = torch.device("cuda"), torch.float8_e4m3fn
+    routed = m < T.INT4_W4A8_MAX_M
+    if routed:
+        assert "its fp8 build" in describe_prepacked(m, n, k, f8, device=cuda)
     torch.manual_seed(m + n)
     v = torch.randint(-8, 8, (n, k), dtype=torch.int8)
     w = prepack_int4(v).to("cuda")
     sw = _w4a8_scales("group", n, k, 128)
-    x = (torch.randn(m, k) * 50).clamp(-400, 400).to(torch.float8_e4m3fn)
+    x = (torch.randn(m, k) * 50).clamp(-400, 400).to(f8)
     sx = torch.rand(m) + 0.5
     b = torch.randn(n) if bias else None
     want = _reference(x, v, sw, sx, b, 128)
-    y = linear_prepacked(x.to("cuda"), w, sx.to("cuda"), sw.to("cuda"), bias=None if b is None else b.to("cuda"))
+    xc, sxc, swc, bc = x.to(cuda), sx.to(cuda), sw.to(cuda), None if b is None else b.to(cuda)
+    if routed:
+        def run():
+            return linear_prepacked(xc, w, sxc, swc, bias=bc)
+    else:
+        sms = facts(cuda).num_sms
+        tokens, split = rules.prefill_tiling(m, n, k, sm90_with(sms), x_scale=True)
+        strides = (swc.stride(0), swc.stride(1))
+        fallback = DequantLaunch(n, k, "group", "vector", strides, 128, torch.bfloat16, f8)
+        launch = pl.GluonPrefillLaunch(m, n, k, f8, torch.bfloat16, "group", strides, 128, b is not None, cuda,
+                                       fallback, tokens=tokens, num_sms=sms, overlap=rules.overlap_for("fp8", tokens),
+                                       split=split, x_kind="vector", sx_stride=sxc.stride(0), fused=True)
+        assert launch.name.startswith("bquant_fp8xi4p_rcr_prefill__gluon_")
+
+        def run():
+            return launch(xc, w.data, sxc, swc, bc)
+    y = run()
     assert len(prefill_launches) == 1
     assert float((y.cpu().double() - want).abs().max() / want.abs().max()) < 1e-2
-    again = linear_prepacked(x.to("cuda"), w, sx.to("cuda"), sw.to("cuda"), bias=None if b is None else b.to("cuda"))
-    assert torch.equal(again, y)
+    assert torch.equal(run(), y)

@@ -166,7 +166,7 @@ def gemm(
     pipeline: str | None = None,
     fast_accum: bool = False,
 ) -> torch.Tensor:
-    """C = dequant(A) @ dequant(B) with the dequantization fused, per DESIGN.md section 1.
+    """C = dequant(A) @ dequant(B) with the dequantization fused, per docs/schemes.md section 1.
 
     a: logical [M, K] (tensor or PackedInt4); b: logical [K, N]. ``scheme`` is required
     ('tensor', 'rowcol', 'aquant', 'bquant', 'abquant'): it is never guessed from shapes.
@@ -309,7 +309,7 @@ def linear_call(x, w, x_scale, w_scale, *, scheme, out_dtype, bias, group_k, gro
     if x.dim() != 2:
         return None
     if isinstance(w, PrepackedInt4):
-        from .kernels.int4p.launch import prepacked_call
+        from .api_prepacked import prepacked_call
 
         _prepacked_scheme(scheme)
         return prepacked_call(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k)
@@ -394,7 +394,7 @@ def _linear_prepacked(x, w, x_scale, w_scale, scheme, out_dtype, bias, group_k, 
     """tileq.linear on a PrepackedInt4 weight: the prepacked-int4 kernel serves every M (its own
     launcher validates x, the scales and the bias); options it has no meaning for are refused."""
     from .prepacked import unprepack_int4
-    from .kernels.int4p.launch import linear_prepacked
+    from .api_prepacked import linear_prepacked
 
     _prepacked_scheme(scheme)
     if pipeline is not None or fast_accum:

@@ -153,7 +153,8 @@ _PREPACKED_X = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.floa
 
 def _explain_prepacked(args) -> int:
     from .errors import UnsupportedError, expect
-    from .kernels.int4p.launch import W_SCALE_OF_SCHEME, compute_type, config_for, describe_prepacked
+    from .dispatch.int4 import described_plan
+    from .kernels.int4p.config import W_SCALE_OF_SCHEME
 
     if args.b not in ("int4", "i4") or args.layout != "rcr" or args.a not in _PREPACKED_X:
         raise UnsupportedError(expect("--prepacked", "--b int4, --layout rcr and --a bf16, fp16, fp8 or bf8 "
@@ -164,15 +165,14 @@ def _explain_prepacked(args) -> int:
         raise UnsupportedError(expect("--scheme", "bquant, rowcol or tensor for a prepacked weight", args.scheme))
     if args.scheme == "bquant" and args.group_k % 128:
         raise UnsupportedError(expect("--group-k", "a multiple of 128 for a prepacked weight", args.group_k))
-    path = describe_prepacked(args.m, args.n, args.k, _PREPACKED_X[args.a], kinds[args.scheme])
+    plan = described_plan(args.m, args.n, args.k, _PREPACKED_X[args.a], kinds[args.scheme])
+    path = plan.describe()
     print(f"problem : M={args.m} N={args.n} K={args.k}, x {args.a} x prepacked int4 (layout i4p1), "
           f"scheme {args.scheme}" + (f", group_k {args.group_k}" if args.scheme == "bquant" else ""))
-    decode = "_decode__" in path
-    print(f"runs    : {path.split(' (', 1)[0] if decode else path}")
+    decode = plan.path == "decode"
+    print(f"runs    : {plan.kernel if decode else path}")
     if decode:  # the decode kernel: its config and where it came from (the prefill paths have theirs in the name)
-        ct = compute_type(args.m, args.n, args.k, args.a)  # (fp8 activations may be cast to bf16 first)
-        cfg = config_for(args.m, args.n, args.k, ct)[0]
-        source = path.split(" (", 1)[1][:-1]
+        cfg, source = plan.config, plan.reason
         cap = f", registers capped at {cfg.maxnreg}" if cfg.maxnreg else ""
         cap += ", group scales loaded one K tile ahead" if cfg.scale_ahead else ""
         cap += ", fp8 activations converted to fp16 (an fp16 wgmma)" if cfg.fp16 else ""
@@ -186,11 +186,11 @@ def _explain_prepacked(args) -> int:
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
               f"{cfg.stages} stages, {split}{cap} ({source})")
     print("executor: the kernels of tileq.prepacked on an sm_90 GPU (Triton decode kernel; from "
-          "33 tokens the Gluon prefill kernel where int4p.prefill.plan gives it the call: split over K "
+          "33 tokens the Gluon prefill kernel where dispatch.int4.prefill_tiling gives it the call: split over K "
           "on narrow weights, unsplit where its tiles fill the SMs, always from 256 tokens where it "
           "serves the call (W4A8 below 256 tokens, and a little above on wide or deep weights: its fp8 "
-          "build for e4m3 with group scales, else on activations cast to bf16); else W4A8 the values as fp8 and tileq's fp8 GEMM (TILEQ_W4A8_PREFILL=bf16: "
-          "dequantize to bf16), W4A16 dequantize + cuBLAS), "
+          "build for e4m3 with group scales, else on activations cast to bf16); else W4A8 the values as fp8 "
+          "and tileq's fp8 GEMM, W4A16 dequantize + cuBLAS), "
           "or the reference executor on the unprepacked weight (backend='reference', CPU tensors)")
     return 0
 
@@ -278,7 +278,8 @@ def prepacked_pass(device: str, seed: int = 0) -> int:
     """The prepacked-int4 kernel (decode and split-K configs, the prefill path) against the
     reference executor on the same weight unprepacked, on small odd shapes."""
     import tileq
-    from .kernels.int4p.launch import Int4pConfig, linear_prepacked
+    from .api_prepacked import linear_prepacked
+    from .kernels.int4p.config import Int4pConfig
     from .testing import check_close
 
     g = torch.Generator().manual_seed(seed)

@@ -16,6 +16,9 @@ from ...prepacked import BLOCK_K
 X_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "bf8"}
 DTYPE_OF = {v: k for k, v in X_TYPES.items()}
 ROWS = 64  # weight rows per program and warpgroup (kernel.BN)
+# The decode kernel's token tiles (BM) with their occupancy below: 16 and 32 tokens (a 64-token
+# tile builds too but needs 254 registers: one program per SM).
+DECODE_TOKEN_TILES = (16, 32)
 
 # Programs of the 16-token decode kernel one sm_90 SM holds (registers and shared memory of the
 # sm_90 build, scripts/sass_loop.py --prepacked): three stages take 80 KB of shared memory (two

@@ -104,7 +104,7 @@ def _dequant_kernel(w_ptr, sw_ptr, out_ptr, N, K, stride_sw_g, stride_sw_n,
     per program, k in natural order.
 
     Element k = 256 h + 64 q + 2 p + r of a 512 block (h, r in 0..1, q in 0..3, p in 0..31)
-    sits in word c = 2 p + h at nibble s = q + 4 r (layout.py). The block's 64 words of each row
+    sits in word c = 2 p + h at nibble s = q + 4 r (``tileq.prepacked``). The block's 64 words of each row
     are one contiguous (vectorized) load; the words of half h, [ROWS, 32] over p, give the 64
     values of k slice (h, q) from nibbles q and q + 4 with the same compile-time shift and mask
     for every element, joined over r into k order: eight contiguous [ROWS, 64] stores, each
@@ -210,7 +210,7 @@ def dequantize_prepacked(wdata: torch.Tensor, n: int, k: int, w_scale: torch.Ten
 class DequantLaunch:
     """The prefill path for one call signature, called like ``launch.Int4pLaunch``:
     y = x @ dequant(W)^T on cuBLAS for x [M, K] (16-bit, or fp8 converted exactly to bf16),
-    then * x_scale rows, + bias, cast (DESIGN.md's epilogue order)."""
+    then * x_scale rows, + bias, cast (the epilogue order of docs/schemes.md section 1)."""
 
     name = "dequant+cublas"
 

@@ -8,8 +8,8 @@ per group of 128 (one wgmma chain and one wait each). The words are loaded as an
 tile whose element pairs (c, c + 1) land in one thread (the dot-operand layout, kWidth 2); one
 inline-asm call per pair makes the registers of all eight 64-wide slices (see layout.py), joined
 two by two into the 128-wide operands. Weight scales, per group (group_k a multiple of 128) or
-per channel, are applied to each 128-wide partial sum (promotion); the rest follows DESIGN.md's
-order: ``acc -> * x_scale (tokens) -> (* a per-tensor w_scale) -> + bias -> cast``.
+per channel, are applied to each 128-wide partial sum (promotion); the rest follows the epilogue
+order of docs/schemes.md section 1: ``acc -> * x_scale (tokens) -> (* a per-tensor w_scale) -> + bias -> cast``.
 
 SPLIT_K > 1 writes fp32 partials [SPLIT_K, N, M] into ``ws_ptr``: ``gemm_kernel._splitk_reduce_kernel``
 (SWAPPED) sums them in a fixed order afterwards, or with FIXUP the kernel does: each program
@@ -165,7 +165,7 @@ def _tile_sum(w_ptr, x_ptr, sw_ptr, rn, rt, n_ok, t_ok, b0, k_end, N, K, ldx, st
     # the one that uses them. Loaded next to their use (SCALE_AHEAD off), the eight loads of a K tile
     # are issued during its last wgmma chain and its promotions wait for them: an L2 round trip
     # per K tile (sm_90 SASS). The decode rule's choice under a 168-register cap (1.06x per config
-    # on an H200, int4p.launch._scales_ahead); the 128-register cap spills more with it (80 B
+    # on an H200, dispatch.int4._scales_ahead); the 128-register cap spills more with it (80 B
     # against 16), so capped configs load them next to their use.
     if W_SCALE == "group" and SCALE_AHEAD:
         s0 = _group_scale(sw_ptr, b0 * 512, K, GROUP_K, stride_sw_g, stride_sw_n, rn, n_ok)

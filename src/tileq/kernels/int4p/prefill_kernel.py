@@ -15,7 +15,7 @@ memory. A tile is 128 weight rows x BT tokens:
   64-wide K slice ([BT, 64], 128-byte rows, a ring of XS slots);
 - two consumer warpgroups own 64 weight rows each. Per K block a consumer reads its [64, 64]
   words from shared memory into registers in the A operand's layout of a [64, 64] wgmma (word
-  pairs (c, c + 1) in one thread: layout.py's design); per 128-wide slice one inline-PTX call
+  pairs (c, c + 1) in one thread: ``tileq.prepacked``'s design); per 128-wide slice one inline-PTX call
   per word pair makes the two 64-wide value slices (2 shifts, 2 LOP3 with the magic exponent,
   2 packed subtractions), which are the A operands as they stand (no data moves: checked on
   the sm_90 build); an async wgmma chain against the two [64, BT] activation tiles, and while
@@ -111,7 +111,7 @@ def _fp8_slice_asm(odd: int, q: int) -> str:
     """A quad of words ($2 .. $5 = words c .. c + 3, c a multiple of 4) -> the e4m3 registers of
     value slices q and q + 1 ($0, $1: four values each, k = c .. c + 3 of the slice). The even
     words (c, c + 2) hold the block's first 256 of K, the odd ones (c + 1, c + 3) the rest
-    (layout.py): word c's nibbles q and 4 + q are k = c and c + 1, word c + 2's k = c + 2 and
+    (``tileq.prepacked``): word c's nibbles q and 4 + q are k = c and c + 1, word c + 2's k = c + 2 and
     c + 3. (w >> 4q) & 0x000F000F | 0x64006400 makes two f16 1024 + nibble, the packed
     subtraction of 1032 leaves the values, cvt packs them as e4m3 (exact), the lower half in the
     lower byte; the two 16-bit halves make one register, k = c in its lowest byte."""
@@ -133,7 +133,7 @@ def _fp8_slice_asm(odd: int, q: int) -> str:
 
 def asm_for(ct: str, i: int, scaled: bool):
     """Slice i of a 512 block (k in [128 i, 128 i + 128)) = value slices 2i, 2i + 1: i = 0, 1 from
-    the even word's nibbles (q = 0, 2), i = 2, 3 from the odd word's (layout.py)."""
+    the even word's nibbles (q = 0, 2), i = 2, 3 from the odd word's (``tileq.prepacked``)."""
     if ct == "fp8":
         return _fp8_slice_asm(i // 2, 2 * (i % 2))
     magic, ty = _MAGIC[ct]

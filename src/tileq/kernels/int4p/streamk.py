@@ -64,7 +64,7 @@ def dp_tiles(tiles: int, programs: int) -> int:
 
 
 def schedule(tiles: int, k: int, programs: int) -> Schedule:
-    """The layout of ``tiles`` output tiles (``prefill.tiles``) over K on ``programs`` programs."""
+    """The layout of ``tiles`` output tiles (``prefill_launch.tiles``) over K on ``programs`` programs."""
     kb = k_blocks(k)
     dp = dp_tiles(tiles, programs)
     units = (tiles - dp) * kb
