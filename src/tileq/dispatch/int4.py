@@ -475,9 +475,7 @@ def plan_prepacked(m: int, n: int, k: int, x_type: str, x_kind: str, w_kind: str
             return Int4Plan("dequant+cublas", "dequant+cublas", reason=f"M >= {T.INT4_DEQUANT_MIN_M}",
                             not_gluon=not_gluon, **call)
     ct = compute_type(m, n, k, x_type, facts)
-    # The decode kernel is an sm_90 kernel (its names end in _sm90): its rule and tuned table plan
-    # for an sm_90 GPU's typical SM count whatever the device (its launch runs on the device's SMs).
-    cfg, source = config_for(m, n, k, ct, SM90)
+    cfg, source = config_for(m, n, k, ct, facts)  # (the device's SM count; 132 on an H200)
     reason = source
     if ct != x_type:
         why = (f"M > {T.INT4_W4A8_CAST_MAX_M}" if m > T.INT4_W4A8_CAST_MAX_M else
