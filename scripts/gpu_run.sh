@@ -124,11 +124,12 @@ for step in "${steps[@]}"; do
       python3 -m tileq bench --suite decode-targets ${BENCH_CASES:+--cases "$BENCH_CASES"} --out "$OUT/decode" \
         --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 | tail -40 | tee "$OUT/bench_decode.log" ;;
     compare-*)
-      # Before/after on one suite in one call: the suite run on the tree in .baseline/src (a copy of an
+      # Before/after on one suite in one call: the suite run on the tree in $BASELINE_SRC (default
+      # .baseline/src: a copy of an
       # earlier commit's src/, carried), then on this tree with --compare against it. COMPARE_CASES
       # narrows both runs (--cases). compare-llm-decode, compare-llm-prefill-a, ...
       suite=${step#compare-}
-      PYTHONPATH=.baseline/src python3 -m tileq bench --suite "$suite" --out "$OUT/before-$suite" \
+      PYTHONPATH=${BASELINE_SRC:-.baseline/src} python3 -m tileq bench --suite "$suite" --out "$OUT/before-$suite" \
         ${COMPARE_CASES:+--cases "$COMPARE_CASES"} --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 \
         | tail -5 | tee "$OUT/compare_before_$suite.log"
       python3 -m tileq bench --suite "$suite" --out "$OUT/after-$suite" ${COMPARE_CASES:+--cases "$COMPARE_CASES"} \
