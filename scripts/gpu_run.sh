@@ -6,10 +6,10 @@
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
-#              GLUON_CASES, GLUON_ARGS (bench-gluon), INT4_ARGS (bench-int4),
+#              GLUON_CASES, GLUON_ARGS (bench-gluon), INT4_CASES, INT4_ARGS (bench-int4),
 #              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
-#              CKPT_ARGS (extra arguments of scripts/make_checkpoint.py), CKPT_E2E_ARGS (of its tileq e2e runs).
+#              CKPT_ARGS (extra arguments of tileq e2e --make-checkpoint), CKPT_E2E_ARGS (of its tileq e2e runs).
 # tests-formats installs the wheels in .whl/ (compressed-tensors and what it needs, made by pip download in
 # the checkout; pass carry [".whl"]) into /tmp/site, used by that step only.
 # Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src.
@@ -42,8 +42,21 @@ for step in "${steps[@]}"; do
       python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_int4p.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
         | tail -20 | tee "$OUT/tests_int4p.log" ;;
     bench-int4)
-      # int4 (prepacked and pk_int4) against bf16 cuBLAS and tileq int8/fp8, one run: $OUT/int4.csv.
-      python3 scripts/int4_bench.py ${INT4_ARGS:-} 2>&1 | tee "$OUT/int4_bench.log" | grep -v "^  " | tail -110 ;;
+      # Prepacked int4 (W4A16, W4A8) against bf16 cuBLAS and tileq int8/fp8 rowcol over the int4 suite's
+      # llm and untuned sets, every path the dispatch layer chooses between timed too (tileq_int4:<variant>),
+      # CUDA-graph replays in 3 interleaved rounds: $OUT/int4/ (results.csv, report.md, plots), then the
+      # int4 rules replayed on them ($OUT/int4/replay-<rule>.md). INT4_CASES: the cases (default: the int4
+      # set); INT4_ARGS: more tileq bench arguments (--shapes, --m-max, --no-plots, ...; a later --shapes
+      # wins over the default). The whole set does not fit one 10-minute call: split it with --shapes / --m-*.
+      python3 -m tileq bench --suite int4 --cases "${INT4_CASES:-int4}" --int4-variants --shapes '^(llm|untuned)\.' \
+        --graphs --warmup 5 --runs 30 --rounds 3 --out "$OUT/int4" --time-budget "${BENCH_SECONDS:-480}" --no-progress \
+        ${INT4_ARGS:-} 2>&1 | tail -40 | tee "$OUT/bench_int4.log"
+      brc=${PIPESTATUS[0]}
+      for rule in int4-decode int4-prefill int4-streamk int4-w4a8; do
+        python3 -m tileq replay "$OUT/int4/results.csv" --rule "$rule" --out "$OUT/int4/replay-$rule.md" 2>&1 \
+          | grep -E '^(## |\| |tileq replay)' | head -20 | tee -a "$OUT/bench_int4.log"
+      done
+      (exit "$brc") ;;
     tests-gluon)
       # The sm_90 Gluon prefill kernel (opt-in, TILEQ_GLUON=1 inside the tests) against the reference.
       python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
@@ -88,7 +101,7 @@ for step in "${steps[@]}"; do
           tests/test_formats_gpu.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1; } | tee "$OUT/tests_formats.log" | tail -40 ;;
     e2e-checkpoint)
       # tileq e2e --checkpoint: Qwen3-14B-shaped checkpoints (CKPT_LAYERS layers, random weights)
-      # written here by scripts/make_checkpoint.py under /tmp (not copied back), each loaded with
+      # written here by tileq e2e --make-checkpoint under /tmp (not copied back), each loaded with
       # tileq.from_pretrained and timed against bf16 with its shapes. A config e2e reports FAILED
       # fails the step.
       ck=/tmp/tileq-ckpt
@@ -96,7 +109,7 @@ for step in "${steps[@]}"; do
       cfgs=${CKPT_CONFIGS:-A8W8,W4A16}
       erc=0
       rm -rf "$ck"
-      python3 scripts/make_checkpoint.py --out "$ck" --layers "$layers" --configs "$cfgs" ${CKPT_ARGS:-} 2>&1 \
+      python3 -m tileq e2e --make-checkpoint "$ck" --layers "$layers" --configs "$cfgs" ${CKPT_ARGS:-} 2>&1 \
         | tee "$OUT/make_checkpoint.log"
       [ "${PIPESTATUS[0]}" -ne 0 ] && erc=1
       for c in ${cfgs//,/ }; do

@@ -20,6 +20,7 @@ from tileq.bench.gate import REL_TOL, gate, poisoned, sqnr_db
 from tileq.bench.progress import Progress
 from tileq.bench.report import render
 from tileq.bench.suites import BUILTIN_SUITES, SuiteError, load_suite
+from tileq.dtypes import OperandType
 from tileq.errors import ShapeError, UnsupportedError
 from tileq.problem import Scheme
 
@@ -603,3 +604,128 @@ def test_gluon_prefill_suite():
     assert sorted({s.m for s in shapes}) == [128, 256, 512, 1024, 2048, 4096, 8192]
     assert [c.name for c in parse_case_list("gluon")] == [
         "rowcol:fp8xfp8:rcr", "rowcol:fp8xfp8:rcr:fast", "abquant:fp8xfp8:rcr", "rowcol:i8xi8:rcr", "bquant:fp8xfp8:rcr"]
+
+
+# ----------------------------------------------------------------------------- prepacked int4, --int4-variants
+
+
+def test_prepacked_int4_cases():
+    """B type i4p: a prepacked int4 weight (tileq.PrepackedInt4) in the nn.Linear layout; the case
+    computes the same product as its pk_int4 twin (whose reference it shares)."""
+    case = parse_case("bquant:bf16xi4p:rcr")
+    assert case.prepacked and case.b is OperandType.I4 and case.name == "bquant:bf16xi4p:rcr"
+    assert case.dtypes == "bf16xi4p" and case.spec(16, 64, 256) == parse_case("bquant:bf16xi4:rcr").spec(16, 64, 256)
+    assert case.prepacked_kinds == ("bf16", "none", "group")
+    assert parse_case("bquant:fp8xi4p:rcr").prepacked_kinds == ("fp8", "vector", "group")
+    assert parse_case("rowcol:fp16xi4p:rcr").prepacked_kinds == ("fp16", "none", "vector")
+    assert parse_case("tensor:bf8xi4p:rcr").prepacked_kinds == ("bf8", "scalar", "scalar")
+    assert [c.name for c in parse_case_list("int4")] == [
+        "bquant:bf16xi4p:rcr", "bquant:fp8xi4p:rcr", "rowcol:i8xi8:rcr", "rowcol:fp8xfp8:rcr"]
+    for bad, match in [("bquant:bf16xi4p:rrr", "layout rcr"), ("bquant:bf16xi4p:rcr:fast", "layout rcr"),
+                       ("bquant:i8xi4p:rcr", "bf16, fp16, fp8 or bf8 activations"),
+                       ("aquant:fp8xi4p:rcr", "bquant .group scales., rowcol")]:
+        with pytest.raises(ValueError, match=match):
+            parse_case(bad)
+
+
+def test_int4_suite():
+    shapes = load_suite("int4")
+    assert len({(s.n, s.k) for s in shapes}) == 22 and len(shapes) == 22 * 11
+    assert sorted({s.m for s in shapes}) == [1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    assert {s.name.split(".")[0] for s in shapes} == {"llm", "untuned", "fresh", "tails"}
+    assert all(s.k % 128 == 0 and s.n % 128 == 0 for s in shapes)  # (whole groups; K padded to 512 by the layout)
+
+
+def test_int4_variants_cover_every_plan():
+    """What --int4-variants times holds the plan's own choice on every problem of the int4 suite
+    (without adding it), whatever the SM count: a replay with the shipped thresholds measures it."""
+    from dataclasses import replace
+
+    from tileq.bench import int4 as I
+    from tileq.device import for_arch
+
+    shapes = [s for s in load_suite("int4") if s.name.startswith(("llm.", "tails."))]
+    for sms in (132, 78):
+        facts = replace(for_arch("sm_90"), num_sms=sms)
+        for name in ("bquant:bf16xi4p:rcr", "bquant:fp8xi4p:rcr", "rowcol:bf16xi4p:rcr"):
+            case = parse_case(name)
+            for s in shapes:
+                plan = I.plan_of(case, s.m, s.n, s.k, facts)
+                made = I.variants(plan, with_plan=False)
+                assert I.variant_name(plan) in made, (name, s.label, sms, I.variant_name(plan))
+                assert all(v.startswith(("decode:", "gluon:")) or v in ("fp8-gemm", "dequant+cublas") for v in made)
+
+
+def test_bench_prepacked_int4_and_its_variants_on_cpu(tmp_path, capsys):
+    """On CPU: the prepacked cases' tileq row runs tileq.linear on the PrepackedInt4 (the plan's
+    kernel named), gated through the interpreter; --int4-variants adds one gated row per decode
+    config (the plan's choice marked) and N/A rows for the Gluon kernel's tilings; cases that are
+    not prepacked get one N/A row, and the pipeline / --impls rows are N/A on prepacked ones."""
+    from tileq.bench import int4 as I
+
+    out = tmp_path / "run"
+    rc = tileq.cli.main(["bench", "--suite", "smoke", "--shapes", "gemv|prefill", "--cases",
+                         "bquant:bf16xi4p:rcr,bquant:fp8xi4p:rcr,rowcol:i8xi8:rcr", "--int4-variants",
+                         "--impls", "triton", "--baselines", "tileq_prefill,torch_bf16_matmul,torch_dequant_matmul",
+                         "--out", str(out), "--no-progress", "--no-plots"])
+    assert rc == 0, capsys.readouterr().err
+    rows = R.read_csv(out / "results.csv")
+    by = {(r.shape, r.case, r.impl): r for r in rows}
+    for case in ("bquant:bf16xi4p:rcr", "bquant:fp8xi4p:rcr"):
+        for shape in ("smoke.gemv", "smoke.prefill"):
+            t = by[(shape, case, "tileq")]
+            assert t.status == R.NOT_MEASURED and t.rel_err < REL_TOL and "xi4p_rcr_decode__" in t.kernel
+            assert by[(shape, case, "torch_dequant_matmul")].status == R.NOT_MEASURED
+            for impl in ("tileq_prefill", "tileq_triton"):
+                assert by[(shape, case, impl)].status == R.NA
+            forced = [r for r in rows if r.shape == shape and r.case == case and r.impl.startswith(I.PREFIX)]
+            decode = [r for r in forced if r.impl.startswith(I.PREFIX + "decode:")]
+            assert decode and all(r.status == R.NOT_MEASURED and r.rel_err < REL_TOL and r.kind == "variant"
+                                  for r in decode)
+            chosen = [r for r in decode if "the plan's choice" in r.note]
+            assert len(chosen) == 1 and chosen[0].kernel == t.kernel
+            assert all(r.kernel.endswith("_sm90") and r.impl.split(":")[2] in r.kernel for r in decode)
+            gluon = [r for r in forced if r.impl.startswith(I.PREFIX + "gluon:")]
+            assert all(r.status == R.NA and "needs a GPU" in r.note for r in gluon)
+            assert bool(gluon) == (shape == "smoke.prefill")  # (from INT4_PREFILL_MIN_M = 33)
+    gemv = [r.impl for r in rows if r.shape == "smoke.gemv" and r.case == "bquant:bf16xi4p:rcr"
+            and r.impl.startswith(I.PREFIX)]
+    assert len(gemv) == 4  # K = 256 splits nothing: three bands and stream-K
+    w4a8 = [r.impl for r in rows if r.shape == "smoke.prefill" and r.case == "bquant:fp8xi4p:rcr"]
+    assert any(v.endswith(":cast") for v in w4a8) and any(v.endswith(":fused") for v in w4a8)
+    assert by[("smoke.gemv", "rowcol:i8xi8:rcr", I.NA_NAME)].status == R.NA
+    assert "tileq_int4:<variant>" in (tileq.cli.main(["bench", "--list"]) == 0 and capsys.readouterr().out)
+
+
+def test_report_prepacked_int4_against_int8_fp8_and_bf16():
+    rows = []
+    for m, (i4, i8, f8, bf) in {1: (1.0, 2.0, 1.5, 3.0), 4096: (2.0, 1.0, 1.0, 2.2)}.items():
+        rows += [_row("llm.w", m, "bquant:bf16xi4p:rcr", "tileq", "tileq", i4),
+                 _row("llm.w", m, "bquant:bf16xi4p:rcr", "torch_bf16_matmul", "unquantized", bf),
+                 _row("llm.w", m, "rowcol:i8xi8:rcr", "tileq", "tileq", i8),
+                 _row("llm.w", m, "rowcol:fp8xfp8:rcr", "tileq", "tileq", f8)]
+    text = render(rows, title="syn", env={}, method="m", operands="o")
+    int8 = text.split("## Prepacked int4 against tileq int8 rowcol")[1].split("## ")[0]
+    assert "| bquant:bf16xi4p:rcr | 1-64 | 2.00× (2.00–2.00, n=1) | 2.00× (n=1) |" in int8
+    assert "| bquant:bf16xi4p:rcr | > 512 | 0.50× (0.50–0.50, n=1) |" in int8
+    assert "| bquant:bf16xi4p:rcr | 1-64 | 1.50×" in text.split("## Prepacked int4 against tileq fp8 rowcol")[1]
+    assert "| bquant:bf16xi4p:rcr | > 512 | 1.10×" in text.split("## Prepacked int4 against bf16 cuBLAS")[1]
+    assert "## Prepacked int4" not in render(synthetic_rows(), title="syn", env={}, method="m", operands="o")
+
+
+def test_tools_options_all_have_help():
+    """Every option of the bench, replay, sass and e2e commands says what it does."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="tileq")
+    sub = parser.add_subparsers()
+    from tileq.bench.cli import register_cli as bench
+    from tileq.bench.e2e import register_cli as e2e
+    from tileq.bench.replay import register_cli as replay
+    from tileq.sass import register_cli as sass
+
+    for register in (bench, replay, sass, e2e):
+        register(sub)
+    for name, p in sub.choices.items():
+        missing = [a.dest for a in p._actions if a.dest != "help" and not a.help]
+        assert not missing, (name, missing)

@@ -72,3 +72,20 @@ def test_kernel_categories_name_every_tileq_gemm_kernel():
         assert e2e._category(name) == "tileq_gemm", name
     assert e2e._category("_rmsnorm_quant_kernel") == "act_quant"
     assert e2e._category("nvjet_hsh_128x256") == "other_matmul"
+
+
+def test_make_checkpoint_writes_one_folder_per_config(tmp_path, capsys):
+    """tileq e2e --make-checkpoint: the e2e model (1/8 width here) quantized per config and saved
+    into DIR/<config>, each loadable by tileq.from_pretrained (what e2e --checkpoint times)."""
+    from tileq.nn import QuantLinear
+
+    assert tileq.cli.main(["e2e", "--make-checkpoint", str(tmp_path), "--small", "--layers", "1",
+                           "--configs", "A8W8,W4A16"]) == 0
+    out = capsys.readouterr().out
+    assert "[make-checkpoint] A8W8:" in out and "[make-checkpoint] 2 checkpoint(s)" in out
+    for name in ("A8W8", "W4A16"):
+        assert (tmp_path / name / "config.json").exists()
+        model, _ = e2e.load_checkpoint(str(tmp_path / name), torch.device("cpu"), fuse=False)
+        assert isinstance(model.model.layers[0].mlp.down_proj, QuantLinear)
+    assert tileq.cli.main(["e2e", "--make-checkpoint", str(tmp_path), "--configs", "A8W8:fused"]) == 2
+    assert "without ':fused'" in capsys.readouterr().err

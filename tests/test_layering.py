@@ -27,7 +27,7 @@ FLOORS = {
     "tileq.formats": 4, "tileq": 4,
     # 5 tools: the command line, builds, tuning, benchmarks, the demo, test helpers
     "tileq.cli": 5, "tileq.__main__": 5, "tileq.commands": 5, "tileq.build": 5, "tileq.tune": 5,
-    "tileq.bench": 5, "tileq.demo": 5, "tileq.demo_model": 5,
+    "tileq.bench": 5, "tileq.demo": 5, "tileq.demo_model": 5, "tileq.sass": 5,
 }
 
 

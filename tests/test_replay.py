@@ -53,7 +53,12 @@ def test_tiling_entries_force_each_candidate_on_a_gluon_plan(monkeypatch):
     each candidate's config, named tileq_gluon:<tiling>, the plan's own choice marked."""
     from tileq.bench import variants as V
     from tileq.bench.baselines import Context
-    from tileq.bench.cases import build_operands, draw_activation, draw_weight, quantize_weight_side
+    from tileq.bench.cases import (
+        build_operands,
+        draw_activation,
+        draw_weight,
+        quantize_weight_side,
+    )
 
     cpu = torch.device("cpu")
     case = parse_case("abquant:fp8xfp8:rcr")
@@ -237,3 +242,162 @@ def test_a_rule_is_one_function(tmp_path):
         assert [round(o.over_fastest, 3) for o in outcomes] == [1.5, 1.1, 1.02]
     finally:
         del RP.RULES["test-widest"]
+
+
+# ----------------------------------------------------------------------------- prepacked int4
+
+W4A16, W4A8 = "bquant:bf16xi4p:rcr", "bquant:fp8xi4p:rcr"
+
+
+def _int4_rows(problems, default=2.0):
+    """results.csv rows of ``tileq bench --int4-variants``: per (case, shape, m, n, k, {variant: ms})
+    a row for every variant the bench times for the call (``default`` ms unless given), with the
+    kernel its plan names, and bf16 cuBLAS."""
+    from tileq.bench import int4 as I
+    from tileq.device import for_arch
+
+    rows = []
+    for case_name, shape, m, n, k, times in problems:
+        case = parse_case(case_name)
+        base = I.plan_of(case, m, n, k, for_arch("sm_90"))
+        made = I.variants(base)
+        assert set(times) <= set(made), sorted(set(times) - set(made))
+
+        def row(impl, kind, ms, kernel="", key=(shape, m, n, k), case=case):
+            return R.Result("int4", *key, case.name, case.scheme.value, case.dtypes, "rcr", impl, kind, R.OK,
+                            time_ms=ms, kernel=kernel)
+
+        rows.append(row("tileq", "tileq", times.get(I.variant_name(base), default), base.kernel))
+        for name, make in made.items():
+            kernel = make().kernel if name != "fp8-gemm" else "dequant-fp8+tileq"
+            rows.append(row(I.PREFIX + name, "variant", times.get(name, default), kernel))
+        rows.append(row("torch_bf16_matmul", "unquantized", 4.0))
+    return rows
+
+
+# The plans (H200, 132 SMs): decode at M = 1, the Gluon kernel's 64-token tiles split 3 ways at
+# M = 48, stream-K with 256-token tiles at M = 200 on a wide weight (its tiling: 128 tokens,
+# unsplit), and W4A8 at M = 512 on the fp8 GEMM.
+D1 = "decode:m64n16k512_w4_s2_sk4_r168_pf_fx_swap"
+INT4_PROBLEMS = [
+    (W4A16, "llm.a", 1, 5120, 5120, {D1: 1.1, "decode:m64n16k512_w4_s3_r168_pf_swap": 1.0}),
+    (W4A16, "llm.a", 48, 5120, 5120, {"decode:m64n32k512_w4_s2_sk2_fx_swap": 3.0, "gluon:t64:sk3": 1.0}),
+    (W4A16, "llm.b", 200, 28672, 8192, {"gluon:t128": 1.5, "gluon:t128:stk": 1.2, "gluon:t256:stk": 1.3,
+                                        "dequant+cublas": 1.1}),
+    (W4A8, "llm.a", 512, 5120, 5120, {"fp8-gemm": 1.2, "gluon:t128:fused": 1.0, "gluon:t128": 1.5}),
+]
+
+
+def _replayed(rows, name, overrides=None):
+    """The rule replayed on ``rows`` (or on problems already loaded: the same objects, as
+    summarize's ``before`` needs)."""
+    rule = RP.RULES[name]
+    problems = rows if rows and isinstance(rows[0], RP.Problem) else RP.load_problems(rows, rule, SMS)
+    if overrides:
+        with RP.thresholds_overridden(overrides):
+            return RP.replay(problems, rule)
+    return RP.replay(problems, rule)
+
+
+def _summary(outcomes):
+    return [(o.problem.m, o.choice.variant, o.status, round(o.over_fastest, 6) if o.over_fastest else None)
+            for o in outcomes]
+
+
+def test_int4_rules_replay_the_plan_among_their_variants():
+    rows = _int4_rows(INT4_PROBLEMS)
+    # int4-decode: the decode configs (the W4A8 problem at 512 timed none: not its problem)
+    assert _summary(_replayed(rows, "int4-decode")) == [
+        (1, D1, "replayed", 1.1), (48, None, "other path", None), (200, None, "other path", None)]
+    # int4-prefill: every path and tiling from INT4_PREFILL_MIN_M, the decode kernel at the plan's config
+    assert _summary(_replayed(rows, "int4-prefill")) == [
+        (48, "gluon:t64:sk3", "replayed", 1.0), (200, "gluon:t256:stk", "replayed", round(1.3 / 1.1, 6)),
+        (512, "fp8-gemm", "replayed", 1.2)]
+    # int4-streamk: W4A16 with stream-K timed (from INT4_STREAMK_MIN_M): its tiling against stream-K's
+    out = _replayed(rows, "int4-streamk")
+    assert _summary(out) == [(200, "gluon:t256:stk", "replayed", round(1.3 / 1.2, 6))]
+    assert out[0].choice.among == ("gluon:t128", "gluon:t128:stk", "gluon:t256:stk")
+    assert out[0].fastest[0] == "gluon:t128:stk"
+    # int4-w4a8: each route at the plan's tiling
+    out = _replayed(rows, "int4-w4a8")
+    assert _summary(out) == [(512, "fp8-gemm", "replayed", 1.2)] and out[0].fastest == ("gluon:t128:fused", 1.0)
+    groups = RP.summarize(out, edges=RP.INT4_EDGES)
+    assert [(g.case, g.m_range, g.replayed) for g in groups] == [(W4A8, "> 255", 1), ("all", "all", 1)]
+    assert groups[-1].vs_baseline == []  # (bf16 cuBLAS is never the same-math baseline)
+
+
+def test_int4_threshold_overrides_change_the_choice():
+    rows = _int4_rows(INT4_PROBLEMS)
+    # No split for a grid of 40 tiles: M = 48 then runs the decode kernel (3.0 against 1.0).
+    problems = RP.load_problems(rows, RP.RULES["int4-prefill"], SMS)
+    before, after = _replayed(problems, "int4-prefill"), _replayed(problems, "int4-prefill", {"INT4_SPLIT_FILL": "0"})
+    assert _summary(after)[0] == (48, "decode:m64n32k512_w4_s2_sk2_fx_swap", "replayed", 3.0)
+    assert [g.changed for g in RP.summarize(after, RP.INT4_EDGES, before=before)][-1] == 1
+    # W4A8 on the Gluon kernel's fused build up to 1024 tokens: M = 512 takes it (the fastest).
+    assert _summary(_replayed(rows, "int4-w4a8", {"INT4_W4A8_MAX_M": "1024"})) == [
+        (512, "gluon:t128:fused", "replayed", 1.0)]
+    # Stream-K only below 128 tokens: M = 200 keeps its tiling.
+    assert _summary(_replayed(rows, "int4-streamk", {"INT4_STREAMK_MAX_M": "128"})) == [(
+        200, "gluon:t128", "replayed", round(1.5 / 1.2, 6))]
+    # 16-token decode tiles up to 32 tokens: a config the bench did not time at M = 1 is untouched,
+    # and the shipped thresholds are back.
+    assert _summary(_replayed(rows, "int4-decode", {"INT4_DECODE_TILE16_MAX_M": "32"}))[0] == (1, D1, "replayed", 1.1)
+    assert thresholds.for_arch("sm_90").INT4_SPLIT_FILL == 0.65
+
+
+def _table_rows():
+    """W4A16 decode configs of two weights at M 1, 4, 16: on 5120 x 5120 the stream-K config beats the
+    heuristic's by 10% at every M; on 7168 x 5120 the heuristic's is the fastest."""
+    stk = "decode:m64n16k512_w4_s3_r168_pf_stk_swap"
+    problems = []
+    for m in (1, 4, 16):
+        problems.append((W4A16, "llm.a", m, 5120, 5120, {D1: 1.1, stk: 1.0}))
+        problems.append((W4A16, "untuned.b", m, 7168, 5120, {}))
+    problems.append((W4A8, "llm.a", 1, 5120, 5120, {"decode:m64n16k512_w4_s2_sk4_r168_pf_h16_fx_swap": 0.1}))
+    return _int4_rows(problems)
+
+
+def test_tuned_table_writer(tmp_path):
+    from tileq.device import for_arch
+    from tileq.dispatch.int4 import decode_rule
+    from tileq.kernels.int4p.config import Int4pConfig
+
+    problems = RP.load_problems(_table_rows(), RP.RULES["int4-decode"], SMS)
+    path = tmp_path / "tuned.json"
+    lines = RP.write_tuned_table(problems, str(path), margin=0.03, about_run="one test GPU")
+    doc = json.loads(path.read_text())
+    assert sorted(doc) == ["about", "arch", "entries"] and doc["arch"] == "sm_90"
+    assert "one test GPU" in doc["about"] and "more than 3%" in doc["about"] and "m=16 serves M 2-16" in doc["about"]
+    entry = {"n": 5120, "k": 5120, "config": "m64n16k512_w4_s3_r168_pf_stk_swap", "us": 1000.0,
+             "heuristic": D1[7:], "heuristic_us": 1100.0, "shape": "llm.a"}
+    assert doc["entries"] == [{**entry, "m": 1, "measured_m": [1]}, {**entry, "m": 16, "measured_m": [4, 16]}]
+    # what dispatch.int4.tuned_table reads: {(n, k, 1 or 16): config}
+    table = {(e["n"], e["k"], e["m"]): Int4pConfig.parse_tag(e["config"]) for e in doc["entries"]}
+    assert table[(5120, 5120, 16)].streamk
+    assert decode_rule(1, 7168, 5120, "bf16", for_arch("sm_90"))[0].tag in lines[2]
+    assert lines[2].startswith("untuned.b m=1 (M [1]): best") and lines[2].endswith("1.000x -> heuristic")
+    assert lines[-1] == f"2 entries -> {path}"
+    # a margin above the gain: no entry
+    RP.write_tuned_table(problems, str(path), margin=0.2, about_run="x")
+    assert json.loads(path.read_text())["entries"] == []
+
+
+def test_replay_cli_int4_and_the_table(tmp_path, capsys):
+    R.write_csv(_table_rows(), tmp_path / "results.csv")
+    (tmp_path / "env.json").write_text(json.dumps({"env": {"multiprocessors": "132", "device": "NVIDIA H200",
+                                                           "driver_version": "580", "torch": "2.11",
+                                                           "triton": "3.6", "date": "2026-12-03 10:00 UTC"}}))
+    table = tmp_path / "tuned.json"
+    rc = tileq.cli.main(["replay", str(tmp_path), "--rule", "int4-decode", "--shapes", "^llm\\.",
+                         "--write-table", str(table)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "## Tuned table written to" in text and f"- 2 entries -> {table}" in text
+    assert "| bquant:bf16xi4p:rcr | 1-16 | 3 | 3 | 0 | 0 | 1.100 | 1.100 | 3 |" in text  # the plan's config, 10% off
+    doc = json.loads(table.read_text())
+    assert len(doc["entries"]) == 2
+    assert "one NVIDIA H200 (driver 580), torch 2.11, Triton 3.6, 2026-12-03" in doc["about"]
+    assert "shapes matching '^llm\\\\.'" in doc["about"]
+    assert tileq.cli.main(["replay", str(tmp_path), "--rule", "int4-prefill", "--write-table", str(table)]) == 2
+    assert "--write-table: expected --rule int4-decode" in capsys.readouterr().err
+    assert tileq.cli.main(["replay", str(tmp_path), "--rule", "int4-decode", "--shapes", "^nothing"]) == 2
+    assert tileq.cli.main(["replay", str(tmp_path), "--rule", "int4-decode", "--shapes", "("]) == 2

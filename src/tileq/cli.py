@@ -1,4 +1,5 @@
-"""The ``tileq`` command: list, build, explain, selftest, tune, bench, replay, overhead, e2e, demo."""
+"""The ``tileq`` command: list, build, explain, selftest, tune, bench, replay, overhead, e2e, layerbench, demo,
+sass."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def main(argv=None) -> int:
     from .bench.overhead import register_cli as register_overhead
     from .bench.replay import register_cli as register_replay
     from .demo import register_cli as register_demo
+    from .sass import register_cli as register_sass
 
     register_demo(sub)
     register_bench(sub)
@@ -28,6 +30,7 @@ def main(argv=None) -> int:
     register_overhead(sub)
     register_e2e(sub)
     register_layers(sub)
+    register_sass(sub)
     args = parser.parse_args(argv)
     from .errors import TileqError
 

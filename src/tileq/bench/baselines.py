@@ -3,7 +3,8 @@
 Each entry says when it applies; otherwise the row is N/A with the reason (never a silent
 substitute). Kinds:
 
-  tileq        tileq.gemm through the Triton kernels
+  tileq        tileq.gemm through the Triton kernels (a prepacked int4 case: tileq.linear on the
+               PrepackedInt4, whatever path its plan takes)
   fused        a torch kernel computing the same quantized product (cuBLASLt fp8, tinygemm int4)
   unfused      the same product in eager torch: dequantize, then a bf16 product / int8 product
                followed by a dequantization
@@ -14,7 +15,8 @@ substitute). Kinds:
   peer         an optional library (vLLM, DeepGEMM, torchao), used only where importable
   pipeline     tileq with the prefill pipeline forced (the dispatcher's decode check)
   variant      tileq forced onto one kernel or one Gluon tiling (``variants.py``: ``--impls``,
-               ``--gluon-tilings``); not in this registry, never a baseline
+               ``--gluon-tilings``) or a prepacked int4 call onto one path, config or tiling
+               (``int4.py``: ``--int4-variants``); not in this registry, never a baseline
 
 "The best baseline" of a shape is the fastest fused / unfused / peer entry that passed the gate.
 Facts about the torch entry points are docs/schemes.md section 6's (checked on an H200).
@@ -186,13 +188,15 @@ def _torchao_req(case, m, n, k):
 def build_tileq(ops: Operands, ctx: Context) -> Runnable:
     def gated():
         out = poisoned(ops.m, ops.n, torch.bfloat16, ctx.device)
-        return ops.gemm(backend=ctx.tileq_backend, out=out)
+        return ops.tileq(backend=ctx.tileq_backend, out=out)
 
-    return Runnable(lambda: ops.gemm(backend=ctx.tileq_backend), "quantized", ops.bytes,
+    return Runnable(lambda: ops.tileq(backend=ctx.tileq_backend), "quantized", ops.bytes,
                     gated=gated)
 
 
 def _decode_sized(case, m, n, k):
+    if case.prepacked:
+        return "a prepacked int4 weight has no pipeline choice (its paths: tileq bench --int4-variants)"
     if m > 64:
         return "the planner itself runs prefill above M = 64"
     return None

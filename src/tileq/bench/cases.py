@@ -3,9 +3,14 @@
 A case is (scheme, A dtype, B dtype, layout, A-scale storage, accumulation), written
 ``scheme:AxB:layout`` with an optional ``:preshuffled`` (K-group-major A scales) or ``:fast``
 (fp8 tensor/rowcol with fast accumulation, against cuBLASLt with use_fast_accum=True), e.g.
-``rowcol:i8xi8:rcr``, ``aquant:i4xfp8:crr:preshuffled`` or ``rowcol:fp8xfp8:rcr:fast``. Named sets: ``headline`` (the default), ``aquant28`` (CK's
-AQuant parity matrix, from ``catalog.aquant_matrix()``) and ``gluon`` (the schemes the sm_90 Gluon
-prefill kernel runs by default, and bquant's one-column groups it runs swapped).
+``rowcol:i8xi8:rcr``, ``aquant:i4xfp8:crr:preshuffled`` or ``rowcol:fp8xfp8:rcr:fast``. B type
+``i4p``: the int4 weight prepacked (``tileq.PrepackedInt4``, the kernel names' ``xi4p``), timed
+through ``tileq.linear`` on it, e.g. ``bquant:bf16xi4p:rcr`` (W4A16, group scales) or
+``bquant:fp8xi4p:rcr`` (W4A8, per-token activation scales); layout rcr only, schemes bquant
+(group scales), rowcol (per-channel) and tensor. Named sets: ``headline`` (the default),
+``aquant28`` (CK's AQuant parity matrix, from ``catalog.aquant_matrix()``), ``gluon`` (the
+schemes the sm_90 Gluon prefill kernel runs by default, and bquant's one-column groups it runs
+swapped) and ``int4`` (prepacked W4A16 and W4A8 with tileq's int8 and fp8 rowcol beside them).
 
 Operands: seeded bf16 activations X [M, K] and weights W [N, K] are drawn on the device and
 quantized with ``tileq.quant`` at each scheme's canonical granularity (the one the catalog builds
@@ -36,16 +41,35 @@ class Case:
     layout: str = "rcr"
     a_scale_layout: ScaleLayout = ScaleLayout.ROWMAJOR
     fast_accum: bool = False
+    prepacked: bool = False  # B an int4 weight prepacked (tileq.PrepackedInt4), run by tileq.linear
 
     @property
     def name(self) -> str:
-        base = f"{self.scheme.value}:{self.a.value}x{self.b.value}:{self.layout}"
+        base = f"{self.scheme.value}:{self.a.value}x{self.b_name}:{self.layout}"
         base += ":preshuffled" if self.a_scale_layout is ScaleLayout.PRESHUFFLED else ""
         return base + (":fast" if self.fast_accum else "")
 
     @property
+    def b_name(self) -> str:
+        """B's type in the case's name: 'i4p' for a prepacked int4 weight."""
+        return PREPACKED_B if self.prepacked else self.b.value
+
+    @property
     def dtypes(self) -> str:
-        return f"{self.a.value}x{self.b.value}"
+        return f"{self.a.value}x{self.b_name}"
+
+    @property
+    def prepacked_kinds(self) -> tuple[str, str, str]:
+        """A prepacked case's call as ``dispatch.int4.plan_prepacked`` takes it: (x_type, x_kind,
+        w_kind), e.g. ('fp8', 'vector', 'group') for ``bquant:fp8xi4p:rcr``."""
+        from ..kernels.int4p.config import W_SCALE_OF_SCHEME, X_TYPES
+
+        x_type = X_TYPES[self.a.torch_dtype]
+        if x_type in ("bf16", "fp16"):
+            x_kind = "none"
+        else:
+            x_kind = "scalar" if self.scheme is Scheme.TENSOR else "vector"
+        return x_type, x_kind, W_SCALE_OF_SCHEME[self.scheme.value]
 
     @property
     def group_n(self) -> int:
@@ -58,7 +82,8 @@ class Case:
         return self.name.replace(":", "_")
 
     def spec(self, m: int, n: int, k: int):
-        """The ProblemSpec tileq.gemm builds from this case's operands (for planning ahead)."""
+        """The ProblemSpec tileq.gemm builds from this case's operands (for planning ahead; for a
+        prepacked case: the same product on the unprepacked weight, what its reference computes)."""
         from ..problem import ProblemSpec, ScaleKind
 
         wide_a = self.a.is_wide_float
@@ -98,6 +123,11 @@ class Case:
         return None
 
 
+PREPACKED_B = "i4p"  # B's name for a prepacked int4 weight
+PREPACKED_A = (OperandType.BF16, OperandType.FP16, OperandType.FP8, OperandType.BF8)
+PREPACKED_SCHEMES = (Scheme.BQUANT, Scheme.ROWCOL, Scheme.TENSOR)
+
+
 def parse_case(text: str) -> Case:
     """``scheme:AxB:layout[:preshuffled|:fast]`` -> Case (refused with the expected form named)."""
     form = "scheme:AxB:layout[:preshuffled|:fast], e.g. 'rowcol:i8xi8:rcr'"
@@ -106,11 +136,14 @@ def parse_case(text: str) -> Case:
         raise ShapeError(expect("case", form, repr(text)))
     scheme = parse_scheme(parts[0])
     a_name, _, b_name = parts[1].partition("x")
-    a, b = parse_operand_type(a_name), parse_operand_type(b_name)
+    prepacked = b_name.strip().lower() == PREPACKED_B
+    a, b = parse_operand_type(a_name), parse_operand_type("i4" if prepacked else b_name)
     check_pair(a, b)
     layout = parts[2].lower()
     if layout not in LAYOUTS:
         raise LayoutError(expect("case layout", f"one of {', '.join(LAYOUTS)}", repr(parts[2])))
+    if prepacked:
+        return _prepacked_case(text, scheme, a, layout, parts)
     a_scale_layout = ScaleLayout.ROWMAJOR
     fast = False
     if len(parts) == 4:
@@ -129,6 +162,20 @@ def parse_case(text: str) -> Case:
         a_scale_layout = ScaleLayout.PRESHUFFLED if option == "preshuffled" else a_scale_layout
         fast = option == "fast"
     return Case(scheme, a, b, layout, a_scale_layout, fast)
+
+
+def _prepacked_case(text: str, scheme: Scheme, a: OperandType, layout: str, parts: list[str]) -> Case:
+    """A case of B ``i4p``: an nn.Linear int4 weight prepacked, x [M, K] row-major (layout rcr)."""
+    if layout != "rcr" or len(parts) != 3:
+        raise LayoutError(expect("case", "a prepacked int4 weight in layout rcr with no option (x [M, K] "
+                                 "row-major, W [N, K]: 'bquant:bf16xi4p:rcr')", repr(text)))
+    if a not in PREPACKED_A:
+        raise UnsupportedError(expect("case", "bf16, fp16, fp8 or bf8 activations on a prepacked int4 weight",
+                                      repr(text)))
+    if scheme not in PREPACKED_SCHEMES:
+        raise UnsupportedError(expect("case", "bquant (group scales), rowcol (per-channel) or tensor on a "
+                                      "prepacked int4 weight", repr(text)))
+    return Case(scheme, a, OperandType.I4, layout, prepacked=True)
 
 
 T = OperandType
@@ -170,7 +217,18 @@ GLUON: tuple[Case, ...] = (
 )
 
 
-CASE_SETS = {"headline": lambda: HEADLINE, "aquant28": aquant28, "gluon": lambda: GLUON}
+# Prepacked int4 weights (tileq.prepacked): W4A16 and W4A8 (per-token fp8 activations) with group
+# scales, and tileq's int8 and fp8 rowcol on the same shapes in the same run (the report sets them
+# side by side: the speeds an int4 weight is measured against).
+INT4: tuple[Case, ...] = (
+    Case(Scheme.BQUANT, T.BF16, T.I4, prepacked=True),
+    Case(Scheme.BQUANT, T.FP8, T.I4, prepacked=True),
+    Case(Scheme.ROWCOL, T.I8, T.I8),
+    Case(Scheme.ROWCOL, T.FP8, T.FP8),
+)
+
+
+CASE_SETS = {"headline": lambda: HEADLINE, "aquant28": aquant28, "gluon": lambda: GLUON, "int4": lambda: INT4}
 
 
 def parse_case_list(text: str, sep: str = ",") -> tuple[Case, ...]:
@@ -228,6 +286,7 @@ class WeightSide:
     w: torch.Tensor  # bf16 [N, K], the unquantized weight
     b: object  # tensor or PackedInt4, logical [K, N], in the case's B layout
     b_scale: torch.Tensor | None
+    prepacked: object = None  # a prepacked case: b as tileq.PrepackedInt4 [N, K]
 
 
 @dataclass
@@ -242,6 +301,7 @@ class Operands:
     b: object
     a_scale: torch.Tensor | None
     b_scale: torch.Tensor | None
+    w_prepacked: object = None  # a prepacked case: the weight as tileq.PrepackedInt4 [N, K]
 
     @property
     def kwargs(self) -> dict:
@@ -257,6 +317,16 @@ class Operands:
 
         return gemm(self.a, self.b, self.a_scale, self.b_scale, **{**self.kwargs, **extra})
 
+    def tileq(self, **extra) -> torch.Tensor:
+        """What the tileq row runs: ``gemm``, or for a prepacked case ``tileq.linear`` on the
+        PrepackedInt4 (the same product; ``extra``: backend, out)."""
+        if self.w_prepacked is None:
+            return self.gemm(**extra)
+        from ..api import linear
+
+        return linear(self.a, self.w_prepacked, self.a_scale, self.b_scale, scheme=self.case.scheme.value,
+                      out_dtype=torch.bfloat16, group_k=GROUP_K, **extra)
+
     @property
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k
@@ -264,8 +334,9 @@ class Operands:
     @property
     def bytes(self) -> int:
         """A + B + scales + C (bf16), each counted once: the least a kernel must move."""
+        b = self.b if self.w_prepacked is None else self.w_prepacked.data
         return (
-            storage_bytes(self.a) + storage_bytes(self.b) + storage_bytes(self.a_scale)
+            storage_bytes(self.a) + storage_bytes(b) + storage_bytes(self.a_scale)
             + storage_bytes(self.b_scale) + 2 * self.m * self.n
         )
 
@@ -292,6 +363,10 @@ def quantize_weight_side(case: Case, w: torch.Tensor) -> WeightSide:
     )
     if not isinstance(q, PackedInt4):
         q = _in_layout(q, case.layout[1])
+    if case.prepacked:
+        from ..prepacked import prepack_int4
+
+        return WeightSide(w, q, scale, prepack_int4(q.t()))  # (q.t(): W [N, K] packed along K)
     return WeightSide(w, q, scale)
 
 
@@ -325,5 +400,5 @@ def build_operands(case: Case, x: torch.Tensor, weight: WeightSide) -> Operands:
     if weight.w.shape[1] != k:
         raise ShapeError(expect("weight", f"K={k} columns", tuple(weight.w.shape)))
     a, a_scale = quantize_activation_side(case, x)
-    return Operands(case, m, n, k, x, weight.w, a, weight.b, a_scale, weight.b_scale)
+    return Operands(case, m, n, k, x, weight.w, a, weight.b, a_scale, weight.b_scale, weight.prepacked)
 

@@ -1,6 +1,7 @@
 """``tileq bench``: run a suite, write results.csv / report.md / plots, optionally compare.
 
-Exit status: 0 when every tileq result (the plan's, and those of --impls / --gluon-tilings) passed
+Exit status: 0 when every tileq result (the plan's, and those of --impls / --gluon-tilings /
+--int4-variants) passed
 its correctness gate (and no regression was found by --compare), 1 otherwise, 2 for a bad argument
 or suite file.
 """
@@ -31,8 +32,9 @@ def register_cli(subparsers) -> None:
                    help="only re-write report.md and the plots of an earlier run's folder (its "
                    "results.csv and env.json), e.g. on a machine with matplotlib")
     p.add_argument("--cases", default="headline",
-                   help="comma-separated cases (scheme:AxB:layout[:preshuffled]) or sets "
-                   "(headline, aquant28, gluon); suite rows with their own cases keep them (default: headline)")
+                   help="comma-separated cases (scheme:AxB:layout[:preshuffled|:fast]; B type i4p: a prepacked "
+                   "int4 weight timed through tileq.linear, e.g. bquant:bf16xi4p:rcr) or sets (headline, "
+                   "aquant28, gluon, int4); suite rows with their own cases keep them (default: headline)")
     p.add_argument("--schemes", default=None, help="comma-separated schemes to keep")
     p.add_argument("--baselines", default=None,
                    help="comma-separated baselines to run besides tileq (default: every default "
@@ -47,6 +49,13 @@ def register_cli(subparsers) -> None:
                    "(dispatch.gluon.tile_costs: 128, 128+split, 64, 256) for each prefill problem the "
                    "kernel serves, one row each named tileq_gluon:<tiling>, the plan's choice marked in "
                    "its note (what 'tileq replay --rule gluon-tiles' checks the model against)")
+    p.add_argument("--int4-variants", action="store_true",
+                   help="for each prepacked int4 case (B type i4p), also time the call forced onto each path "
+                   "the dispatch layer chooses between: decode configs (a sweep at M <= 32, the plan's config "
+                   "below 256), Gluon prefill tilings (token tile x split over K, stream-K 128/256), W4A8's "
+                   "routes (cast to bf16, the fused fp8 build, the fp8 GEMM) and dequantize + cuBLAS; one row "
+                   "each named tileq_int4:<variant>, its kernel column the instance, the plan's choice marked "
+                   "in its note (what 'tileq replay --rule int4-*' checks the rules against)")
     p.add_argument("--shapes", default=None, help="regular expression on shape names to keep")
     p.add_argument("--m-min", type=int, default=None, help="keep shapes with M >= this")
     p.add_argument("--m-max", type=int, default=None, help="keep shapes with M <= this")
@@ -116,6 +125,7 @@ def command_line(args, name: str) -> str:
 def _list_everything() -> int:
     from .baselines import REGISTRY
     from .cases import CASE_SETS
+    from .int4 import PREFIX as INT4_PREFIX
     from .suites import BUILTIN_SUITES
     from .variants import IMPLS, TILING_PREFIX
 
@@ -130,10 +140,13 @@ def _list_everything() -> int:
         flags = [impl.kind] + ([] if impl.default else ["not default"]) + (
             ["CUDA"] if impl.cuda_only else []) + ([f"needs {impl.module}"] if impl.module else [])
         print(f"  {impl.name:<28} {impl.description}  [{', '.join(flags)}]")
-    print("tileq forced (--impls NAME, --gluon-tilings):")
+    print("tileq forced (--impls NAME, --gluon-tilings, --int4-variants):")
     for name, impl in IMPLS.items():
         print(f"  {impl.name:<28} --impls {name}: {impl.description}")
     print(f"  {TILING_PREFIX + '<tiling>':<28} --gluon-tilings: the Gluon kernel with one tiling of its wave model")
+    print(f"  {INT4_PREFIX + '<variant>':<28} --int4-variants: a prepacked int4 call forced onto one path, decode "
+          "config or prefill tiling (decode:<config>[:cast], gluon:t<T>[:sk<S>|:stk][:fused], fp8-gemm, "
+          "dequant+cublas)")
     return 0
 
 
@@ -221,7 +234,7 @@ def run_bench(args) -> int:
         seed=args.seed, time_budget_s=args.time_budget, progress=not args.no_progress,
         ceilings=not args.no_ceilings, title=f"bench {suite_label}",
         precompile_jobs=args.precompile_jobs, variants=variants, gluon_tilings=args.gluon_tilings,
-        rounds=args.rounds,
+        int4_variants=args.int4_variants, rounds=args.rounds,
     )
     if device.type != "cuda":
         print("tileq bench: no CUDA device: checking correctness through Triton's interpreter; "

@@ -9,6 +9,11 @@ in activation quantization, and the kernel time of one eager decode step and one
 category (torch profiler: activation quantization, tileq GEMMs, other matmuls, attention, the
 rest). Every config decodes the same weights
 (same seed) and is checked against bf16 on the first step's logits before it is timed.
+
+``--checkpoint DIR`` times a quantized checkpoint (``tileq.from_pretrained``) against bf16 with its
+shapes; ``--make-checkpoint DIR`` writes such checkpoints (the model above, random weights, each
+config quantized and saved into DIR/<config> by ``tileq.save_pretrained``: compressed-tensors
+where it has an equivalent, else tileq's format), on the GPU when there is one, and times nothing.
 """
 
 from __future__ import annotations
@@ -408,7 +413,67 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+CHECKPOINT_CONFIGS = ("A8W8", "W4A16")  # --make-checkpoint's default --configs
+
+
+def make_checkpoints(out: str, names: list[str], layers: int, *, small: bool = False, seed: int = 0,
+                     device=None, max_shard_size="5GB") -> list[Path]:
+    """For each config name: the e2e model (``build_model``: same seed, so the same weights for
+    every config) quantized with it and written by ``tileq.save_pretrained`` into OUT/<config>.
+    Prints each folder, its format, files and sizes, and the time of each part."""
+    from ..formats import save_pretrained
+    from ..nn import config_from_name, quantize_
+    from ..version import __version__
+
+    bad = [c for c in names if c.partition(":")[0] == "bf16" or c.partition(":")[2]]
+    if bad:
+        raise UnsupportedError(expect("--configs", f"tileq config names without ':fused' ({', '.join(CONFIGS)})",
+                                      ",".join(bad)))
+    configs = [config_from_name(c) for c in names]  # (an unknown name fails before any work)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    shape = "1/8-width Qwen3-14B" if small else "Qwen3-14B"
+    print(f"[make-checkpoint] {shape}-shaped, {layers} layers, on {device}; tileq {__version__}, "
+          f"torch {torch.__version__}", flush=True)
+    paths, t_all = [], time.time()
+    for config in configs:
+        t0 = time.time()
+        model = build_model(layers, device, seed, small=small)
+        _sync(device)
+        t1 = time.time()
+        summary = quantize_(model, config)
+        _sync(device)
+        t2 = time.time()
+        path = Path(out) / config.name
+        fmt = save_pretrained(model, path, max_shard_size=max_shard_size)
+        t3 = time.time()
+        files = sorted(f for f in path.iterdir() if f.is_file())
+        size = sum(f.stat().st_size for f in files)
+        print(f"[make-checkpoint] {config.name}: {path} ({fmt}, {size / 1e9:.2f} GB; {len(summary.converted)} layers "
+              f"quantized, {len(summary.skipped)} kept); build {t1 - t0:.1f} s, quantize {t2 - t1:.1f} s, save "
+              f"{t3 - t2:.1f} s", flush=True)
+        for f in files:
+            print(f"    {f.name:40s} {f.stat().st_size / 1e6:12.1f} MB")
+        paths.append(path)
+        del model, summary
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(f"[make-checkpoint] {len(paths)} checkpoint(s) in {time.time() - t_all:.1f} s", flush=True)
+    return paths
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def run(args) -> int:
+    if getattr(args, "make_checkpoint", None):
+        make_checkpoints(args.make_checkpoint, args.configs or list(CHECKPOINT_CONFIGS), args.layers,
+                         small=args.small, seed=args.seed, max_shard_size=args.max_shard_size)
+        return 0
+    if args.configs is None:
+        args.configs = list(ALL_CONFIGS)
     if not torch.cuda.is_available():
         raise UnsupportedError(expect("tileq e2e", "a CUDA GPU", "no CUDA device"))
     if getattr(args, "checkpoint", None):
@@ -454,17 +519,26 @@ def run(args) -> int:
 def register_cli(sub) -> None:
     p = sub.add_parser("e2e", help="decode a Qwen3-14B-shaped transformers model: bf16 vs tileq configs (GPU)")
     p.add_argument("--layers", type=int, default=40, help="decoder layers (40 = Qwen3-14B)")
-    p.add_argument("--configs", type=lambda s: s.split(","), default=list(ALL_CONFIGS),
-                   help=f"comma list from {','.join(ALL_CONFIGS)}; NAME:fused adds the fused decoder path")
-    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 16])
-    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--configs", type=lambda s: [c for c in s.split(",") if c], default=None,
+                   help=f"comma list from {','.join(ALL_CONFIGS)} (default: all); NAME:fused adds the fused decoder "
+                   f"path; with --make-checkpoint the configs to write (default: {','.join(CHECKPOINT_CONFIGS)})")
+    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 16],
+                   help="batch sizes of the TPOT measurements (default: 1,16)")
+    p.add_argument("--prompt", type=int, default=512, help="prompt tokens (TTFT, and the KV cache before decoding)")
     p.add_argument("--tokens", type=int, default=128, help="tokens per TPOT with CUDA graphs")
     p.add_argument("--eager-tokens", type=int, default=32, help="tokens per eager TPOT")
-    p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--no-graphs", action="store_true", help="eager TPOT only (no CUDA-graph replays)")
     p.add_argument("--fuse", action="store_true", help="also fuse the decoder layers (integrations.hf)")
     p.add_argument("--small", action="store_true", help="1/8-width model (quick checks)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts (default: 0)")
     p.add_argument("--checkpoint", default=None,
                    help="a quantized checkpoint folder (tileq.from_pretrained) timed against bf16 with its shapes")
-    p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/e2e")
+    p.add_argument("--make-checkpoint", default=None, metavar="DIR",
+                   help="instead of timing: write checkpoints of the model (--layers, --small, --seed), one per "
+                   "config of --configs, quantized and saved by tileq.save_pretrained into DIR/<config> (on the "
+                   "GPU when there is one); time them with --checkpoint DIR/<config>")
+    p.add_argument("--max-shard-size", default="5GB",
+                   help="--make-checkpoint: the largest safetensors shard (save_pretrained's; default: 5GB)")
+    p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/e2e",
+                   help="folder for e2e.csv, e2e.md and e2e.png (default: $OUT/e2e, else tileq-out/e2e)")
     p.set_defaults(func=run)

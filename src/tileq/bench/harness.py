@@ -9,7 +9,9 @@ by shape, so slow drift of clocks or temperature affects both sides of each rati
 (the time: the median of the rounds' medians), which interleaves them within a shape too.
 
 ``variants`` (``--impls``) and ``gluon_tilings`` (``--gluon-tilings``) add tileq forced onto one
-kernel or one Gluon tiling (``variants.py``) after the registry's entries.
+kernel or one Gluon tiling (``variants.py``), and ``int4_variants`` (``--int4-variants``) a
+prepacked int4 call forced onto one path, decode config or prefill tiling (``int4.py``), after the
+registry's entries.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from .cases import (
     Case, Operands, WeightSide, build_operands, draw_activation, draw_weight, quantize_weight_side,
 )
 from .gate import gate, sqnr_db
+from .int4 import NA_NAME as INT4_NA
+from .int4 import int4_impls
 from .progress import Progress
 from .suites import Shape
 from .timing import Ceilings, Timer, Timing, TimingConfig, combine_rounds, environment, measure_ceilings
@@ -48,6 +52,7 @@ class SweepConfig:
     precompile_jobs: int | None = None  # CUDA: None = CPUs - 1 processes, 0 = compile inline
     variants: tuple[Impl, ...] = ()  # tileq forced onto one kernel (variants.IMPLS), after impls
     gluon_tilings: bool = False  # also every candidate tiling of the Gluon kernel (variants.py)
+    int4_variants: bool = False  # also prepacked int4 calls forced onto each path / config (int4.py)
     rounds: int = 1  # timing rounds per (shape, case), implementations in turn in each
 
 
@@ -63,7 +68,8 @@ class Sweep:
         "the device and quantized with tileq.quant at each scheme's canonical granularity "
         "(tensor: per-tensor; rowcol: per-row x per-column; aquant: 1x128 groups x one weight "
         "scale; bquant: per-row x 128x1 groups; abquant: 1x128 x 128x128); weights quantized once "
-        "per (case, N, K)"
+        "per (case, N, K); prepacked int4 cases (B i4p): the same int4 weight prepacked once "
+        "(tileq.prepack_int4) and run by tileq.linear"
     )
 
 
@@ -77,6 +83,10 @@ def _tileq_kernel(ops: Operands, backend: str) -> str:
     from ..problem import build_problem
 
     try:
+        if ops.case.prepacked:
+            from .int4 import call_plan, plan_kernel
+
+            return plan_kernel(call_plan(ops))
         problem = build_problem(ops.a, ops.b, ops.a_scale, ops.b_scale, **ops.kwargs)
         p = make_plan(problem.spec, problem.device, backend=backend)
     except Exception as e:  # the gated run reports the same error with its context
@@ -293,6 +303,11 @@ def _run_item(runner: _Runner, state: _ShapeState, shape: Shape, case: Case) -> 
         except Exception as e:  # the problem's plan failed: the tileq row reports it too
             impls += (Impl(TILINGS_NA, VARIANT, "the Gluon kernel's tilings", lambda *_: None,
                            _raise(e)),)
+    if cfg.int4_variants:
+        try:
+            impls += int4_impls(ops, runner.ctx)
+        except Exception as e:  # the call's plan failed: the tileq row reports it too
+            impls += (Impl(INT4_NA, VARIANT, "prepacked int4 variants", lambda *_: None, _raise(e)),)
     expected = {
         "quantized": lambda: reference,
         "float": state.product,

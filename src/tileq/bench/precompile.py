@@ -15,20 +15,35 @@ import sys
 import time
 
 
-def kernel_jobs(items, device) -> list[tuple[str, int, int, int]]:
-    """(case name, m, n, k) per distinct kernel the sweep will launch (planning only)."""
+def _kernel_name(case, m, n, k, device) -> str:
+    """The instance tileq's row of (case, m, n, k) runs (a prepacked case: its int4 plan's)."""
+    if case.prepacked:
+        import torch
+
+        from ..device import facts
+        from ..dispatch.int4 import plan_prepacked
+        from .cases import GROUP_K
+
+        x_type, x_kind, w_kind = case.prepacked_kinds
+        return plan_prepacked(m, n, k, x_type, x_kind, w_kind, torch.bfloat16, GROUP_K, False, facts(device),
+                              device=device).kernel
     from ..dispatch.plan import make_plan
 
+    plan = make_plan(case.spec(m, n, k), device, backend="triton")
+    return plan.instance.name if plan.instance is not None else plan.family.name
+
+
+def kernel_jobs(items, device) -> list[tuple[str, int, int, int]]:
+    """(case name, m, n, k) per distinct kernel the sweep will launch (planning only)."""
     seen, jobs = set(), []
     for shape, case in items:
         m, n, k = shape.m, shape.n, shape.k
         if case.unsupported_reason(m, n, k):
             continue
         try:
-            plan = make_plan(case.spec(m, n, k), device, backend="triton")
+            name = _kernel_name(case, m, n, k, device)
         except Exception:  # the sweep reports the same error on its row
             continue
-        name = plan.instance.name if plan.instance is not None else plan.family.name
         # Triton specializes integer arguments on == 1 and on divisibility by 16.
         key = (case.name, name, m == 1, m % 16 == 0, n % 16 == 0, k % 16 == 0)
         if key not in seen:
@@ -48,7 +63,7 @@ def _compile_job(job) -> str:
         case = parse_case(case_name)
         weight = quantize_weight_side(case, draw_weight(n, k, 0, dev))
         ops = build_operands(case, draw_activation(m, k, 0, dev), weight)
-        ops.gemm(backend="triton")
+        ops.tileq(backend="triton")
         torch.cuda.synchronize()
         return ""
     except Exception as e:  # reported as a count; the sweep shows the error on its row

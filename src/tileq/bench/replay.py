@@ -13,16 +13,25 @@ fastest variant. ``--threshold NAME=VALUE`` replays again with entries of
 
 Adding a rule is one function from a problem to the dispatch layer's choice::
 
-    @rule("int4-decode", prefix="tileq_int4_decode:", help="the int4 decode kernel's config ...")
-    def int4_decode(p: Problem) -> Choice:
-        cfg, why = dispatch.int4.config_for(p.m, p.n, p.k, facts=...)
-        return Choice(cfg.tag, config=cfg.tag, why=why)
+    @rule("int4-decode", prefix="tileq_int4:", help="the int4 decode kernel's config ...")
+    def int4_decode(p: Problem) -> Choice | None:
+        plan = <dispatch.int4.plan_prepacked for the problem's call>
+        return Choice(variant_name(plan), among=<the decode variants>, why=plan.reason)
 
 ``Problem`` carries the CSV's key (suite, shape, M, N, K, case), the problem's ``spec``, the SM
 count of the run and the timed variants; ``Choice.variant`` names the variant picked (None: the
-dispatch layer picks none of the rule's variants, e.g. another path), ``Choice.config`` (optional)
-what the measured row's kernel column must name for the time to stand for the choice (a changed
-threshold can change the config behind a variant's name: such a problem counts as not measured).
+dispatch layer picks none of the rule's variants, e.g. another path), ``Choice.among`` (optional)
+the variants the rule chooses between (the others timed for the problem stay out of its fastest),
+``Choice.config`` (optional) what the measured row's kernel column must name for the time to
+stand for the choice (a changed threshold can change the config behind a variant's name: such a
+problem counts as not measured). A rule returns None for a problem that is not its own (another
+kind of case; decided without reading a threshold).
+
+Rules: ``gluon-tiles`` (the 8-bit Gluon kernel's wave model, rows of ``--gluon-tilings``) and, on
+the rows of ``--int4-variants`` (``int4.py``), ``int4-decode`` (the decode kernel's config),
+``int4-prefill`` (the path and tiling from INT4_PREFILL_MIN_M), ``int4-streamk`` (W4A16 stream-K)
+and ``int4-w4a8`` (W4A8's route). ``--write-table`` with ``int4-decode`` writes the tuned decode
+table (``dispatch/data/tuned_int4_sm90.json``'s format) from the data (``write_tuned_table``).
 """
 
 from __future__ import annotations
@@ -79,6 +88,7 @@ class Choice:
     variant: str | None  # the variant the dispatch layer picks; None: none of the rule's
     config: str = ""  # when set: the measured row's kernel column must name it ('_'-separated part)
     why: str = ""
+    among: tuple | None = None  # the variants chosen between (None: every timed one of the rule)
 
 
 @dataclass(frozen=True)
@@ -86,18 +96,19 @@ class Rule:
     name: str
     prefix: str  # a variant's row: impl == prefix + the variant's name
     help: str
-    choose: Callable[[Problem], Choice]
+    choose: Callable[[Problem], Choice | None]
     arch: str = "sm_90"  # whose thresholds the rule reads (what --threshold changes)
+    edges: tuple = (64, 512)  # the report's M ranges unless --m-edges says
 
 
 RULES: dict[str, Rule] = {}
 
 
-def rule(name: str, *, prefix: str, help: str, arch: str = "sm_90"):
-    """Register ``choose(problem) -> Choice`` as the rule ``name``."""
+def rule(name: str, *, prefix: str, help: str, arch: str = "sm_90", edges: tuple = (64, 512)):
+    """Register ``choose(problem) -> Choice | None`` as the rule ``name``."""
 
-    def register(choose: Callable[[Problem], Choice]):
-        RULES[name] = Rule(name, prefix, help, choose, arch)
+    def register(choose: Callable[[Problem], Choice | None]):
+        RULES[name] = Rule(name, prefix, help, choose, arch, edges)
         return choose
 
     return register
@@ -168,16 +179,23 @@ def _names(kernel: str, config: str) -> bool:
 
 
 def replay(problems: list[Problem], rule_: Rule) -> list[Outcome]:
+    """The rule's choice per problem (problems it returns None for are left out), against the
+    fastest of the variants it chooses between."""
     out = []
     for p in problems:
         choice = rule_.choose(p)
-        fastest = min(p.times.items(), key=lambda kv: kv[1])
+        if choice is None:
+            continue
+        times = p.times
+        if choice.among is not None:
+            times = {v: t for v, t in p.times.items() if v in choice.among or v == choice.variant}
+        fastest = min(times.items(), key=lambda kv: kv[1]) if times else ("", math.nan)
         if choice.variant is None:
             out.append(Outcome(p, choice, "other path", fastest=fastest))
-        elif choice.variant not in p.times or (choice.config and not _names(p.kernels[choice.variant], choice.config)):
+        elif choice.variant not in times or (choice.config and not _names(p.kernels[choice.variant], choice.config)):
             out.append(Outcome(p, choice, "not measured", fastest=fastest))
         else:
-            out.append(Outcome(p, choice, "replayed", p.times[choice.variant], fastest))
+            out.append(Outcome(p, choice, "replayed", times[choice.variant], fastest))
     return out
 
 
@@ -388,6 +406,202 @@ def gluon_tiles(p: Problem) -> Choice:
     return Choice(name, config=instance_tag(spec, cfg), why=why)
 
 
+# ----------------------------------------------------------------------------- int4 rules
+
+INT4_EDGES = (16, 64, 255)  # decode tiles of 16 tokens, the small-M prefill range, the prefill paths
+W4A16_GROUP = "bquant:bf16xi4p:rcr"  # the case the tuned decode table is measured on
+
+
+def _int4(p: Problem, arch: str = "sm_90"):
+    """(case, facts, plan) of a prepacked int4 problem: the plan ``dispatch.int4.plan_prepacked``
+    makes for the call described on a GPU of ``arch`` with the run's SM count; None for another
+    kind of case."""
+    from ..device import for_arch
+    from .cases import parse_case
+    from .int4 import plan_of
+
+    case = parse_case(p.case)
+    if not case.prepacked:
+        return None
+    facts = replace(for_arch(arch), num_sms=p.num_sms)
+    return case, facts, plan_of(case, p.m, p.n, p.k, facts)
+
+
+def _prefixed(p: Problem, head: str) -> list[str]:
+    return [v for v in p.times if v.startswith(head)]
+
+
+@rule("int4-decode", prefix="tileq_int4:", edges=INT4_EDGES,
+      help="The prepacked int4 decode kernel's config: `dispatch.int4.config_for` (the tuned table, else "
+           "`decode_rule`: tiles, split over K, occupancy band, stream-K for a wave tail; INT4_DECODE_*) and, "
+           "for W4A8, `compute_type` (fp8 activations in the kernel or cast to bf16), through `plan_prepacked`, "
+           "against every decode config timed by `tileq bench --int4-variants` (rows tileq_int4:decode:<config>"
+           "[:cast]; a sweep up to M = 32). `--write-table FILE` writes the tuned table from the same rows.")
+def int4_decode(p: Problem) -> Choice | None:
+    from .int4 import variant_name
+
+    got = _int4(p)
+    among = tuple(_prefixed(p, "decode:"))
+    if got is None or not among:
+        return None
+    _, _, plan = got
+    if plan.path != "decode":
+        return Choice(None, why=f"the plan runs {plan.path}: {plan.reason}", among=among)
+    return Choice(variant_name(plan), why=plan.reason, among=among)
+
+
+@rule("int4-prefill", prefix="tileq_int4:", edges=INT4_EDGES,
+      help="The prepacked int4 path and tiling from INT4_PREFILL_MIN_M tokens: the decode kernel or the Gluon "
+           "prefill kernel (`prefill_tiling`: `prefers`, `tokens_for`, `split_for`; then `streamk_for`), W4A16's "
+           "dequantize + cuBLAS and W4A8's fp8 GEMM or fused build (`problem_reason`, `fused_for`) through "
+           "`plan_prepacked`, against every timed path and tiling of `tileq bench --int4-variants` (the decode "
+           "kernel at the plan's own config: the decode config is int4-decode's).")
+def int4_prefill(p: Problem) -> Choice | None:
+    from ..dispatch import int4 as D
+    from ..dispatch import thresholds
+    from .int4 import decode_name, variant_name
+
+    got = _int4(p)
+    others = [v for v in p.times if not v.startswith("decode:")]
+    if got is None or not others:
+        return None
+    _, facts, plan = got
+    T = thresholds.for_arch(facts.arch.name)
+    if p.m < T.INT4_PREFILL_MIN_M:
+        return Choice(None, why=f"M < INT4_PREFILL_MIN_M = {T.INT4_PREFILL_MIN_M}: the decode kernel only")
+    ct = D.compute_type(p.m, p.n, p.k, plan.x_type, facts)
+    decode = decode_name(D.config_for(p.m, p.n, p.k, ct, facts)[0].tag, cast=ct != plan.x_type)
+    return Choice(variant_name(plan), why=plan.reason, among=tuple(others) + (decode,))
+
+
+@rule("int4-streamk", prefix="tileq_int4:", edges=INT4_EDGES,
+      help="W4A16 stream-K on the Gluon prefill kernel (`dispatch.int4.streamk_for`: INT4_STREAMK_*, its cost "
+           "against the tiling's) through `plan_prepacked`, where the plan runs that kernel: the tiling "
+           "`prefill_tiling` gives against stream-K with 128- and 256-token tiles (rows tileq_int4:gluon:t128:stk, "
+           "gluon:t256:stk).")
+def int4_streamk(p: Problem) -> Choice | None:
+    from ..dispatch import int4 as D
+    from .int4 import gluon_name, variant_name
+
+    got = _int4(p)
+    if got is None or got[2].x_kind != "none" or not any(v.endswith(":stk") for v in p.times):
+        return None
+    _, facts, plan = got
+    if plan.path != "gluon-prefill":
+        return Choice(None, why=f"the plan runs {plan.path}: {plan.reason}")
+    t, split = D.prefill_tiling(p.m, p.n, p.k, facts)
+    among = (gluon_name(t, split), gluon_name(D.T128, streamk=True), gluon_name(D.T256, streamk=True))
+    return Choice(variant_name(plan), why=plan.reason, among=among)
+
+
+@rule("int4-w4a8", prefix="tileq_int4:", edges=INT4_EDGES,
+      help="W4A8's route on prepacked int4 weights (fp8 activations, per-token scales): the decode kernel on "
+           "them or on activations cast to bf16 (`compute_type`), the Gluon prefill kernel's 16-bit build on cast "
+           "activations or its fused fp8 build (`fused_for`), or the fp8 GEMM on the int4 values "
+           "(INT4_W4A8_MAX_M), through `plan_prepacked`: each route at the plan's config or tiling.")
+def int4_w4a8(p: Problem) -> Choice | None:
+    from ..dispatch import int4 as D
+    from ..dispatch import thresholds
+    from .int4 import decode_name, gluon_name, variant_name
+
+    got = _int4(p)
+    if got is None or got[2].x_kind == "none":
+        return None
+    _, facts, plan = got
+    m, n, k = p.m, p.n, p.k
+    among = [decode_name(D.config_for(m, n, k, plan.x_type, facts)[0].tag),
+             decode_name(D.config_for(m, n, k, "bf16", facts)[0].tag, cast=True), "fp8-gemm"]
+    tiling = D.prefill_tiling(m, n, k, facts, x_scale=True)
+    if tiling is None and m >= thresholds.for_arch(facts.arch.name).INT4_PREFILL_MIN_M:
+        tiling = (D.tokens_for(m, n, facts, x_scale=True), 1)
+    if tiling is not None:
+        among += [gluon_name(*tiling), gluon_name(*tiling, fused=True)]
+    return Choice(variant_name(plan), why=plan.reason, among=tuple(among))
+
+
+def write_tuned_table(problems: list[Problem], path: str, *, margin: float, about_run: str,
+                      arch: str = "sm_90") -> list[str]:
+    """Write the prepacked int4 decode kernel's tuned table (``dispatch.int4.tuned_table``'s file
+    format) from the ``W4A16_GROUP`` problems' decode configs (rows tileq_int4:decode:<config>):
+    per weight (shape, N, K), for M = 1 and for M 2..INT4_TUNED_MAX_M, the config with the least
+    total time over the M values timed in that range (timed at every one of them) where it beats
+    the heuristic's (``decode_rule``, with the run's SM count) by more than ``margin`` in the same
+    run. Returns what it chose and why, a line per weight and range."""
+    from ..device import for_arch
+    from ..dispatch import int4 as D
+    from ..dispatch import thresholds
+
+    T = thresholds.for_arch(arch)
+    top = int(T.INT4_TUNED_MAX_M)
+    ranges = {1: (1, 1), top: (2, top)}  # table key -> the M values it serves
+    weights: dict = {}
+    for p in problems:
+        if p.case != W4A16_GROUP or p.m > top:
+            continue
+        per_m = weights.setdefault((p.shape, p.n, p.k), {})
+        for v, ms in p.times.items():
+            if v.startswith("decode:") and not v.endswith(":cast"):
+                cfgs = per_m.setdefault(p.m, {})
+                cfgs[v[len("decode:"):]] = min(ms, cfgs.get(v[len("decode:"):], math.inf))
+    lines, entries, seen = [], [], set()
+    for (shape, n, k), per_m in weights.items():
+        for key, (lo, hi) in ranges.items():
+            ms = sorted(m for m in per_m if lo <= m <= hi)
+            if not ms:
+                continue
+            if (n, k, key) in seen:
+                lines.append(f"{shape} m={key}: N={n} K={k} already has an entry (another shape); skipped")
+                continue
+            facts = replace(for_arch(arch), num_sms=next(p.num_sms for p in problems if p.shape == shape))
+            heuristic = {m: D.decode_rule(m, n, k, "bf16", facts)[0].tag for m in ms}
+            common = set.intersection(*(set(per_m[m]) for m in ms))
+            if not common or any(heuristic[m] not in per_m[m] for m in ms):
+                lines.append(f"{shape} m={key}: the heuristic's config or a config common to M {ms} was not "
+                             "timed; skipped")
+                continue
+            totals = {c: sum(per_m[m][c] for m in ms) for c in common}
+            best = min(sorted(totals), key=totals.get)
+            heur_ms = sum(per_m[m][heuristic[m]] for m in ms)
+            gain = heur_ms / totals[best]
+            keep = gain > 1 + margin
+            heur = "/".join(sorted(set(heuristic.values())))
+            lines.append(f"{shape} m={key} (M {ms}): best {best} {totals[best] * 1e3:.1f} us, heuristic {heur} "
+                         f"{heur_ms * 1e3:.1f} us: {gain:.3f}x -> {'table' if keep else 'heuristic'}")
+            if keep:
+                seen.add((n, k, key))
+                entries.append({"n": n, "k": k, "m": key, "config": best, "us": round(totals[best] * 1e3 / len(ms), 2),
+                                "heuristic": heur, "heuristic_us": round(heur_ms * 1e3 / len(ms), 2), "shape": shape,
+                                "measured_m": ms})
+    about = (f"Prepacked-int4 decode configs measured on {about_run}, W4A16 group 128, bf16 activations "
+             f"({W4A16_GROUP}), by tileq bench --int4-variants and written by tileq replay --rule int4-decode "
+             f"--write-table: per weight, for M = 1 and for M 2-{top}, the timed config with the least total time "
+             f"over the M values measured in that range, where it beat the heuristic's "
+             f"(tileq.dispatch.int4.decode_rule) by more than {margin:.0%} in the same run ('us': mean per M). "
+             f"Entry m=1 serves M = 1, m={top} serves M 2-{top}; other sizes use the heuristic. Used for bf16 and "
+             f"fp16 activations only (tileq.dispatch.int4.config_for).")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"about": about, "arch": arch, "entries": entries}, f, indent=1)
+        f.write("\n")
+    return lines + [f"{len(entries)} entries -> {path}"]
+
+
+def _about_run(csv_paths: list[str]) -> str:
+    """The GPU, driver, torch, Triton and date of the runs (their env.json), and their CSVs."""
+    said = []
+    for path in csv_paths:
+        folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        try:
+            with open(os.path.join(folder, "env.json"), encoding="utf-8") as f:
+                env = json.load(f)["env"]
+        except (OSError, KeyError, TypeError, ValueError):
+            said.append(f"an unrecorded GPU ({path})")
+            continue
+        driver = f" (driver {env['driver_version']})" if env.get("driver_version") else ""
+        said.append(f"one {env.get('device', 'unknown device')}{driver}, torch {env.get('torch', '?')}, Triton "
+                    f"{env.get('triton', '?')}, {str(env.get('date', '?'))[:10]} ({path})")
+    return "; ".join(dict.fromkeys(said))
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -396,10 +610,12 @@ def register_cli(subparsers) -> None:
         "replay",
         help="replay a dispatch rule on a results CSV of timed variants (a threshold change checked "
              "against the data)",
-        description="For each problem of a results CSV (tileq bench's results.csv, e.g. of --gluon-tilings), "
-        "ask the dispatch layer which of the timed variants it picks, and report per case and M range "
-        "how far that is from the fastest variant and from the best baseline; --threshold replays it "
-        "again with thresholds changed. No GPU needed. Exit status: 0, or 2 for a bad argument or CSV.",
+        description="For each problem of a results CSV (tileq bench's results.csv, e.g. of --gluon-tilings "
+        "or --int4-variants), ask the dispatch layer which of the timed variants it picks, and report per "
+        "case and M range how far that is from the fastest variant and from the best baseline; --threshold "
+        "replays it again with thresholds changed; with --rule int4-decode, --write-table writes the int4 "
+        "decode kernel's tuned table from the data. No GPU needed. Exit status: 0, or 2 for a bad argument "
+        "or CSV.",
     )
     p.add_argument("csv", nargs="*", help="results.csv files of tileq bench (or their folders)")
     p.add_argument("--rule", default=None, help=f"the rule to replay: {', '.join(RULES)} (--list describes them)")
@@ -410,9 +626,20 @@ def register_cli(subparsers) -> None:
     p.add_argument("--sms", type=int, default=None,
                    help="SM count to plan for (default: the 'multiprocessors' of the env.json beside each "
                    "CSV, else the rule's arch's typical count)")
-    p.add_argument("--m-edges", default="64,512",
-                   help="comma-separated M range edges of the report's groups (default: 64,512: M <= 64, "
-                   "65-512, > 512)")
+    p.add_argument("--m-edges", default=None,
+                   help="comma-separated M range edges of the report's groups (default: the rule's: 64,512 "
+                   "(M <= 64, 65-512, > 512) for gluon-tiles, 16,64,255 for the int4 rules)")
+    p.add_argument("--shapes", default=None, metavar="REGEX",
+                   help="keep only problems whose shape name matches this regular expression (e.g. '^llm\\.' "
+                   "for the int4 suite's llm set)")
+    p.add_argument("--write-table", default=None, metavar="FILE",
+                   help="with --rule int4-decode: also write the prepacked int4 decode kernel's tuned table "
+                   "(the format of src/tileq/dispatch/data/tuned_int4_sm90.json) from the W4A16 "
+                   "(bquant:bf16xi4p:rcr) decode configs timed at M <= INT4_TUNED_MAX_M, with the thresholds "
+                   "--threshold gives; the shipped table was written from the llm set (--shapes '^llm\\.')")
+    p.add_argument("--table-margin", type=float, default=0.03,
+                   help="--write-table: a weight's entry is written where its best config beats the heuristic's "
+                   "(decode_rule) by more than this (default: 0.03 = 3%%)")
     p.add_argument("--tolerance", type=float, default=TOLERANCE,
                    help=f"a choice more than this much slower than the fastest variant is counted and "
                    f"listed (default: {TOLERANCE} = {TOLERANCE * 100:.0f}%%)")
@@ -445,30 +672,49 @@ def run_replay(args) -> int:
         if not args.csv:
             raise ShapeError(expect("csv", "at least one results.csv (or its folder)", "none"))
         rule_ = RULES[args.rule]
+        if args.write_table and rule_.name != "int4-decode":
+            raise UnsupportedError(expect("--write-table", "--rule int4-decode", repr(rule_.name)))
+        edges = rule_.edges
+        if args.m_edges is not None:
+            try:
+                edges = tuple(int(x) for x in args.m_edges.split(",") if x.strip())
+            except ValueError:
+                raise ShapeError(expect("--m-edges", "comma-separated integers", repr(args.m_edges))) from None
+            if list(edges) != sorted(set(edges)):
+                raise ShapeError(expect("--m-edges", "increasing integers", repr(args.m_edges)))
         try:
-            edges = tuple(int(x) for x in args.m_edges.split(",") if x.strip())
-        except ValueError:
-            raise ShapeError(expect("--m-edges", "comma-separated integers", repr(args.m_edges))) from None
-        if list(edges) != sorted(set(edges)):
-            raise ShapeError(expect("--m-edges", "increasing integers", repr(args.m_edges)))
+            keep = re.compile(args.shapes) if args.shapes else None
+        except re.error as e:
+            raise ShapeError(expect("--shapes", "a regular expression", f"{args.shapes!r} ({e})")) from None
         overrides = parse_overrides(args.threshold)
         problems = []
         for path in args.csv:
             problems += read_problems(path, rule_, args.sms)
-        if not problems:
-            raise ShapeError(expect("csv", f"timed '{rule_.prefix}*' rows (tileq bench with the flag that "
-                                    f"writes them)", "none"))
+        if keep is not None:
+            problems = [p for p in problems if keep.search(p.shape)]
         current = replay(problems, rule_)
+        if not current:
+            raise ShapeError(expect("csv", f"timed '{rule_.prefix}*' rows of the rule's problems (tileq bench "
+                                    f"with the flag that writes them{', --shapes' if keep else ''})", "none"))
         runs = [("Current thresholds", current, summarize(current, edges))]
         if overrides:
             with thresholds_overridden(overrides, rule_.arch) as table:
                 changed = replay(problems, rule_)
             said = ", ".join(f"{n}={table.entries[n].value}" for n in overrides)
             runs.append((f"With {said}", changed, summarize(changed, edges, before=current)))
+        table_lines = None
+        if args.write_table:
+            about = _about_run(args.csv) + (f"; shapes matching {args.shapes!r}" if args.shapes else "")
+            with thresholds_overridden(overrides, rule_.arch):
+                table_lines = write_tuned_table(problems, args.write_table, margin=args.table_margin,
+                                                about_run=about, arch=rule_.arch)
     except (TileqError, ValueError, OSError) as e:
         print(f"tileq replay: error: {e}", file=sys.stderr)
         return 2
     text = render(rule_, args.csv, runs, args.tolerance, args.per_problem)
+    if table_lines is not None:
+        listed = "\n".join(f"- {x}" for x in table_lines)
+        text += f"\n## Tuned table written to {args.write_table}\n\n{listed}\n"
     print(text)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

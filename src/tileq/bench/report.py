@@ -7,8 +7,9 @@ beside it). A speedup is baseline time / tileq time from the same run (> 1: tile
 
 Timed runs also get the medians per M range and model (the shape name's part before its first
 '.'), against the best baseline and, for int8, against torch._int_mm alone; and, with tileq
-forced onto one kernel or tiling (``--impls``, ``--gluon-tilings``), each such variant against
-the plan's choice and the best baseline.
+forced onto one kernel or tiling (``--impls``, ``--gluon-tilings``, ``--int4-variants``), each
+such variant against the plan's choice and the best baseline; with prepacked int4 cases (B ``i4p``),
+their times against tileq's int8 and fp8 rowcol on the same shapes and bf16 cuBLAS.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ MAX_FAILURES_LISTED = 50
 M_EDGES = (64, 512)  # M ranges of the per-range tables: <= 64 (decode), 65-512, > 512
 VARIANT_KIND = "variant"  # variants.KIND (tileq forced onto one kernel or tiling)
 RAW = "torch_int_mm"  # torch._int_mm alone (kind 'raw')
+BF16 = "torch_bf16_matmul"
+INT4_PEERS = (("rowcol:i8xi8:rcr", "tileq int8 rowcol"), ("rowcol:fp8xfp8:rcr", "tileq fp8 rowcol"))
 
 
 def _fmt(v, spec=".3g", none="–") -> str:
@@ -145,6 +148,7 @@ def render(rows: list[R.Result], *, title: str, env: dict, method: str, operands
     out += _dispatcher_check(by_case)
     if timed_any:
         out += _by_range(by_case)
+        out += _int4(by_case)
         out += _variants(by_case)
     for case, shapes in by_case.items():
         out += _case_section(case, shapes, timed_any)
@@ -257,6 +261,31 @@ def _by_range(by_case: dict) -> list[str]:
     return out
 
 
+def _int4(by_case: dict) -> list[str]:
+    """Prepacked int4 cases (B 'i4p'): tileq's int8 and fp8 rowcol on the same shapes of the run, and
+    bf16 cuBLAS, against the int4 time, per M range and model."""
+    ratios: dict = {label: {} for _, label in INT4_PEERS}
+    ratios["bf16 cuBLAS"] = {}
+    for case, shapes in by_case.items():
+        if ":" not in case or not case.split(":")[1].endswith("xi4p"):
+            continue
+        for key, impls in shapes.items():
+            t = impls.get("tileq")
+            if t is None or not t.timed:
+                continue
+            where = (m_range(key[2]), _model(key[1]))
+            peers = [(label, by_case.get(peer, {}).get(key, {}).get("tileq")) for peer, label in INT4_PEERS]
+            for label, r in peers + [("bf16 cuBLAS", impls.get(BF16))]:
+                if r is not None and r.timed:
+                    ratios[label].setdefault(case, []).append((*where, r.time_ms / t.time_ms))
+    out = []
+    for label, vals in ratios.items():
+        out += _range_table(f"Prepacked int4 against {label}",
+                            f"{label}'s time / the prepacked int4 time on the same shape in this run (> 1: int4 "
+                            "is faster); median (min–max, shapes), median (shapes) per model.", vals)
+    return out
+
+
 def _variants(by_case: dict) -> list[str]:
     """Each forced variant (kind 'variant') against tileq (the plan's choice) and the best baseline."""
     lines = []
@@ -279,10 +308,10 @@ def _variants(by_case: dict) -> list[str]:
     if not lines:
         return []
     return ["## tileq forced onto one kernel or tiling", "",
-            "`--impls` / `--gluon-tilings` rows: tileq (the plan's choice) time / the variant's (> 1: the "
-            "forced variant is faster than what the plan runs), and the best baseline's time / the "
-            "variant's; median (min–max, shapes). `tileq replay --rule gluon-tiles` checks the wave "
-            "model's choice of tiling on these rows.", "",
+            "`--impls` / `--gluon-tilings` / `--int4-variants` rows: tileq (the plan's choice) time / the "
+            "variant's (> 1: the forced variant is faster than what the plan runs), and the best baseline's "
+            "time / the variant's; median (min–max, shapes). `tileq replay --rule gluon-tiles` checks the "
+            "wave model's choice of tiling on these rows, `--rule int4-*` the int4 rules.", "",
             "| case | M | variant | shapes | vs tileq (the plan) | vs best baseline |",
             "|---|---|---|---|---|---|", *lines, ""]
 

@@ -53,6 +53,8 @@ BUILTIN_SUITES = {
     "decode-targets": "the decode target shapes: six LLM projections x M in 1..64",
     "gluon-prefill": "the sm_90 Gluon prefill kernel's problem set: 11 LLM weights x M in 128..8192 "
                      "(with --cases gluon --impls gluon,triton --gluon-tilings)",
+    "int4": "prepacked int4's weight sets (llm, untuned, fresh, tails: 22 weights, the set first in each "
+            "name) x M in 1..4096 (with --cases int4 [--int4-variants]; --shapes '^llm\\.' keeps a set)",
 }
 
 # Short names used by scripts/gpu_run.sh.

@@ -10,7 +10,7 @@ Why a read and not the usual ``buffer.zero_()``: a write leaves the whole L2 dir
 kernel's own reads force up to 60 MB of write-backs to HBM. For a 26 MB decode weight that
 roughly doubles the memory traffic charged to the kernel. In a model the L2 holds the previous
 layers' (clean) weights and small activations, which a read flush reproduces. ``flush="write"``
-keeps the old method for comparison (``scripts/gpu_run.sh flush-check``).
+keeps the old method for comparison (``tileq bench --flush write``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ dispatch layer forced, through the same launcher (``kernels.launch.make_launch``
                          each problem the kernel serves (one N/A row ``tileq_gluon_tilings`` for
                          the others), the plan's choice marked in the note
 
-Their kind is 'variant': never a baseline, and a failure counts as tileq's (exit status 1).
+Their kind is 'variant': never a baseline, and a failure counts as tileq's (exit status 1). A
+prepacked int4 case (B ``i4p``) has its own variants (``int4.py``, ``--int4-variants``): these
+rows are N/A for it.
 """
 
 from __future__ import annotations
@@ -125,15 +127,18 @@ def build_triton(ops: Operands, ctx: Context) -> Runnable:
                          kernel=forced.instance.name)
 
 
-def _always(case, m, n, k):
-    return None
+PREPACKED = "a prepacked int4 weight runs its own kernels (its variants: --int4-variants)"
+
+
+def _not_prepacked(case, m, n, k):
+    return PREPACKED if case.prepacked else None
 
 
 IMPLS: dict[str, Impl] = {
     "gluon": Impl("tileq_gluon", KIND, "tileq with the sm_90 Gluon kernel switched on (TILEQ_GLUON=1) "
-                  "and the plan's tiling", _always, build_gluon, default=False),
+                  "and the plan's tiling", _not_prepacked, build_gluon, default=False),
     "triton": Impl("tileq_triton", KIND, "tileq's plan forced onto the portable Triton kernel "
-                   "(dispatch.plan.with_config)", _always, build_triton, default=False),
+                   "(dispatch.plan.with_config)", _not_prepacked, build_triton, default=False),
 }
 
 
@@ -184,6 +189,8 @@ def tiling_impls(ops: Operands, ctx: Context) -> tuple[Impl, ...]:
     from ..dispatch import thresholds
     from ..dispatch.gluon import GLUON_ARCH, choose_tiles, gluon_serves
 
+    if ops.case.prepacked:
+        return (Impl(TILINGS_NA, KIND, "the Gluon kernel's tilings", lambda *_: PREPACKED, _unreachable),)
     problem = _problem(ops)
     plan = _plan(problem, ctx, gluon=True)
     spec = problem.spec
