@@ -1,6 +1,6 @@
 """Public operations: ``gemm``, ``linear``, ``a8w8_matmul_dequant`` and ``explain``.
 
-Each call validates once (``problem.build_problem``), makes a plan (``plan.make_plan``: which
+Each call validates once (``problem.build_problem``), makes a plan (``dispatch.plan.make_plan``: which
 executor, pipeline, kernel and config) and runs it. Optional parameters are keyword-only.
 
 Repeated calls are cheap: a call whose signature (below) has been validated and planned before

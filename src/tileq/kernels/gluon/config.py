@@ -13,7 +13,7 @@ import torch
 
 from ...problem import ProblemSpec, ScaleKind
 
-# sm_90: 227 KiB of shared memory per program (opt-in maximum, catalog/arch.py) less a margin for
+# sm_90: 227 KiB of shared memory per program (opt-in maximum, device.py) less a margin for
 # the mbarriers and what the compiler adds (256 B measured in the sm_90 build of 2026-12).
 SMEM_BYTES = 232448
 SMEM_MARGIN = 2048

@@ -21,7 +21,7 @@ ROWS = 64  # weight rows per program and warpgroup (kernel.BN)
 DECODE_TOKEN_TILES = (16, 32)
 
 # Programs of the 16-token decode kernel one sm_90 SM holds (registers and shared memory of the
-# sm_90 build, scripts/sass_loop.py --prepacked): three stages take 80 KB of shared memory (two
+# sm_90 build, `tileq sass --prepacked`): three stages take 80 KB of shared memory (two
 # programs); two stages 48 KB and 168 registers (three, by registers); two stages under a
 # 128-register cap four (ptxas spills two values that the K loop reloads).
 PER_SM_S3, PER_SM_S2, PER_SM_CAPPED = 2, 3, 4

@@ -20,7 +20,7 @@ _PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp8": "*fp8e4nv", "bf8": "*fp8e5"}
 def compile_source(x_type: str, w_scale: str, cfg: Int4pConfig, *, x_scale: str | None = None,
                    group_k: int = 128, has_bias: bool = False, even_k: bool = True):
     """The kernel as ``triton.compile`` takes it for an ahead-of-time build (``tileq build``,
-    ``scripts/sass_loop.py --prepacked``): bf16 output, the specialization a JIT launch makes for
+    ``tileq sass --prepacked``): bf16 output, the specialization a JIT launch makes for
     LLM shapes (16-byte aligned pointers, N, K and strides multiples of 16)."""
     import triton
 
