@@ -312,3 +312,30 @@ def test_quantize_with_calibration_and_its_refusals():
         quantize_(_Block(), A8W8Config(), calibration=lambda m: m(x))
     with pytest.raises(UnsupportedError, match="hessian: expected an int4 config"):
         QuantLinear.from_linear(_linear(), A8W8Config(), hessian=torch.eye(320))
+
+
+def test_compiled_op_reaches_a_runner(monkeypatch):
+    """tileq::quant_linear (what torch.compile calls) takes the validating path on a signature's
+    first call only: the second builds a runner shared by every layer of that signature, later
+    calls only launch (the Triton kernels, through the interpreter here), with the same outputs."""
+    from tileq import quant_linear
+
+    monkeypatch.setenv("TILEQ_BACKEND", "triton")
+    model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
+                          nn.Linear(256, 128)).to(torch.bfloat16)
+    quantize_(model, A8W8Config())
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    eager = model(x)
+    validating = []
+    real = quant_linear.quant_linear_forward
+    monkeypatch.setattr(quant_linear, "quant_linear_forward", lambda *a: validating.append(1) or real(*a))
+    quant_linear._OP_RUNNERS.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for step in range(3):
+        before = len(validating)
+        assert torch.equal(compiled(x), eager)
+        # two signatures (256 -> 256 twice, 256 -> 128), each validated on its first two calls only
+        assert len(validating) - before == (3, 1, 0)[step], (step, validating)
+    runners = [r for r in quant_linear._OP_RUNNERS.values() if type(r) is quant_linear.LayerRunner]
+    assert len(runners) == 2

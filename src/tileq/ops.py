@@ -6,8 +6,10 @@ shape, dtype and strides) and what CUDA graphs capture.
     torch.ops.tileq.quantize_activation(x, dtype, granularity, group_k, scale, preshuffled)
     torch.ops.tileq.quant_linear(x, weight, weight_scale, bias, input_scale, layer)
 
-The eager implementations are the public functions themselves (``tileq.linear``,
-``tileq.quantize_activation``, ``QuantLinear``'s forward). ``QuantLinear`` calls them directly
+The implementations are the public functions (``tileq.linear``, ``tileq.quantize_activation``,
+each with its per-signature launch cache) and, for ``quant_linear``, a runner per call signature
+(``quant_linear.quant_linear_cached``: after a signature's second call no validation, two
+launches). ``QuantLinear`` calls them directly
 when not compiling: a dispatcher round trip per layer would add host time to every eager decode
 step (QuACK keeps per-call host cost low the same way).
 """
@@ -21,7 +23,7 @@ from torch import Tensor
 
 from .activation import quantize_activation
 from .api import linear
-from .quant_linear import quant_linear_forward, spec_of_key, weight_operand
+from .quant_linear import quant_linear_cached, spec_of_key, weight_operand
 
 _QDTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "bf8": torch.float8_e5m2}
 
@@ -63,8 +65,7 @@ def _quantize_activation_fake(x, dtype, granularity, group_k, scale, preshuffled
 def quant_linear_op(x: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tensor | None,
                     input_scale: Tensor | None, layer: str) -> Tensor:
     """A ``QuantLinear`` forward: activation quantization + GEMM; ``layer`` is its spec's key."""
-    spec = spec_of_key(layer)
-    return quant_linear_forward(spec, x, weight_operand(weight, spec.int4_k), weight_scale, bias, input_scale)
+    return quant_linear_cached(spec_of_key(layer), x, weight, weight_scale, bias, input_scale)
 
 
 @quant_linear_op.register_fake

@@ -13,7 +13,7 @@ from functools import lru_cache
 import torch
 
 from . import settings
-from ._runtime import env_raw
+from ._runtime import bounded_put, env_raw
 from .activation import quantize_activation, quantize_launch
 from .api import linear, linear_call
 from .dtypes import PackedInt4
@@ -126,7 +126,9 @@ class LayerRunner:
     def build(cls, spec: LayerSpec, x, weight, weight_scale, bias, input_scale):
         """A runner, or None where the plain path must serve (CPU / reference executor, empty
         x, fp32 x on a weight-only layer, signatures the caches do not keep)."""
-        if x.device.type != "cuda" or x.dim() < 1 or x.numel() == 0 or env_raw("TILEQ_CHECK_FINITE"):
+        # (CUDA tensors, or CPU ones on Triton's interpreter: the tests run the same runner there)
+        if ((x.device.type != "cuda" and not settings.current().interpreted) or x.dim() < 1 or x.numel() == 0
+                or env_raw("TILEQ_CHECK_FINITE")):
             return None
         r = cls()
         r.k = x.shape[-1]
@@ -162,3 +164,37 @@ class LayerRunner:
             a = q.view(self.m, self.k)
         y = self.gemm.run(a, weight_storage, a_scale, weight_scale, bias, None, None)
         return y.view(self.out_shape)
+
+
+# ----------------------------------------------------------------------------- the custom op's path
+
+# Runners of the tileq::quant_linear op (what torch.compile calls), shared by every layer of one
+# signature: the op has tensors, not a layer, so the key holds the weight's, scales' and bias's
+# signatures too. A shared runner's scratch is safe: its calls are ordered on one stream (the key).
+OP_RUNNERS_MAX = 4096
+_OP_RUNNERS: dict = {}
+_SEEN, _PLAIN = object(), object()
+
+
+def _signature(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def quant_linear_cached(spec: LayerSpec, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                        bias: torch.Tensor | None, input_scale: torch.Tensor | None) -> torch.Tensor:
+    """``quant_linear_forward`` through a runner per call signature, as ``QuantLinear``'s eager
+    path does: the first call of a signature takes the validating path, the second builds the
+    runner, later ones only launch. ``weight``: the stored tensor (int4 as storage)."""
+    key = (spec, runner_key(x, input_scale is not None), _signature(weight), _signature(weight_scale),
+           _signature(bias), _signature(input_scale))
+    runner = _OP_RUNNERS.get(key)
+    if type(runner) is LayerRunner:
+        return runner(x, weight, weight_scale, bias, input_scale)
+    operand = weight_operand(weight, spec.int4_k)
+    y = quant_linear_forward(spec, x, operand, weight_scale, bias, input_scale)
+    if runner is None:
+        bounded_put(_OP_RUNNERS, key, _SEEN, OP_RUNNERS_MAX)
+    elif runner is _SEEN:
+        built = LayerRunner.build(spec, x, operand, weight_scale, bias, input_scale)
+        _OP_RUNNERS[key] = built if built is not None else _PLAIN
+    return y
