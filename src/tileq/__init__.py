@@ -7,27 +7,53 @@
 See README.md for the schemes, layouts and scale shapes.
 """
 
-from . import errors
-from .activation import add_rmsnorm_quantize, quantize_activation
-from .api import a8w8_matmul_dequant, explain, gemm, linear
-from .dtypes import OperandType, PackedInt4
-from .formats import from_pretrained, save_pretrained
-from .nn import (
-    A8W8Config,
-    FP8BlockConfig,
-    FP8RowConfig,
-    QuantConfig,
-    QuantLinear,
-    W4A8Config,
-    W4A16Config,
-    W8A16Config,
-    quantize_,
-)
-from .prepacked import PrepackedInt4, prepack_int4, unprepack_int4
-from .problem import Scheme
-from .warmup import describe, warmup
+import importlib
+import importlib.util
 
-from .version import __version__  # noqa: E402
+from . import errors
+from .version import __version__
+
+
+def _import_api() -> None:
+    """The public API below, imported on first use of any of its names (PEP 562's ``__getattr__``):
+    ``import tileq.cli`` (``tileq --help``) then costs no torch, Triton or kernel import. Everything
+    is imported at once, as an eager ``import tileq`` did, so the first name used brings them all."""
+    from .activation import add_rmsnorm_quantize, quantize_activation
+    from .api import a8w8_matmul_dequant, explain, gemm, linear
+    from .dtypes import OperandType, PackedInt4
+    from .formats import from_pretrained, save_pretrained
+    from .nn import (
+        A8W8Config,
+        FP8BlockConfig,
+        FP8RowConfig,
+        QuantConfig,
+        QuantLinear,
+        W4A8Config,
+        W4A16Config,
+        W8A16Config,
+        quantize_,
+    )
+    from .prepacked import PrepackedInt4, prepack_int4, unprepack_int4
+    from .problem import Scheme
+    from .warmup import describe, warmup
+
+    globals().update((name, value) for name, value in locals().items() if name in __all__)
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        _import_api()
+        return globals()[name]
+    # A submodule not imported yet (``tileq.quant`` after ``import tileq``; the import system's own
+    # probe for ``from . import cli``): that module alone, not the whole API.
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "gemm",

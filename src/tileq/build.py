@@ -21,7 +21,7 @@ from pathlib import Path
 
 import triton
 
-from .errors import UnsupportedError
+from .errors import UnsupportedError, expect
 from .device import ArchInfo, check_types, get_arch
 from .kernels.binary import resource_usage
 from .kernels.config import TileConfig
@@ -266,14 +266,30 @@ def _finish(res: BuildResult, compiled, out_dir: str | None) -> None:
         res.registers, res.spills = resource_usage(path)
 
 
+def catalog_family(name: str, arg: str = "--family") -> KernelFamily:
+    """The catalog family called ``name``; else an UnsupportedError naming the closest names (the
+    catalog holds a few hundred: ``tileq list --names`` prints them all)."""
+    import difflib
+
+    names = [f.name for f in catalog()]
+    if name in names:
+        return parse_family(name)
+    close = difflib.get_close_matches(str(name), names, n=6, cutoff=0.6)
+    hint = f"; the closest: {', '.join(close)}" if close else f", e.g. {', '.join(names[:3])}"
+    raise UnsupportedError(expect(arg, f"one of the {len(names)} families of the kernel catalog, named "
+                                  f"{{scheme}}_{{a}}x{{b}}_{{layout}}_{{pipeline}} (`tileq list --names` lists "
+                                  f"them){hint}", repr(name)))
+
+
 def build_catalog(arch_name: str, out_dir: str | None, *, jobs: int | None = None,
                   families: list[str] | None = None, progress=None) -> list[BuildResult]:
     from ._runtime import interpreter_active
 
+    # An unknown arch or family is refused before any work, naming the valid ones.
+    arch = get_arch(arch_name)
+    names = [catalog_family(n).name for n in families] if families else [f.name for f in catalog()]
     if interpreter_active():
         raise UnsupportedError("tileq build: TRITON_INTERPRET=1 is set; unset it to compile kernels")
-    arch = get_arch(arch_name)
-    names = families or [f.name for f in catalog()]
     work = [(n, False, "triton") for n in names]
     work += [(n, True, "triton") for n in names if wants_swapped_build(parse_family(n))]
     work += [(n, False, "gluon") for n in names if wants_gluon_build(parse_family(n), arch)]

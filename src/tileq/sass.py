@@ -35,14 +35,20 @@ def _prepacked_source(ct: str, bm: int, w_scale: str, warps: int = 4, stages: in
 def _family_source(family: str, m: int, n: int, k: int, config: str):
     import triton
 
+    from .build import catalog_family
     from .catalog.families import family_spec
-    from .catalog.names import parse_family
+    from .errors import ShapeError, expect
     from .kernels.config import TileConfig
     from .kernels.gemm_kernel import _gemm_kernel
     from .kernels.launch import signature
 
-    spec = family_spec(parse_family(family), m, n, k)
-    cfg = TileConfig.parse_tag(config)
+    fam = catalog_family(family, "family")
+    try:
+        cfg = TileConfig.parse_tag(config)
+    except ValueError as e:
+        raise ShapeError(expect("config", "a config tag m<BM>n<BN>k<BK>_w<W>_s<S>[_sk<SK>][_swap], e.g. "
+                                "m64n16k256_w4_s4_swap", repr(config))) from e
+    spec = family_spec(fam, m, n, k)
     sig, consts, attrs = signature(spec, cfg)
     src = triton.compiler.ASTSource(fn=_gemm_kernel, signature=sig, constexprs=consts, attrs=attrs)
     return src, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
@@ -82,6 +88,8 @@ def run(args) -> int:
             raise ShapeError(expect("arguments", "FAMILY M N K CONFIG (or --prepacked CT BM [W_SCALE])",
                                     " ".join(str(x) for x in (args.family, args.m, args.n, args.k, args.config)
                                              if x is not None)))
+        if not args.n.isdigit() or int(args.n) < 1:
+            raise ShapeError(expect("n", "a positive integer (N) for a catalog family", repr(args.n)))
         src, options = _family_source(args.family, args.m, int(args.n), args.k, args.config)
         label = f"{args.family}__{args.config}"
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
@@ -116,6 +124,8 @@ def run(args) -> int:
 
 
 def register_cli(sub) -> None:
+    from .commands import positive_int
+
     p = sub.add_parser(
         "sass", help="compile one kernel for sm_90 (no GPU) and count the instructions of its K loop",
         description="Compile one catalog kernel instance (FAMILY M N K CONFIG) or the prepacked int4 decode "
@@ -123,18 +133,19 @@ def register_cli(sub) -> None:
         "its registers, shared memory and the opcode mix of its K loop (the part that runs once per K tile).")
     p.add_argument("family", help="a family name (e.g. bquant_fp8xi4_rcr_decode), or with --prepacked the "
                    "activation type (bf16, fp16, fp8e4nv, fp8e5)")
-    p.add_argument("m", type=int, help="M, or with --prepacked the token tile BM (16 or 32)")
+    p.add_argument("m", type=positive_int, help="M, or with --prepacked the token tile BM (16 or 32)")
     p.add_argument("n", nargs="?", default=None,
                    help="N, or with --prepacked the weight scale kind (group, vector, scalar; default group)")
-    p.add_argument("k", nargs="?", type=int, default=None, help="K (a catalog family)")
+    p.add_argument("k", nargs="?", type=positive_int, default=None, help="K (a catalog family)")
     p.add_argument("config", nargs="?", default=None,
                    help="a config tag (a catalog family), e.g. m64n16k256_w4_s4_swap")
     p.add_argument("--prepacked", action="store_true",
                    help="the prepacked int4 decode kernel (kernels/int4p/kernel.py) instead of a catalog family")
-    p.add_argument("--stages", type=int, default=2, help="--prepacked: pipeline stages (default: 2)")
-    p.add_argument("--warps", type=int, default=4, help="--prepacked: warps, 4 or 8 (64 weight rows per 4; default: 4)")
-    p.add_argument("--split-k", type=int, default=1, help="--prepacked: K ranges per tile (default: 1)")
-    p.add_argument("--maxnreg", type=int, default=None, help="--prepacked: a register cap, e.g. 128 or 168")
+    p.add_argument("--stages", type=positive_int, default=2, help="--prepacked: pipeline stages (default: 2)")
+    p.add_argument("--warps", type=int, choices=(4, 8), default=4,
+                   help="--prepacked: warps, 4 or 8 (64 weight rows per 4; default: 4)")
+    p.add_argument("--split-k", type=positive_int, default=1, help="--prepacked: K ranges per tile (default: 1)")
+    p.add_argument("--maxnreg", type=positive_int, default=None, help="--prepacked: a register cap, e.g. 128 or 168")
     p.add_argument("--scale-ahead", action="store_true", help="--prepacked: group scales loaded one K tile ahead")
     p.add_argument("--streamk", action="store_true",
                    help="--prepacked: stream-K (contiguous (tile, K block) ranges per program, shared tiles summed "

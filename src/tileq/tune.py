@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .bench.progress import end_status, status_line
 from .kernels.config import TileConfig, config_problem
 from .catalog.families import family_spec
 from .device import facts as device_facts
@@ -150,8 +151,8 @@ def precompile(problems, jobs: int) -> None:
     with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
         for i, _ in enumerate(pool.map(_compile_worker, work, chunksize=2), 1):
             if i % 10 == 0 or i == len(work):
-                sys.stderr.write(f"\rprecompiling {i}/{len(work)} ({time.time() - t0:.0f} s)   ")
-    sys.stderr.write("\n")
+                status_line(f"precompiling {i}/{len(work)} ({time.time() - t0:.0f} s)")
+    end_status()
 
 
 def run(args) -> int:
@@ -174,9 +175,9 @@ def run(args) -> int:
         "command": "tileq " + " ".join(sys.argv[1:]),
     })
     entries = doc.setdefault("entries", {})
-    cases = args.cases.split(",") if args.cases else list(CASES)
-    ms = [int(x) for x in args.m.split(",")] if args.m else DECODE_MS + PREFILL_MS
-    nks = LLM_NK if not args.nk else [tuple(int(v) for v in p.split("x")) for p in args.nk.split(",")]
+    cases = args.cases or list(CASES)  # (the options' types checked and split the lists)
+    ms = args.m or DECODE_MS + PREFILL_MS
+    nks = args.nk or LLM_NK
     decode_max_m = thresholds.for_arch(device_facts(torch.device("cuda")).arch.name).DECODE_MAX_M
     jobs = []
     for case in cases:
@@ -209,10 +210,9 @@ def run(args) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, indent=1, sort_keys=True))
         done += 1
-        sys.stderr.write(f"\r[{i}/{len(jobs)}] {key} -> {best.tag} {best_ms:.4f} ms "
-                         f"({len(res)} configs, {time.time() - t0:.0f} s)          ")
-        sys.stderr.flush()
-    sys.stderr.write("\n")
+        status_line(f"[{i}/{len(jobs)}] {key} -> {best.tag} {best_ms:.4f} ms "
+                    f"({len(res)} configs, {time.time() - t0:.0f} s)")
+    end_status()
     print(f"tuned {done} problems -> {out}")
     return 0
 
@@ -229,14 +229,8 @@ def _append_candidates(out: Path, key: str, res) -> None:
 
 
 def register_cli(sub) -> None:
-    p = sub.add_parser("tune", help="search tile configs on this GPU and write a tuned table")
-    p.add_argument("--suite", default="llm", choices=["llm"], help="LLM projection shapes")
-    p.add_argument("--out", required=True, help="table file (JSON); resumed if it exists")
-    p.add_argument("--cases", default=None, help=f"comma list from {', '.join(CASES)}")
-    p.add_argument("--m", default=None, help="comma list of M (default 1..64 and 4096)")
-    p.add_argument("--nk", default=None, help="comma list of NxK (default: the LLM shapes)")
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--max-seconds", type=float, default=None)
-    p.add_argument("--jobs", type=int, default=8, help="parallel compile processes before timing")
-    p.set_defaults(func=run)
+    """``tileq tune`` running ``run``; its options are tileq.commands.add_tune's (importable without
+    torch, for ``--help``)."""
+    from .commands import add_tune
+
+    add_tune(sub).set_defaults(func=run)

@@ -24,7 +24,18 @@ Nothing here imports Triton at import time: the CLI decides first whether Triton
 must be switched on (no CUDA), which has to happen before ``tileq.kernels`` is imported.
 """
 
-from .gate import GateResult, gate
-from .suites import BUILTIN_SUITES, Shape, SuiteError, load_suite
+import importlib
 
 __all__ = ["BUILTIN_SUITES", "GateResult", "Shape", "SuiteError", "gate", "load_suite"]
+_HOME = {"GateResult": "gate", "gate": "gate", "BUILTIN_SUITES": "suites", "Shape": "suites",
+         "SuiteError": "suites", "load_suite": "suites"}
+
+
+def __getattr__(name: str):
+    # Imported on first use (PEP 562): the CLI's parsers live in this package and ``--help`` must
+    # not import torch (gate does). (``gate`` is also a submodule's name: imported by path.)
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value

@@ -1,22 +1,50 @@
-"""``tileq bench``: run a suite, write results.csv / report.md / plots, optionally compare.
+"""``tileq bench``: run a suite, write results.csv / report.md / plots, optionally compare; and
+the options of the other benchmark commands (replay, overhead, e2e, layerbench).
 
 Exit status: 0 when every tileq result (the plan's, and those of --impls / --gluon-tilings /
 --int4-variants) passed
 its correctness gate (and no regression was found by --compare), 1 otherwise, 2 for a bad argument
 or suite file.
+
+Importing this module imports no torch (``tileq bench --help`` answers at once): the benchmark
+modules are imported when a command runs, and the few values the options name are spelled out
+here (tests/test_cli.py checks them against those modules).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
 import sys
 
+from ..commands import (
+    names_from,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    positive_ints,
+)
+
+FLUSH_MODES = ("read", "write", "none")  # tileq.bench.timing.FLUSH_MODES
+NN_CONFIGS = ("A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8")  # tileq.nn.configs.CONFIGS
+E2E_CHECKPOINT_CONFIGS = ("A8W8", "W4A16")  # tileq.bench.e2e.CHECKPOINT_CONFIGS
+LAYERBENCH_CONFIGS = ("A8W8", "FP8Row", "FP8Block", "W4A16", "W4A8")  # tileq.bench.layers.CONFIGS
+REPLAY_RULES = ("gluon-tiles", "int4-decode", "int4-prefill", "int4-streamk", "int4-w4a8")  # replay.RULES
+REPLAY_TOLERANCE = 0.03  # tileq.bench.replay.TOLERANCE
+
+
+def _names(text: str) -> list[str]:
+    """A comma-separated list of names (checked by the command)."""
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
 
 def register_cli(subparsers) -> None:
-    from .timing import FLUSH_MODES
-
     p = subparsers.add_parser(
         "bench",
         help="benchmark tileq against torch baselines over a suite of shapes",
@@ -57,14 +85,15 @@ def register_cli(subparsers) -> None:
                    "each named tileq_int4:<variant>, its kernel column the instance, the plan's choice marked "
                    "in its note (what 'tileq replay --rule int4-*' checks the rules against)")
     p.add_argument("--shapes", default=None, help="regular expression on shape names to keep")
-    p.add_argument("--m-min", type=int, default=None, help="keep shapes with M >= this")
-    p.add_argument("--m-max", type=int, default=None, help="keep shapes with M <= this")
-    p.add_argument("--max-shapes", type=int, default=None,
+    p.add_argument("--m-min", type=nonnegative_int, default=None, help="keep shapes with M >= this")
+    p.add_argument("--m-max", type=nonnegative_int, default=None, help="keep shapes with M <= this")
+    p.add_argument("--max-shapes", type=positive_int, default=None,
                    help="keep only the first N shapes (after the filters)")
     p.add_argument("--out", default=None, help="output folder (default: tileq-out/bench-<suite>)")
-    p.add_argument("--warmup", type=int, default=50, help="warm-up runs per measurement (default: 50)")
-    p.add_argument("--runs", type=int, default=100, help="timed runs per measurement; the median is reported (default: 100)")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--warmup", type=nonnegative_int, default=50, help="warm-up runs per measurement (default: 50)")
+    p.add_argument("--runs", type=positive_int, default=100,
+                   help="timed runs per measurement; the median is reported (default: 100)")
+    p.add_argument("--rounds", type=positive_int, default=1,
                    help="split each measurement's --runs into this many rounds, every implementation "
                    "of a (shape, case) timed once per round in turn (a clock drift then weighs on all "
                    "alike); the time is the median of the rounds' medians (default: 1)")
@@ -73,11 +102,11 @@ def register_cli(subparsers) -> None:
                    help="how the L2 is evicted before each timed run: by reading a buffer twice "
                         "its size (default; leaves it clean), by writing one (leaves it dirty, so "
                         "the timed kernel also pays for write-backs), or not at all")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random operands (default: 0)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random operands (default: 0)")
     p.add_argument("--device", default="auto", help="auto (default), cuda, cuda:N or cpu")
-    p.add_argument("--time-budget", type=float, default=None,
+    p.add_argument("--time-budget", type=positive_float, default=None,
                    help="seconds: stop starting new shapes after this and mark the rest skipped")
-    p.add_argument("--precompile-jobs", type=int, default=None,
+    p.add_argument("--precompile-jobs", type=nonnegative_int, default=None,
                    help="CUDA: processes compiling tileq's kernels before the sweep (default: "
                    "CPUs - 1; 0 compiles inside the sweep)")
     p.add_argument("--no-ceilings", action="store_true",
@@ -86,12 +115,121 @@ def register_cli(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--compare", default=None, metavar="OLD_CSV",
                    help="compare tileq's times with an earlier results.csv; exit 1 on regressions")
-    p.add_argument("--threshold", type=float, default=0.05,
+    p.add_argument("--threshold", type=nonnegative_float, default=0.05,
                    help="--compare: a regression is this much slower (default: 0.05 = 5%%)")
     p.add_argument("--compare-metric", choices=("relative", "absolute"), default="relative",
                    help="--compare: 'relative' (default) divides tileq's time by bf16 torch.matmul's "
                    "in the same run (robust to clocks); 'absolute' compares times directly")
     p.set_defaults(func=run_bench, bench_parser=p)
+
+
+# The options of the commands whose code imports torch at import time: each ``add_*`` returns the
+# parser, and the caller names the function that runs it (tileq.cli imports it when it runs).
+
+
+def add_replay(subparsers) -> argparse.ArgumentParser:
+    """``tileq replay``'s options (its code: tileq.bench.replay)."""
+    p = subparsers.add_parser(
+        "replay",
+        help="replay a dispatch rule on a results CSV of timed variants (a threshold change checked "
+             "against the data)",
+        description="For each problem of a results CSV (tileq bench's results.csv, e.g. of --gluon-tilings "
+        "or --int4-variants), ask the dispatch layer which of the timed variants it picks, and report per "
+        "case and M range how far that is from the fastest variant and from the best baseline; --threshold "
+        "replays it again with thresholds changed; with --rule int4-decode, --write-table writes the int4 "
+        "decode kernel's tuned table from the data. No GPU needed. Exit status: 0, or 2 for a bad argument "
+        "or CSV.",
+    )
+    p.add_argument("csv", nargs="*", help="results.csv files of tileq bench (or their folders)")
+    p.add_argument("--rule", default=None,
+                   help=f"the rule to replay: {', '.join(REPLAY_RULES)} (--list describes them)")
+    p.add_argument("--list", action="store_true", help="list the rules and the thresholds they can change, then exit")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="replay again with this entry of tileq.dispatch.thresholds changed (repeat for "
+                   "several), reporting both and the problems whose choice changed")
+    p.add_argument("--sms", type=positive_int, default=None,
+                   help="SM count to plan for (default: the 'multiprocessors' of the env.json beside each "
+                   "CSV, else the rule's arch's typical count)")
+    p.add_argument("--m-edges", default=None,
+                   help="comma-separated M range edges of the report's groups (default: the rule's: 64,512 "
+                   "(M <= 64, 65-512, > 512) for gluon-tiles, 16,64,255 for the int4 rules)")
+    p.add_argument("--shapes", default=None, metavar="REGEX",
+                   help="keep only problems whose shape name matches this regular expression (e.g. '^llm\\.' "
+                   "for the int4 suite's llm set)")
+    p.add_argument("--write-table", default=None, metavar="FILE",
+                   help="with --rule int4-decode: also write the prepacked int4 decode kernel's tuned table "
+                   "(the format of src/tileq/dispatch/data/tuned_int4_sm90.json) from the W4A16 "
+                   "(bquant:bf16xi4p:rcr) decode configs timed at M <= INT4_TUNED_MAX_M, with the thresholds "
+                   "--threshold gives; the shipped table was written from the llm set (--shapes '^llm\\.')")
+    p.add_argument("--table-margin", type=nonnegative_float, default=0.03,
+                   help="--write-table: a weight's entry is written where its best config beats the heuristic's "
+                   "(decode_rule) by more than this (default: 0.03 = 3%%)")
+    p.add_argument("--tolerance", type=nonnegative_float, default=REPLAY_TOLERANCE,
+                   help=f"a choice more than this much slower than the fastest variant is counted and "
+                   f"listed (default: {REPLAY_TOLERANCE} = {REPLAY_TOLERANCE * 100:.0f}%%)")
+    p.add_argument("--per-problem", action="store_true",
+                   help="list every problem (default: only those beyond --tolerance, at most 20)")
+    p.add_argument("--out", default=None, help="also write the report (markdown) to this file")
+    return p
+
+
+def add_overhead(subparsers) -> argparse.ArgumentParser:
+    """``tileq overhead``'s options (its code: tileq.bench.overhead)."""
+    p = subparsers.add_parser("overhead", help="host cost per call (eager) and kernel time (CUDA graph)")
+    p.add_argument("--m", type=positive_int, default=1, help="rows of the activations (tokens; default: 1)")
+    p.add_argument("--n", type=positive_int, default=4096, help="output features (default: 4096)")
+    p.add_argument("--k", type=positive_int, default=4096, help="input features (default: 4096)")
+    p.add_argument("--calls", type=positive_int, default=500,
+                   help="back-to-back calls per measurement (default: 500)")
+    return p
+
+
+def add_e2e(subparsers) -> argparse.ArgumentParser:
+    """``tileq e2e``'s options (its code: tileq.bench.e2e)."""
+    p = subparsers.add_parser("e2e", help="decode a Qwen3-14B-shaped transformers model: bf16 vs tileq configs (GPU)")
+    p.add_argument("--layers", type=positive_int, default=40, help="decoder layers (40 = Qwen3-14B)")
+    p.add_argument("--configs", type=_names, default=None,
+                   help=f"comma list from {','.join(('bf16', *NN_CONFIGS))} (default: all); NAME:fused adds the "
+                   f"fused decoder path; with --make-checkpoint the configs to write (default: "
+                   f"{','.join(E2E_CHECKPOINT_CONFIGS)})")
+    p.add_argument("--batches", type=positive_ints, default=[1, 16],
+                   help="batch sizes of the TPOT measurements (default: 1,16)")
+    p.add_argument("--prompt", type=positive_int, default=512,
+                   help="prompt tokens (TTFT, and the KV cache before decoding)")
+    p.add_argument("--tokens", type=positive_int, default=128, help="tokens per TPOT with CUDA graphs")
+    p.add_argument("--eager-tokens", type=positive_int, default=32, help="tokens per eager TPOT")
+    p.add_argument("--no-graphs", action="store_true", help="eager TPOT only (no CUDA-graph replays)")
+    p.add_argument("--fuse", action="store_true", help="also fuse the decoder layers (integrations.hf)")
+    p.add_argument("--small", action="store_true", help="1/8-width model (quick checks)")
+    p.add_argument("--seed", type=nonnegative_int, default=0,
+                   help="seed of the random weights and prompts (default: 0)")
+    p.add_argument("--checkpoint", default=None,
+                   help="a quantized checkpoint folder (tileq.from_pretrained) timed against bf16 with its shapes")
+    p.add_argument("--make-checkpoint", default=None, metavar="DIR",
+                   help="instead of timing: write checkpoints of the model (--layers, --small, --seed), one per "
+                   "config of --configs, quantized and saved by tileq.save_pretrained into DIR/<config> (on the "
+                   "GPU when there is one); time them with --checkpoint DIR/<config>")
+    p.add_argument("--max-shard-size", default="5GB",
+                   help="--make-checkpoint: the largest safetensors shard (save_pretrained's; default: 5GB)")
+    p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/e2e",
+                   help="folder for e2e.csv, e2e.md and e2e.png (default: $OUT/e2e, else tileq-out/e2e)")
+    return p
+
+
+def add_layerbench(subparsers) -> argparse.ArgumentParser:
+    """``tileq layerbench``'s options (its code: tileq.bench.layers)."""
+    p = subparsers.add_parser("layerbench", help="one quantized layer piece by piece vs bf16 under CUDA graphs (GPU)")
+    p.add_argument("--m", type=positive_ints, default=[1, 16, 4096],
+                   help="comma list of M (tokens) per projection shape (default: 1,16,4096)")
+    p.add_argument("--configs", type=names_from(NN_CONFIGS, "configs"), default=list(LAYERBENCH_CONFIGS),
+                   help=f"comma list of tileq configs from {','.join(NN_CONFIGS)} (default: "
+                   f"{','.join(LAYERBENCH_CONFIGS)})")
+    p.add_argument("--runs", type=positive_int, default=50,
+                   help="timed CUDA-graph replays per measurement (default: 50)")
+    p.add_argument("--act-only", action="store_true", help="only the activation-quantization sweep")
+    p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/layers",
+                   help="folder for layers.csv and layers.md (default: $OUT/layers, else tileq-out/layers)")
+    return p
 
 
 def _split(values) -> list[str]:
@@ -211,10 +349,6 @@ def run_bench(args) -> int:
         from .variants import select_impls
 
         variants = select_impls(_split([args.impls])) if args.impls else ()
-        for flag in ("warmup", "runs", "rounds"):
-            if getattr(args, flag) < (0 if flag == "warmup" else 1):
-                raise TileqError(f"--{flag}: expected a {'non-negative' if flag == 'warmup' else 'positive'} "
-                                 f"integer, got {getattr(args, flag)}")
     except (TileqError, ValueError, TypeError) as e:
         print(f"tileq bench: error: {e}", file=sys.stderr)
         return 2

@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import gc
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -517,28 +516,8 @@ def run(args) -> int:
 
 
 def register_cli(sub) -> None:
-    p = sub.add_parser("e2e", help="decode a Qwen3-14B-shaped transformers model: bf16 vs tileq configs (GPU)")
-    p.add_argument("--layers", type=int, default=40, help="decoder layers (40 = Qwen3-14B)")
-    p.add_argument("--configs", type=lambda s: [c for c in s.split(",") if c], default=None,
-                   help=f"comma list from {','.join(ALL_CONFIGS)} (default: all); NAME:fused adds the fused decoder "
-                   f"path; with --make-checkpoint the configs to write (default: {','.join(CHECKPOINT_CONFIGS)})")
-    p.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 16],
-                   help="batch sizes of the TPOT measurements (default: 1,16)")
-    p.add_argument("--prompt", type=int, default=512, help="prompt tokens (TTFT, and the KV cache before decoding)")
-    p.add_argument("--tokens", type=int, default=128, help="tokens per TPOT with CUDA graphs")
-    p.add_argument("--eager-tokens", type=int, default=32, help="tokens per eager TPOT")
-    p.add_argument("--no-graphs", action="store_true", help="eager TPOT only (no CUDA-graph replays)")
-    p.add_argument("--fuse", action="store_true", help="also fuse the decoder layers (integrations.hf)")
-    p.add_argument("--small", action="store_true", help="1/8-width model (quick checks)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts (default: 0)")
-    p.add_argument("--checkpoint", default=None,
-                   help="a quantized checkpoint folder (tileq.from_pretrained) timed against bf16 with its shapes")
-    p.add_argument("--make-checkpoint", default=None, metavar="DIR",
-                   help="instead of timing: write checkpoints of the model (--layers, --small, --seed), one per "
-                   "config of --configs, quantized and saved by tileq.save_pretrained into DIR/<config> (on the "
-                   "GPU when there is one); time them with --checkpoint DIR/<config>")
-    p.add_argument("--max-shard-size", default="5GB",
-                   help="--make-checkpoint: the largest safetensors shard (save_pretrained's; default: 5GB)")
-    p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/e2e",
-                   help="folder for e2e.csv, e2e.md and e2e.png (default: $OUT/e2e, else tileq-out/e2e)")
-    p.set_defaults(func=run)
+    """``tileq e2e`` running ``run``; its options are tileq.bench.cli.add_e2e's (importable
+    without torch, for ``--help``)."""
+    from .cli import add_e2e
+
+    add_e2e(sub).set_defaults(func=run)

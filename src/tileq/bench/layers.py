@@ -8,7 +8,6 @@ written) / the copy bandwidth measured in the same run.
 from __future__ import annotations
 
 import csv
-import os
 import time
 from pathlib import Path
 
@@ -157,10 +156,8 @@ def run(args) -> int:
 
 
 def register_cli(sub) -> None:
-    p = sub.add_parser("layerbench", help="one quantized layer piece by piece vs bf16 under CUDA graphs (GPU)")
-    p.add_argument("--m", type=lambda s: [int(v) for v in s.split(",")], default=[1, 16, 4096])
-    p.add_argument("--configs", type=lambda s: s.split(","), default=list(CONFIGS))
-    p.add_argument("--runs", type=int, default=50)
-    p.add_argument("--act-only", action="store_true", help="only the activation-quantization sweep")
-    p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/layers")
-    p.set_defaults(func=run)
+    """``tileq layerbench`` running ``run``; its options are tileq.bench.cli.add_layerbench's
+    (importable without torch, for ``--help``)."""
+    from .cli import add_layerbench
+
+    add_layerbench(sub).set_defaults(func=run)

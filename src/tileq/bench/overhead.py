@@ -83,9 +83,8 @@ def run(args) -> int:
 
 
 def register_cli(sub) -> None:
-    p = sub.add_parser("overhead", help="host cost per call (eager) and kernel time (CUDA graph)")
-    p.add_argument("--m", type=int, default=1)
-    p.add_argument("--n", type=int, default=4096)
-    p.add_argument("--k", type=int, default=4096)
-    p.add_argument("--calls", type=int, default=500)
-    p.set_defaults(func=run)
+    """``tileq overhead`` running ``run``; its options are tileq.bench.cli.add_overhead's
+    (importable without torch, for ``--help``)."""
+    from .cli import add_overhead
+
+    add_overhead(sub).set_defaults(func=run)

@@ -1,13 +1,35 @@
-"""A plain-text progress bar on stderr (no dependency).
+"""A plain-text progress bar on stderr (no dependency), and one-line status updates.
 
 On a terminal it redraws one line; otherwise (CI logs, a remote command's captured output) it
 prints a line at every 5% so the log shows progress without thousands of carriage returns.
+``status_line`` is the same rule for a caller that writes its own progress text: a carriage
+return only where the stream is a terminal. No other module of tileq writes one.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+
+
+def is_terminal(stream) -> bool:
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+def status_line(text: str, stream=None) -> None:
+    """Show ``text`` as the current progress: redrawn in place on a terminal (end with
+    ``end_status``), else written as a line of its own."""
+    stream = stream if stream is not None else sys.stderr
+    stream.write(f"\r{text}\033[K" if is_terminal(stream) else text + "\n")
+    stream.flush()
+
+
+def end_status(stream=None) -> None:
+    """End a run of ``status_line`` calls (a newline after the last redrawn line on a terminal)."""
+    stream = stream if stream is not None else sys.stderr
+    if is_terminal(stream):
+        stream.write("\n")
+        stream.flush()
 
 
 def _fmt_s(s: float) -> str:
@@ -25,7 +47,7 @@ class Progress:
         self.width = width
         self.done = 0
         self.start = time.monotonic()
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.tty = is_terminal(self.stream)
         self._next_log = 0.0
         self._last_len = 0
 
@@ -54,6 +76,15 @@ class Progress:
             if frac + 1e-9 < self._next_log and self.done != self.total:
                 return
             self._next_log = frac + 0.05
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        """A message line (a failure, a warning) between progress lines, the bar redrawn after it."""
+        if self.enabled and self.tty:
+            self.stream.write("\r" + text + " " * max(self._last_len - len(text), 0) + "\n")
+            self._last_len = 0
+        else:
             self.stream.write(text + "\n")
         self.stream.flush()
 

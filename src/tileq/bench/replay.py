@@ -606,47 +606,11 @@ def _about_run(csv_paths: list[str]) -> str:
 
 
 def register_cli(subparsers) -> None:
-    p = subparsers.add_parser(
-        "replay",
-        help="replay a dispatch rule on a results CSV of timed variants (a threshold change checked "
-             "against the data)",
-        description="For each problem of a results CSV (tileq bench's results.csv, e.g. of --gluon-tilings "
-        "or --int4-variants), ask the dispatch layer which of the timed variants it picks, and report per "
-        "case and M range how far that is from the fastest variant and from the best baseline; --threshold "
-        "replays it again with thresholds changed; with --rule int4-decode, --write-table writes the int4 "
-        "decode kernel's tuned table from the data. No GPU needed. Exit status: 0, or 2 for a bad argument "
-        "or CSV.",
-    )
-    p.add_argument("csv", nargs="*", help="results.csv files of tileq bench (or their folders)")
-    p.add_argument("--rule", default=None, help=f"the rule to replay: {', '.join(RULES)} (--list describes them)")
-    p.add_argument("--list", action="store_true", help="list the rules and the thresholds they can change, then exit")
-    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="replay again with this entry of tileq.dispatch.thresholds changed (repeat for "
-                   "several), reporting both and the problems whose choice changed")
-    p.add_argument("--sms", type=int, default=None,
-                   help="SM count to plan for (default: the 'multiprocessors' of the env.json beside each "
-                   "CSV, else the rule's arch's typical count)")
-    p.add_argument("--m-edges", default=None,
-                   help="comma-separated M range edges of the report's groups (default: the rule's: 64,512 "
-                   "(M <= 64, 65-512, > 512) for gluon-tiles, 16,64,255 for the int4 rules)")
-    p.add_argument("--shapes", default=None, metavar="REGEX",
-                   help="keep only problems whose shape name matches this regular expression (e.g. '^llm\\.' "
-                   "for the int4 suite's llm set)")
-    p.add_argument("--write-table", default=None, metavar="FILE",
-                   help="with --rule int4-decode: also write the prepacked int4 decode kernel's tuned table "
-                   "(the format of src/tileq/dispatch/data/tuned_int4_sm90.json) from the W4A16 "
-                   "(bquant:bf16xi4p:rcr) decode configs timed at M <= INT4_TUNED_MAX_M, with the thresholds "
-                   "--threshold gives; the shipped table was written from the llm set (--shapes '^llm\\.')")
-    p.add_argument("--table-margin", type=float, default=0.03,
-                   help="--write-table: a weight's entry is written where its best config beats the heuristic's "
-                   "(decode_rule) by more than this (default: 0.03 = 3%%)")
-    p.add_argument("--tolerance", type=float, default=TOLERANCE,
-                   help=f"a choice more than this much slower than the fastest variant is counted and "
-                   f"listed (default: {TOLERANCE} = {TOLERANCE * 100:.0f}%%)")
-    p.add_argument("--per-problem", action="store_true",
-                   help="list every problem (default: only those beyond --tolerance, at most 20)")
-    p.add_argument("--out", default=None, help="also write the report (markdown) to this file")
-    p.set_defaults(func=run_replay)
+    """``tileq replay`` running ``run_replay``; its options are tileq.bench.cli.add_replay's
+    (importable without torch, for ``--help``)."""
+    from .cli import add_replay
+
+    add_replay(subparsers).set_defaults(func=run_replay)
 
 
 def _list_rules() -> int:
