@@ -24,6 +24,17 @@ def test_demo_default_on_cpu(tmp_path, capsys):
     sq = {r.case: r.sqnr_db for r in tq if r.shape == "qwen3-14b.down/40" and r.m == 16}
     assert sq["rowcol:i8xi8:rcr"] > 35 and 12 < sq["bquant:fp8xi4:rcr"] < 25
     assert "Timings need a GPU" in (out / "report.md").read_text()
+    # The model half: bf16's row to compare with, the agreement measured over every prompt
+    # position and explained, and no CPU timings.
+    model = captured.out.split("A tiny random Qwen3", 1)[1]
+    rows = {line.split()[0]: line.split() for line in model.splitlines() if line.split()}
+    assert rows["bf16"][1:5] == ["-", "1.0000", "1.00", "0.000"]
+    for name in ("A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8"):
+        cos, top1 = float(rows[name][2]), float(rows[name][3])
+        assert 0.9 < cos <= 1 and 0.25 <= top1 <= 1, rows[name]  # 32 positions, not 2: never 0.00
+    assert "over the 32 prompt positions (the check)" in model and "near ties" in model
+    assert "ms/token" not in model and "no timings" in model
+    assert "all 6 configs pass their cosine floor" in model
 
 
 def test_demo_fails_when_a_check_fails(tmp_path, monkeypatch, capsys):

@@ -24,7 +24,7 @@ from ._runtime import bounded_put
 from .dtypes import PackedInt4
 from .prepacked import PrepackedInt4
 from .errors import DTypeError, ShapeError, TileqError, expect
-from .problem import Problem, Scheme, build_problem
+from .problem import LINEAR_NAMES, Problem, Scheme, build_problem
 
 # Call signatures kept (oldest dropped first): enough for every layer shape of a model at every
 # batch size a server sees, small in memory (no tensors are held).
@@ -288,13 +288,21 @@ def linear(
         out2 = out.view(m, -1)
     else:
         out2 = out
+    # linear's names in every message: w is passed as the nn.Linear weight, B = w.t().
     problem = build_problem(
         x2, w.t(), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype, bias=bias,
-        group_k=group_k, group_n=group_n, out=out2, fast_accum=fast_accum,
+        group_k=group_k, group_n=group_n, out=out2, fast_accum=fast_accum, names=LINEAR_NAMES,
     )
     flatten_k = k if x2 is not x and not isinstance(x, PackedInt4) else None
-    y = _run(problem, backend, deterministic, pipeline, key, lead=lead, flatten_k=flatten_k,
-             x_scale_rows=x_scale_rows)
+    try:
+        y = _run(problem, backend, deterministic, pipeline, key, lead=lead, flatten_k=flatten_k,
+                 x_scale_rows=x_scale_rows)
+    except TileqError as e:
+        # Planning and execution speak of gemm's a and b: say x and w.
+        renamed = _with_head(e, _LINEAR_HEADS)
+        if renamed is e:
+            raise
+        raise renamed from None
     if out is not None:
         return out
     return _restore_lead(y, lead)
@@ -369,12 +377,24 @@ def a8w8_matmul_dequant(
 
 # The seed op's argument names for gemm's, in the messages of its errors.
 _SEED_NAMES = {"a": "lhs", "b": "rhs", "a_scale": "act_scale", "b_scale": "weight_scale"}
+# linear's, for the errors raised after validation (planning, execution).
+_LINEAR_HEADS = {"a": "x", "b": "w", "a, b": "x, w", "a_scale": "x_scale", "b_scale": "w_scale"}
+
+
+def _with_head(e: TileqError, names: dict) -> TileqError:
+    """``e`` with the argument name at the head of its message (``a: ...``) replaced by
+    ``names[head]``; ``e`` itself when its head is not in ``names``."""
+    head, sep, rest = str(e).partition(": ")
+    if not sep or head not in names:
+        return e
+    return type(e)(f"{names[head]}: {rest}")
 
 
 def _renamed(e: TileqError, a_trans: bool, b_trans: bool) -> TileqError:
     """The same error with gemm's argument name at the head of the message replaced by the seed
     op's (``a_scale: ...`` -> ``act_scale: ...``); shapes stay logical ([M, K] / [K, N])."""
-    msg = str(e)
+    # gemm's transposition hint speaks of b.t(); the seed op transposes with a_trans / b_trans.
+    msg = str(e).split("; did you mean", 1)[0]
     head, sep, rest = msg.partition(": ")
     if sep and head in _SEED_NAMES:
         name = _SEED_NAMES[head]
@@ -394,9 +414,10 @@ def _linear_prepacked(x, w, x_scale, w_scale, scheme, out_dtype, bias, group_k, 
     """tileq.linear on a PrepackedInt4 weight: the prepacked-int4 kernel serves every M (its own
     launcher validates x, the scales and the bias); options it has no meaning for are refused."""
     from .prepacked import unprepack_int4
-    from .api_prepacked import linear_prepacked
+    from .api_prepacked import check_x_k, linear_prepacked
 
     _prepacked_scheme(scheme)
+    check_x_k(x, w)  # one message on every path (the reference one below goes through linear)
     if pipeline is not None or fast_accum:
         raise DTypeError(expect("options", "no pipeline/fast_accum choice for a PrepackedInt4 weight "
                                 "(it has one kernel)", f"pipeline={pipeline}, fast_accum={fast_accum}"))

@@ -62,6 +62,18 @@ def _check_scales(x_type, m, n, k, x_scale, w_scale, group_k):
     return w_kind, "vector"
 
 
+def check_x_k(x, w: PrepackedInt4) -> None:
+    """x [..., K] for the prepacked weight w [N, K], or a ShapeError in linear's terms."""
+    n, k = w.shape
+    if not isinstance(x, torch.Tensor) or (x.dim() >= 1 and x.shape[-1] == k):
+        return
+    msg = expect("x", f"shape [..., {k}] (K: w is a PrepackedInt4 [N, K] = [{n}, {k}])", tuple(x.shape))
+    if x.dim() >= 1 and x.shape[-1] == n:
+        msg += ("; x's last dimension is w's N: was w prepacked from a transposed weight? "
+                "tileq.prepack_int4 takes the nn.Linear weight [N, K]")
+    raise ShapeError(msg)
+
+
 def _f32(t):
     return t if t is None or t.dtype == torch.float32 else t.float()
 
@@ -100,8 +112,9 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
         raise DTypeError(expect("x", "a bf16, fp16, fp8 e4m3 or e5m2 tensor",
                                 getattr(x, "dtype", type(x).__name__)))
     n, k = w.shape
-    if x.dim() < 1 or x.shape[-1] != k:
-        raise ShapeError(expect("x", f"[..., {k}] (the weight's K)", tuple(x.shape)))
+    if x.dim() < 1:
+        raise ShapeError(expect("x", f"shape [..., {k}] (the weight's K)", tuple(x.shape)))
+    check_x_k(x, w)
     if x.device != w.device:
         raise DTypeError(expect("x", f"on the weight's device {w.device}", x.device))
     lead = x.shape[:-1]

@@ -157,10 +157,11 @@ def integer_mainloop(a: OperandType, b: OperandType) -> bool:
     return a.is_integer and b.is_integer
 
 
-def check_pair(a: OperandType, b: OperandType) -> None:
+def check_pair(a: OperandType, b: OperandType, arg: str = "a, b") -> None:
+    """A DTypeError naming ``arg`` (the caller's names of the two operands) unless a x b is legal."""
     if (a, b) not in LEGAL_PAIRS:
         legal = ", ".join(sorted(f"{x}x{y}" for x, y in LEGAL_PAIRS))
-        raise DTypeError(expect("a, b", f"a legal operand pair ({legal})", f"{a}x{b}"))
+        raise DTypeError(expect(arg, f"a legal operand pair ({legal})", f"{a}x{b}"))
 
 
 @dataclass(frozen=True, eq=False)

@@ -97,6 +97,27 @@ _B_KINDS = {
 }
 
 LAYOUTS = ("rcr", "rrr", "crr", "ccr")
+# The widths of a b_scale group along N that the kernels take (docs/schemes.md section 1).
+GROUP_NS = (1, 128)
+
+
+@dataclass(frozen=True)
+class ArgNames:
+    """The caller's names of gemm's four arguments, for the messages of ``build_problem``'s errors.
+
+    ``weight``: the caller passed B as an nn.Linear weight w [N, K] and build_problem gets its
+    transpose (``tileq.linear``): messages about B then show w's own shape, strides and dims.
+    """
+
+    a: str = "a"
+    b: str = "b"
+    a_scale: str = "a_scale"
+    b_scale: str = "b_scale"
+    weight: bool = False
+
+
+GEMM_NAMES = ArgNames()
+LINEAR_NAMES = ArgNames("x", "w", "x_scale", "w_scale", weight=True)
 
 
 @dataclass(frozen=True)
@@ -175,11 +196,13 @@ def _storage_tensor(x) -> torch.Tensor:
     return x.data if isinstance(x, PackedInt4) else x
 
 
-def _matrix_layout(x, arg: str, dims: tuple[str, str], rowchar_dim: int) -> str:
+def _matrix_layout(x, arg: str, dims: tuple[str, str], rowchar_dim: int, shown_transposed: bool = False) -> str:
     """'r' or 'c' for a logical 2-D operand from its strides.
 
     ``rowchar_dim`` is the logical dim whose unit stride means 'r' (1 for A: K contiguous;
     1 for B: N contiguous). A size-1 (or empty) dimension's stride is meaningless and ignored.
+    ``shown_transposed``: the caller passed the transpose of ``x`` (linear's weight [N, K]); an
+    error shows the caller's shape and strides.
     """
     if isinstance(x, PackedInt4):
         # The packing direction fixes the layout: pairs run along the unit-stride dim.
@@ -187,7 +210,8 @@ def _matrix_layout(x, arg: str, dims: tuple[str, str], rowchar_dim: int) -> str:
     shape, stride = tuple(x.shape), tuple(x.stride())
     other = 1 - rowchar_dim
     if any(s < 0 for s in stride):
-        raise LayoutError(expect(arg, "non-negative strides", f"strides {stride}"))
+        shown = stride[::-1] if shown_transposed else stride
+        raise LayoutError(expect(arg, "non-negative strides", f"strides {shown}"))
 
     def fits(inner: int) -> bool:
         outer = 1 - inner
@@ -200,11 +224,15 @@ def _matrix_layout(x, arg: str, dims: tuple[str, str], rowchar_dim: int) -> str:
     if fits(other):
         return "c"
     names = f"[{dims[0]}, {dims[1]}]"
+    along = f"{dims[rowchar_dim]} ('r') or {dims[other]} ('c')"
+    if shown_transposed:  # the caller's matrix: its dims, shape and strides; B's layout letters mean nothing
+        names, shape, stride = f"[{dims[1]}, {dims[0]}]", shape[::-1], stride[::-1]
+        along = f"{dims[other]} or {dims[rowchar_dim]}"
     raise LayoutError(
         expect(
             arg,
-            f"a {names} matrix with unit stride along {dims[rowchar_dim]} ('r') or "
-            f"{dims[other]} ('c') and a leading dimension >= the other extent (no silent copy)",
+            f"a {names} matrix with unit stride along {along} and a leading dimension >= the "
+            "other extent (no silent copy)",
             f"shape {shape} with strides {stride}",
         )
     )
@@ -231,14 +259,15 @@ def _as_fp32_scale(s, arg: str) -> torch.Tensor:
     return s if s.dtype == torch.float32 else s.float()
 
 
-def _normalize_a_scale(s, m: int, gk: int, scheme: Scheme, unquantized: bool):
-    """Return (kind, tensor, layout) for a_scale, or raise naming the expected shapes."""
+def _normalize_a_scale(s, m: int, gk: int, scheme: Scheme, unquantized: bool, arg: str = "a_scale"):
+    """Return (kind, tensor, layout) for a_scale (named ``arg`` in errors), or raise naming the
+    expected shapes."""
     allowed = _A_KINDS[scheme]
     if s is None:
         if ScaleKind.NONE in allowed or unquantized:
             return ScaleKind.NONE, None, ScaleLayout.ROWMAJOR
-        raise ScaleError(expect("a_scale", f"a scale for scheme '{scheme}'", "None"))
-    s = _as_fp32_scale(s, "a_scale")
+        raise ScaleError(expect(arg, f"a scale for scheme '{scheme}'", "None"))
+    s = _as_fp32_scale(s, arg)
     shape = tuple(s.shape)
     if s.numel() == 1 and s.dim() <= 1 and ScaleKind.SCALAR in allowed:
         return ScaleKind.SCALAR, s.reshape(()), ScaleLayout.ROWMAJOR
@@ -251,7 +280,7 @@ def _normalize_a_scale(s, m: int, gk: int, scheme: Scheme, unquantized: bool):
         if not (rowmajor or preshuffled):
             raise LayoutError(
                 expect(
-                    "a_scale",
+                    arg,
                     f"[M, Gk] = ({m}, {gk}) stored row-major (strides (>=Gk, 1)) or K-group-major "
                     "(strides (1, >=M))",
                     f"strides {st}",
@@ -259,7 +288,7 @@ def _normalize_a_scale(s, m: int, gk: int, scheme: Scheme, unquantized: bool):
             )
         layout = ScaleLayout.ROWMAJOR if rowmajor else ScaleLayout.PRESHUFFLED
         return ScaleKind.GROUP, s, layout
-    raise ShapeError(expect("a_scale", _a_expectation(allowed, m, gk, scheme), shape))
+    raise ShapeError(expect(arg, _a_expectation(allowed, m, gk, scheme), shape))
 
 
 def _a_expectation(allowed, m: int, gk: int, scheme: Scheme) -> str:
@@ -275,14 +304,15 @@ def _a_expectation(allowed, m: int, gk: int, scheme: Scheme) -> str:
     return f"{' or '.join(parts)} for scheme '{scheme}' with M={m}, Gk={gk}"
 
 
-def _normalize_b_scale(s, n: int, gk: int, group_n, group_k: int, scheme: Scheme, unquantized: bool):
-    """Return (kind, tensor, group_n) for b_scale."""
+def _normalize_b_scale(s, n: int, gk: int, group_n, group_k: int, scheme: Scheme, unquantized: bool,
+                       arg: str = "b_scale"):
+    """Return (kind, tensor, group_n) for b_scale (named ``arg`` in errors)."""
     allowed = _B_KINDS[scheme]
     if s is None:
         if ScaleKind.NONE in allowed or unquantized:
             return ScaleKind.NONE, None, group_n or 1
-        raise ScaleError(expect("b_scale", f"a scale for scheme '{scheme}'", "None"))
-    s = _as_fp32_scale(s, "b_scale")
+        raise ScaleError(expect(arg, f"a scale for scheme '{scheme}'", "None"))
+    s = _as_fp32_scale(s, arg)
     shape = tuple(s.shape)
     if s.numel() == 1 and s.dim() <= 1 and ScaleKind.SCALAR in allowed:
         return ScaleKind.SCALAR, s.reshape(()), group_n or 1
@@ -298,15 +328,15 @@ def _normalize_b_scale(s, n: int, gk: int, group_n, group_k: int, scheme: Scheme
         if group_n is not None and shape[1] == math.ceil(n / group_n):
             if s.stride(1) != 1 and shape[1] > 1 and s.stride(0) != 1:
                 raise LayoutError(
-                    expect("b_scale", "a unit stride along one dimension", f"strides {s.stride()}")
+                    expect(arg, "a unit stride along one dimension", f"strides {s.stride()}")
                 )
             return ScaleKind.GROUP, s, group_n
         gn_txt = f"ceil(N/{group_n})" if group_n else "N (group_n=1) or ceil(N/128) (group_n=128)"
         raise ShapeError(
-            expect("b_scale", f"shape (Gk, {gn_txt}) = ({gk}, ...) for scheme '{scheme}' with N={n}, "
+            expect(arg, f"shape (Gk, {gn_txt}) = ({gk}, ...) for scheme '{scheme}' with N={n}, "
                    f"group_k={group_k}", shape)
         )
-    raise ShapeError(expect("b_scale", _b_expectation(allowed, n, gk, scheme), shape))
+    raise ShapeError(expect(arg, _b_expectation(allowed, n, gk, scheme), shape))
 
 
 def _b_expectation(allowed, n: int, gk: int, scheme: Scheme) -> str:
@@ -322,7 +352,7 @@ def _b_expectation(allowed, n: int, gk: int, scheme: Scheme) -> str:
     return f"{' or '.join(parts)} for scheme '{scheme}' with N={n}, Gk={gk}"
 
 
-def _check_device(tensors: dict, device: torch.device) -> None:
+def _check_device(tensors: dict, device: torch.device, a_name: str = "a") -> None:
     for name, t in tensors.items():
         if t is None:
             continue
@@ -330,7 +360,7 @@ def _check_device(tensors: dict, device: torch.device) -> None:
         if dev.type != device.type or (
             dev.index is not None and device.index is not None and dev.index != device.index
         ):
-            raise UnsupportedError(expect(name, f"a tensor on {device} (the device of a)", dev))
+            raise UnsupportedError(expect(name, f"a tensor on {device} (the device of {a_name})", dev))
 
 
 def build_problem(
@@ -347,30 +377,36 @@ def build_problem(
     group_n: int | None = None,
     out=None,
     fast_accum: bool = False,
+    names: ArgNames = GEMM_NAMES,
 ) -> Problem:
-    """Validate a ``gemm`` call and return its normalized Problem."""
+    """Validate a ``gemm`` call and return its normalized Problem. ``names``: the caller's names of
+    a, b and their scales, used in every message (``LINEAR_NAMES`` for ``tileq.linear``)."""
     scheme = parse_scheme(scheme)
-    a_type = _check_operand(a, "a")
-    b_type = _check_operand(b, "b")
-    check_pair(a_type, b_type)
+    a_type = _check_operand(a, names.a)
+    b_type = _check_operand(b, names.b)
+    check_pair(a_type, b_type, f"{names.a}, {names.b}")
     m, k = _shape(a)
     k_b, n = _shape(b)
     if k != k_b:
-        raise ShapeError(expect("b", f"K={k} rows (a is [{m}, {k}])", f"shape {_shape(b)}"))
+        raise ShapeError(_k_mismatch(m, k, _shape(b), names))
     if not isinstance(group_k, int) or group_k <= 0:
         raise ShapeError(expect("group_k", "a positive int", group_k))
-    if group_n is not None and (not isinstance(group_n, int) or group_n <= 0):
-        raise ShapeError(expect("group_n", "None or a positive int", group_n))
+    if group_n is not None and (isinstance(group_n, bool) or not isinstance(group_n, int)
+                                or group_n not in GROUP_NS):
+        raise ShapeError(expect("group_n", "1 or 128 (the columns of N one scale group spans), or None "
+                                "to read it off the scale's shape", repr(group_n)))
     if out_dtype not in OUT_DTYPES:
         raise DTypeError(expect("out_dtype", "torch.bfloat16, torch.float16 or torch.float32", out_dtype))
 
     layout = (
-        _matrix_layout(a, "a", ("M", "K"), 1) + _matrix_layout(b, "b", ("K", "N"), 1) + "r"
+        _matrix_layout(a, names.a, ("M", "K"), 1)
+        + _matrix_layout(b, names.b, ("K", "N"), 1, shown_transposed=names.weight)
+        + "r"
     )
     gk = math.ceil(k / group_k) if k else 0
-    a_kind, a_s, a_sl = _normalize_a_scale(a_scale, m, gk, scheme, a_type.is_wide_float)
+    a_kind, a_s, a_sl = _normalize_a_scale(a_scale, m, gk, scheme, a_type.is_wide_float, names.a_scale)
     b_kind, b_s, gn = _normalize_b_scale(
-        b_scale, n, gk, group_n, group_k, scheme, b_type.is_wide_float
+        b_scale, n, gk, group_n, group_k, scheme, b_type.is_wide_float, names.b_scale
     )
 
     spec = ProblemSpec(
@@ -379,7 +415,7 @@ def build_problem(
         group_n=gn, a_scale_layout=a_sl, has_bias=bias is not None, has_acc=acc is not None,
         fast_accum=bool(fast_accum) and a_type.is_float8 and b_type.is_float8,
     )
-    _check_int32_overflow(spec)
+    _check_int32_overflow(spec, names.b)
 
     device = _storage_tensor(a).device
     if bias is not None:
@@ -407,8 +443,8 @@ def build_problem(
     if out is not None:
         _check_out(out, m, n, out_dtype, device)
     _check_device(
-        {"b": _storage_tensor(b), "a_scale": a_s, "b_scale": b_s, "bias": bias, "acc": acc},
-        device,
+        {names.b: _storage_tensor(b), names.a_scale: a_s, names.b_scale: b_s, "bias": bias, "acc": acc},
+        device, names.a,
     )
     # Python-float scales are made on the CPU; move them (tiny) to the operands' device.
     if a_s is not None and a_s.device != device and a_s.dim() == 0:
@@ -416,6 +452,24 @@ def build_problem(
     if b_s is not None and b_s.device != device and b_s.dim() == 0:
         b_s = b_s.to(device)
     return Problem(spec, a, b, a_s, b_s, bias, acc, out, device)
+
+
+def _k_mismatch(m: int, k: int, b_shape: tuple, names: ArgNames) -> str:
+    """The message for a B whose K is not A's, in the caller's terms, with the transpose that would
+    fit when one would."""
+    if names.weight:
+        w_shape = b_shape[::-1]
+        msg = expect(names.b, f"an nn.Linear weight [N, K] with K={k} ({names.a}'s last dimension)",
+                     f"shape {w_shape}")
+        if w_shape[0] == k:
+            msg += (f"; did you mean {names.b}.t()? tileq.linear takes the nn.Linear weight [N, K] "
+                    f"(tileq.gemm takes the logical B [K, N])")
+        return msg
+    msg = expect(names.b, f"K={k} rows ({names.a} is [{m}, {k}])", f"shape {b_shape}")
+    if b_shape[1] == k:
+        msg += (f"; did you mean {names.b}.t()? tileq.gemm takes the logical B [K, N]; "
+                f"tileq.linear takes an nn.Linear weight [N, K]")
+    return msg
 
 
 def _check_out(out, m: int, n: int, out_dtype, device) -> None:
@@ -434,7 +488,7 @@ def _check_out(out, m: int, n: int, out_dtype, device) -> None:
         )
 
 
-def _check_int32_overflow(spec: ProblemSpec) -> None:
+def _check_int32_overflow(spec: ProblemSpec, b_name: str = "b") -> None:
     """docs/schemes.md: an int32 accumulation that adversarial data could overflow is refused."""
     if not spec.integer_mainloop:
         return
@@ -444,7 +498,7 @@ def _check_int32_overflow(spec: ProblemSpec) -> None:
         what = f"group_k={spec.group_k}" if spec.scheme.grouped else f"K={spec.k}"
         raise UnsupportedError(
             expect(
-                "b",
+                b_name,
                 f"an int32 accumulation span of at most {limit} for {spec.a_type}x{spec.b_type} "
                 "(a longer one can overflow int32 on adversarial data)",
                 what,

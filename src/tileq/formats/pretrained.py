@@ -94,6 +94,7 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
     128 x 128 blocks) and ``tileq``. Anything not understood raises a ``tileq.errors`` error naming
     the layer and tensor.
     """
+    _check_directory(path)
     path = Path(path)
     cfg_json = read_json(path / "config.json", "config.json")
     qc = cfg_json.get("quantization_config")
@@ -143,6 +144,7 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
                     raise type(e)(f"{name}: {e}") from None
                 if layer.config.weight_dtype == "int4" and layer.config.int4_layout != int4_layout:
                     layer.set_int4_layout(int4_layout)
+                layer.qualified_name = name  # errors about the layer's input name it
                 _replace(model, name, layer)
                 consumed.update(used)
             consumed |= _load_unquantized(model, reader, device, dtype)
@@ -150,6 +152,28 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
     model.eval()
     model.tileq_checkpoint_format = method
     return model
+
+
+def _check_directory(path) -> None:
+    """A CheckpointError unless ``path`` is a directory; one that reads as a Hugging Face Hub id
+    (``org/name``) is told that nothing is downloaded."""
+    p = Path(path)
+    if p.is_dir():
+        return
+    text = str(path)
+    if p.exists():
+        raise CheckpointError(expect("path", "a checkpoint directory (holding config.json and *.safetensors)",
+                                     f"{text} (not a directory)"))
+    parts = text.split("/")
+    if len(parts) == 2 and all(parts) and not text.startswith((".", "~")):
+        raise CheckpointError(
+            f"{text}: no such directory. tileq.from_pretrained reads a local checkpoint directory and "
+            f"downloads nothing from the Hugging Face Hub: download it first, e.g. `huggingface-cli "
+            f"download {text} --local-dir DIR` or huggingface_hub.snapshot_download({text!r}), and pass "
+            f"that directory. It must hold a quantized checkpoint (compressed-tensors, DeepSeek fp8 or "
+            f"tileq's); an unquantized model is loaded with transformers and quantized with tileq.quantize_")
+    raise CheckpointError(expect("path", "a checkpoint directory (holding config.json and *.safetensors)",
+                                 f"{text} (no such directory)"))
 
 
 _FUSED = (".self_attn.qkv_proj.", ".mlp.gate_up_proj.")

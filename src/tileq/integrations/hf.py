@@ -544,6 +544,9 @@ def _convert(layer: nn.Module, plan: _Plan) -> None:
     # Build both merged layers before touching the modules: a failure leaves the layer as it was.
     qkv = merge_quant_linears(qkv_parts, ["q_proj", "k_proj", "v_proj"])
     gate_up = merge_quant_linears(gu_parts, ["gate_proj", "up_proj"])
+    for merged, part, leaf in ((qkv, attn.q_proj, "qkv_proj"), (gate_up, mlp.gate_proj, "gate_up_proj")):
+        if part.qualified_name:  # the merged layer's name in the model, for its errors
+            merged.qualified_name = f"{part.qualified_name.rpartition('.')[0]}.{leaf}".lstrip(".")
     fam = plan.family
     attn_cls = _fused_class(type(attn), _FusedAttention, _tileq_modeling=plan.modeling,
                             _tileq_qk_norm=fam.qk_norm, _tileq_sliding=fam.sliding)

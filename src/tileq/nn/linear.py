@@ -292,6 +292,7 @@ class QuantLinear(nn.Module):
         runner = self._runners.get(key)
         if type(runner) is LayerRunner:
             return runner(x, self.weight, self.weight_scale, self.bias, scale)
+        self._check_input(x)
         y = quant_linear_forward(self.spec, x, self._weight_operand(), self.weight_scale, self.bias, scale)
         if x.device.type == "cuda" and runner is None and len(self._runners) < MAX_RUNNERS:
             self._runners[key] = _SEEN
@@ -315,6 +316,7 @@ class QuantLinear(nn.Module):
         call = self._runners.get(key)
         if call is not None:
             return call.run(q, self.weight, s, self.weight_scale, self.bias, None, None)
+        self._check_input(q)
         y = linear(q, self._weight_operand(), s, self.weight_scale, scheme=spec.scheme, out_dtype=out_dtype,
                    bias=self.bias, group_k=spec.group_k, group_n=spec.group_n)
         if q.device.type == "cuda" and q.dim() == 2 and len(self._runners) < MAX_RUNNERS:
@@ -329,6 +331,19 @@ class QuantLinear(nn.Module):
         layout = ", int4 weight prepacked (i4p1)" if self.is_prepacked else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, {self.config.describe()}{static}{layout}")
+
+    # The layer's dotted name in its model (``model.layers.0.mlp.down_proj``), set by quantize_,
+    # from_pretrained and fuse_decoder_; errors about the layer's input name it by it.
+    qualified_name: str | None = None
+
+    def _check_input(self, x) -> None:
+        """A ShapeError naming the layer unless x is [..., in_features] (the plain path runs it
+        before the GEMM, whose own message would speak of tileq.linear's x and w)."""
+        if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == self.in_features:
+            return
+        name = f"QuantLinear {self.qualified_name!r}" if self.qualified_name else repr(self)
+        got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ShapeError(expect(f"{name}: input", f"shape [..., in_features] = [..., {self.in_features}]", got))
 
 
 def quantize_linear_or_reason(linear: nn.Linear, config: QuantConfig, hessian=None

@@ -88,6 +88,7 @@ def quantize_(model: nn.Module, config: QuantConfig,
         if layer is None:
             summary.skipped.append((name, why))
             continue
+        layer.qualified_name = name  # errors about the layer's input name it
         _replace(model, name, layer)
         summary.converted.append(name)
     log.info("%s", summary)
