@@ -763,15 +763,17 @@ def test_sm90_build_of_the_register_capped_config_spills_little():
 
 
 def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
-    import sys
-    from pathlib import Path
+    import contextlib
+    import io
+    from types import SimpleNamespace
 
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(root / "src"))
+    from tileq.cli import main
 
-    def explain(*args):
-        return subprocess.run([sys.executable, "-m", "tileq", "explain", "--prepacked", "--scheme", "bquant",
-                               "--b", "int4", *args], env=env, capture_output=True, text=True, timeout=120)
+    def explain(*args):  # the tileq command's entry point, in this process (the CLI tests run it in a new one)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(["explain", "--prepacked", "--scheme", "bquant", "--b", "int4", *args])
+        return SimpleNamespace(returncode=rc or 0, stdout=out.getvalue(), stderr=err.getvalue())
 
     out = explain("--a", "bf16", "--m", "1", "--n", "7168", "--k", "5120")  # Qwen3-14B qkv: tuned
     assert out.returncode == 0, out.stderr
