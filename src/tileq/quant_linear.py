@@ -192,9 +192,18 @@ def quant_linear_cached(spec: LayerSpec, x: torch.Tensor, weight: torch.Tensor, 
         return runner(x, weight, weight_scale, bias, input_scale)
     operand = weight_operand(weight, spec.int4_k)
     y = quant_linear_forward(spec, x, operand, weight_scale, bias, input_scale)
+    learn(_OP_RUNNERS, key, runner, OP_RUNNERS_MAX, True, spec, x, operand, weight_scale, bias, input_scale)
+    return y
+
+
+def learn(runners: dict, key, runner, cap: int, room: bool, spec: LayerSpec, x, operand, weight_scale, bias,
+          input_scale) -> None:
+    """After a call of signature ``key`` took the plain path (``runner``: what ``runners`` held
+    for it): note its first call (where ``room`` says so), build its runner on its second (or mark
+    it plain for good where none can be built). Shared by ``QuantLinear`` and the custom op."""
     if runner is None:
-        bounded_put(_OP_RUNNERS, key, _SEEN, OP_RUNNERS_MAX)
+        if room:
+            bounded_put(runners, key, _SEEN, cap)
     elif runner is _SEEN:
         built = LayerRunner.build(spec, x, operand, weight_scale, bias, input_scale)
-        _OP_RUNNERS[key] = built if built is not None else _PLAIN
-    return y
+        runners[key] = built if built is not None else _PLAIN

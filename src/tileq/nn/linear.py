@@ -30,12 +30,11 @@ from ..errors import DTypeError, ShapeError, TileqError, UnsupportedError, expec
 from ..api import linear, linear_call
 from ..quant import quantize_weight
 from .configs import QuantConfig, weight_scale_shape
-from ..quant_linear import LayerRunner, LayerSpec, quant_linear_forward, runner_key, weight_operand
+from ..quant_linear import LayerRunner, LayerSpec, learn, quant_linear_forward, runner_key, weight_operand
 
-# Eager fast path bookkeeping: call signatures kept per layer, and the marks of a signature seen
-# once (a runner is built on its second call) or one the plain path must serve.
+# Eager fast path bookkeeping: call signatures kept per layer (quant_linear.learn marks a signature
+# seen once, builds its runner on its second call, or marks it for the plain path).
 MAX_RUNNERS = 64
-_SEEN, _PLAIN = object(), object()
 
 _WEIGHT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "int4": torch.uint8}
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -293,12 +292,10 @@ class QuantLinear(nn.Module):
         if type(runner) is LayerRunner:
             return runner(x, self.weight, self.weight_scale, self.bias, scale)
         self._check_input(x)
-        y = quant_linear_forward(self.spec, x, self._weight_operand(), self.weight_scale, self.bias, scale)
-        if x.device.type == "cuda" and runner is None and len(self._runners) < MAX_RUNNERS:
-            self._runners[key] = _SEEN
-        elif runner is _SEEN:
-            built = LayerRunner.build(self.spec, x, self._weight_operand(), self.weight_scale, self.bias, scale)
-            self._runners[key] = built if built is not None else _PLAIN
+        operand = self._weight_operand()
+        y = quant_linear_forward(self.spec, x, operand, self.weight_scale, self.bias, scale)
+        learn(self._runners, key, runner, MAX_RUNNERS, x.device.type == "cuda" and len(self._runners) < MAX_RUNNERS,
+              self.spec, x, operand, self.weight_scale, self.bias, scale)
         return y
 
     def forward_quantized(self, q: torch.Tensor, s: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
