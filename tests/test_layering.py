@@ -15,16 +15,16 @@ FLOORS = {
     # 0 foundation: types, the problem description, device facts, switches, the reference
     "tileq.errors": 0, "tileq._runtime": 0, "tileq.settings": 0, "tileq.dtypes": 0,
     "tileq.problem": 0, "tileq.device": 0, "tileq.reference": 0, "tileq.quant": 0,
-    "tileq.prepacked": 0, "tileq.testing": 0, "tileq.version": 0,
+    "tileq.prepacked": 0, "tileq.testing": 0, "tileq.version": 0, "tileq.reference_grouped": 0,
     # 1 kernels and launchers (execute a plan, decide nothing) and the kernel catalog's names
     "tileq.kernels": 1, "tileq.catalog": 1,
     # 2 dispatch: every routing decision
     "tileq.dispatch": 2,
     # 3 the public functions
-    "tileq.api": 3, "tileq.api_prepacked": 3, "tileq.activation": 3, "tileq.warmup": 3,
+    "tileq.api": 3, "tileq.api_prepacked": 3, "tileq.api_grouped": 3, "tileq.activation": 3, "tileq.warmup": 3,
     # 4 models: the layer, custom ops, transformers, checkpoints, the package's own namespace
     "tileq.quant_linear": 4, "tileq.ops": 4, "tileq.nn": 4, "tileq.integrations": 4,
-    "tileq.formats": 4, "tileq": 4,
+    "tileq.formats": 4, "tileq.moe": 4, "tileq.distributed": 4, "tileq": 4,
     # 5 tools: the command line, builds, tuning, benchmarks, the demo, test helpers
     "tileq.cli": 5, "tileq.__main__": 5, "tileq.commands": 5, "tileq.build": 5, "tileq.tune": 5,
     "tileq.bench": 5, "tileq.demo": 5, "tileq.demo_model": 5, "tileq.sass": 5,
