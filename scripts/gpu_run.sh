@@ -153,7 +153,7 @@ for step in "${steps[@]}"; do
       python3 -m tileq bench --suite "$suite" --out "$OUT/$suite" --time-budget "${BENCH_SECONDS:-200}" \
         --no-progress 2>&1 | tail -40 | tee "$OUT/bench_$suite.log" ;;
     overhead)
-      python3 -m tileq overhead 2>&1 | tail -6 | tee "$OUT/overhead.log" ;;
+      python3 -m tileq overhead --m 1 --n 5120 --k 5120 --csv "$OUT/overhead.csv" 2>&1 | tail -16 | tee "$OUT/overhead.log" ;;
     demo)
       python3 -m tileq demo 2>&1 | tail -40 | tee "$OUT/demo.log" ;;
     *) echo "unknown step $step"; status=1 ;;

@@ -31,20 +31,32 @@ def test_quantize_model_variants_on_a_small_model():
 
 
 def test_report_table(monkeypatch):
-    rows = [dict(config="bf16", layers=2, metric="ttft_ms", batch=1, value=40.0, setup="bf16"),
+    rows = [dict(config="bf16", layers=2, metric="ttft_eager_ms", batch=1, value=40.0, setup="bf16"),
             dict(config="bf16", layers=2, metric="tpot_graph_ms", batch=1, value=10.0, setup="bf16"),
             dict(config="bf16", layers=2, metric="tpot_eager_ms", batch=1, value=60.0, setup="bf16"),
-            dict(config="A8W8", layers=2, metric="ttft_ms", batch=1, value=30.0, setup="q",
+            dict(config="bf16", layers=2, metric="host_ms_eager", batch=1, value=55.0, setup="bf16"),
+            dict(config="A8W8", layers=2, metric="ttft_eager_ms", batch=1, value=30.0, setup="q",
                  logits_cos=0.999, top1_match=1.0),
             dict(config="A8W8", layers=2, metric="tpot_graph_ms", batch=1, value=5.0, setup="q"),
             dict(config="A8W8", layers=2, metric="tpot_eager_ms", batch=1, value=63.0, setup="q"),
+            dict(config="A8W8", layers=2, metric="host_ms_eager", batch=1, value=62.0, setup="q"),
+            dict(config="A8W8", layers=2, metric="decode_kernels", batch=1, value=99, setup="q"),
             dict(config="A8W8", layers=2, metric="quant_share", batch=1, value=0.05, setup="q")]
     args = argparse.Namespace(layers=2, small=False, prompt=512, tokens=128, eager_tokens=32, fuse=False,
-                              configs=["bf16", "A8W8"], batches=[1])
+                              configs=["bf16", "A8W8"], batches=[1], modes=["graph", "eager"])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "no GPU")  # the header names the GPU
     md = e2e.report(rows, args)
-    assert "| A8W8 | 30.00 | 5.00 | 0.50 | 63.00 | 1.05 | 5.0% |" in md
-    assert "| bf16 | 40.00 | 10.00 | 1.00 | 60.00 | 1.00 |" in md
+    # modes in their fixed order (eager, compile, graph); the graph mode compiles, so TTFT compile is a column
+    assert "| config | TTFT eager b1 ms | x bf16 | TTFT compile b1 ms | x bf16 | TPOT eager b1 ms | x bf16 | " \
+           "TPOT graph b1 ms | x bf16 | host ms/step eager b1 |" in md
+    assert "| A8W8 | 30.00 | 0.75 | - | - | 63.00 | 1.05 | 5.00 | 0.50 | 62.00 | 5.0% | 99 |" in md
+    assert "| bf16 | 40.00 | 1.00 | - | - | 60.00 | 1.00 | 10.00 | 1.00 | 55.00 |" in md
+
+
+def test_cache_holds_every_step():
+    """The static cache of one measure_tpot call is sized for every step the modes take."""
+    assert e2e.cache_steps(128, 32, ["eager"]) == e2e.WARM_STEPS + 32
+    assert e2e.cache_steps(128, 32, ["eager", "compile", "graph"]) == 2 * e2e.WARM_STEPS + 32 + 32 + 2 + 128
 
 
 def test_checkpoint_models_for_e2e(tmp_path):

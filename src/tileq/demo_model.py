@@ -90,7 +90,7 @@ def gpu_model_demo(out: str, layers: int = 2) -> int:
     from .bench.e2e import ALL_CONFIGS, run
 
     args = argparse.Namespace(layers=layers, configs=list(ALL_CONFIGS), batches=[1, 16], prompt=128,
-                              tokens=32, eager_tokens=8, no_graphs=False, fuse=False, small=False,
+                              tokens=32, eager_tokens=8, modes=["eager", "graph"], fuse=False, small=False,
                               seed=0, out=f"{out}/e2e")
     print(f"\ntileq e2e on a Qwen3-14B-shaped model cut to {layers} layers (full widths):")
     return run(args)

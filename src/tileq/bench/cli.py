@@ -31,6 +31,7 @@ from ..commands import (
 FLUSH_MODES = ("read", "write", "none")  # tileq.bench.timing.FLUSH_MODES
 NN_CONFIGS = ("A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8")  # tileq.nn.configs.CONFIGS
 E2E_CHECKPOINT_CONFIGS = ("A8W8", "W4A16")  # tileq.bench.e2e.CHECKPOINT_CONFIGS
+E2E_MODES = ("eager", "compile", "graph")  # tileq.bench.e2e.MODES
 LAYERBENCH_CONFIGS = ("A8W8", "FP8Row", "FP8Block", "W4A16", "W4A8")  # tileq.bench.layers.CONFIGS
 REPLAY_RULES = ("gluon-tiles", "int4-decode", "int4-prefill", "int4-streamk", "int4-w4a8")  # replay.RULES
 REPLAY_TOLERANCE = 0.03  # tileq.bench.replay.TOLERANCE
@@ -181,6 +182,9 @@ def add_overhead(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--k", type=positive_int, default=4096, help="input features (default: 4096)")
     p.add_argument("--calls", type=positive_int, default=500,
                    help="back-to-back calls per measurement (default: 500)")
+    p.add_argument("--configs", type=names_from(NN_CONFIGS, "configs"), default=["A8W8", "FP8Row", "W4A16"],
+                   help=f"QuantLinear configs of the layer rows, from {','.join(NN_CONFIGS)} (default: A8W8,FP8Row,W4A16)")
+    p.add_argument("--csv", default=None, help="also write the rows to this CSV file")
     return p
 
 
@@ -196,9 +200,12 @@ def add_e2e(subparsers) -> argparse.ArgumentParser:
                    help="batch sizes of the TPOT measurements (default: 1,16)")
     p.add_argument("--prompt", type=positive_int, default=512,
                    help="prompt tokens (TTFT, and the KV cache before decoding)")
-    p.add_argument("--tokens", type=positive_int, default=128, help="tokens per TPOT with CUDA graphs")
-    p.add_argument("--eager-tokens", type=positive_int, default=32, help="tokens per eager TPOT")
-    p.add_argument("--no-graphs", action="store_true", help="eager TPOT only (no CUDA-graph replays)")
+    p.add_argument("--tokens", type=positive_int, default=128, help="replays per TPOT of the graph mode")
+    p.add_argument("--eager-tokens", type=positive_int, default=32, help="steps per TPOT of the eager and compile modes")
+    p.add_argument("--modes", type=names_from(E2E_MODES, "modes"), default=["eager", "graph"],
+                   help="comma list of how decode steps run: eager (transformers' forward), compile "
+                   "(torch.compile(model.forward, fullgraph=True), no CUDA graph), graph (that compiled step "
+                   "captured in a CUDA graph and replayed); default: eager,graph")
     p.add_argument("--fuse", action="store_true", help="also fuse the decoder layers (integrations.hf)")
     p.add_argument("--small", action="store_true", help="1/8-width model (quick checks)")
     p.add_argument("--seed", type=nonnegative_int, default=0,

@@ -1,13 +1,16 @@
 """``tileq e2e``: a Qwen3-14B-shaped transformers model (random weights made on the GPU) decoded in
 bf16 and with each tileq config, on the same stack (transformers' model code, a static KV cache,
-greedy decoding), eager and under CUDA graphs.
+greedy decoding), each decode step run in the ``--modes`` asked for: eager (transformers' forward),
+compile (``torch.compile(model.forward, fullgraph=True)``, no CUDA graph) and graph (that compiled
+step captured in a CUDA graph and replayed, as serving stacks run it).
 
-Per config: TTFT (the prompt's forward + the first token, batch 1, eager), TPOT at each batch
-(eager: wall time of ``eager_tokens`` steps on the GPU timeline, so host gaps count; graphs: one
-captured decode step replayed ``tokens`` times), peak memory, and the share of kernel time spent
-in activation quantization, and the kernel time of one eager decode step and one prefill by
-category (torch profiler: activation quantization, tileq GEMMs, other matmuls, attention, the
-rest). Every config decodes the same weights
+Per config: TTFT (the prompt's forward + the first token, batch 1, eager and compiled), TPOT per
+mode at each batch (eager and compile: ``eager_tokens`` steps on the GPU timeline, so host gaps
+count, and the host's wall time per step; graph: the captured step replayed ``tokens`` times),
+peak memory, the share of kernel time spent in activation quantization, and the kernel time of
+one decode step (compiled where measured) and one eager prefill by category (torch profiler:
+activation quantization, tileq GEMMs, other matmuls, attention, the rest) with the number of
+kernels. Every config decodes the same weights
 (same seed) and is checked against bf16 on the first step's logits before it is timed.
 
 ``--checkpoint DIR`` times a quantized checkpoint (``tileq.from_pretrained``) against bf16 with its
@@ -115,8 +118,8 @@ def _cache(model, batch: int, length: int):
 
 
 @torch.inference_mode()
-def _prefill(model, cache, prompt):
-    logits = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits
+def _prefill(forward, cache, prompt):
+    logits = forward(input_ids=prompt, past_key_values=cache, use_cache=True).logits
     return logits[:, -1:].argmax(-1)
 
 
@@ -124,16 +127,29 @@ def _events():
     return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
+# How a decode step runs (``--modes``): transformers' eager forward; the forward compiled by
+# torch.compile (default mode, fullgraph, no CUDA graph: the README's example); that compiled step
+# captured once in a CUDA graph and replayed, as serving stacks run it.
+MODES = ("eager", "compile", "graph")
+
+
+def compiled_forward(model):
+    """``model.forward`` compiled as the README shows it (fullgraph; static shapes: one graph per
+    batch size and prompt length, no dynamic-shape guards in the step)."""
+    return torch.compile(model.forward, fullgraph=True, dynamic=False)
+
+
 @torch.inference_mode()
-def measure_ttft(model, prompt, reps: int = 5) -> float:
-    """Median ms from the prompt's forward to the first token (batch of ``prompt``, eager)."""
+def measure_ttft(forward, prompt, cache, reps: int = 5) -> float:
+    """Median ms from the prompt's forward to the first token (batch of ``prompt``); ``cache`` is
+    reset before each rep (one cache object: a compiled forward guards on it)."""
     times = []
     for _ in range(reps + 1):
-        cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
+        cache.reset()
         torch.cuda.synchronize()
         start, end = _events()
         start.record()
-        _prefill(model, cache, prompt)
+        _prefill(forward, cache, prompt)
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
@@ -141,55 +157,91 @@ def measure_ttft(model, prompt, reps: int = 5) -> float:
 
 
 @torch.inference_mode()
-def _step(model, cache, tok):
-    return model(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+def _step(forward, cache, tok):
+    return forward(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+
+
+WARM_STEPS = 4  # steps before each timing: kernels compiled, launch caches and runners built
 
 
 @torch.inference_mode()
-def measure_tpot(model, prompt, tokens: int, eager_tokens: int, graphs: bool) -> dict:
-    """TPOT in ms, eager and (when ``graphs``) with one decode step captured in a CUDA graph."""
-    out = {}
-    cache = _cache(model, prompt.shape[0], prompt.shape[1] + eager_tokens + tokens + 16)
-    tok = _prefill(model, cache, prompt)
-    for _ in range(4):  # warm-up steps: kernels compiled, launch caches filled
-        tok = _step(model, cache, tok)
-    # Eager steps are host-bound and the host is noisy: time EAGER_ROUNDS rounds and keep the
-    # median round's time per token.
+def _timed_steps(forward, cache, tok, tokens: int) -> tuple[float, float, torch.Tensor]:
+    """(GPU ms per step, host ms per step, last token) of ``tokens`` steps: EAGER_ROUNDS rounds,
+    each timed on the GPU timeline (host gaps count) and on the wall clock; the median round.
+    Steps that are not captured in a graph are host-bound and the host is noisy."""
     rounds, hosts = [], []
-    per_round = max(1, eager_tokens // EAGER_ROUNDS)
+    per_round = max(1, tokens // EAGER_ROUNDS)
     for _ in range(EAGER_ROUNDS):
         torch.cuda.synchronize()
         start, end = _events()
         t0 = time.perf_counter()
         start.record()
         for _ in range(per_round):
-            tok = _step(model, cache, tok)
+            tok = _step(forward, cache, tok)
         end.record()
         torch.cuda.synchronize()
         rounds.append(start.elapsed_time(end) / per_round)
         hosts.append((time.perf_counter() - t0) * 1e3 / per_round)
-    out["tpot_eager_ms"] = statistics.median(rounds)
-    out["host_ms_per_step"] = statistics.median(hosts)
-    if graphs:
-        static_tok = tok.clone()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            static_tok.copy_(_step(model, cache, static_tok))  # a step on the capture stream
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_tok.copy_(_step(model, cache, static_tok))
+    return statistics.median(rounds), statistics.median(hosts), tok
+
+
+@torch.inference_mode()
+def _graph_tpot(forward, cache, tok, tokens: int) -> float:
+    """ms per step of one decode step captured in a CUDA graph and replayed ``tokens`` times (the
+    KV cache's length lives on the device, so each replay decodes the next position)."""
+    static_tok = tok.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        static_tok.copy_(_step(forward, cache, static_tok))  # a step on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_tok.copy_(_step(forward, cache, static_tok))
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = _events()
+    start.record()
+    for _ in range(tokens):
         graph.replay()
-        torch.cuda.synchronize()
-        start, end = _events()
-        start.record()
-        for _ in range(tokens):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        out["tpot_graph_ms"] = start.elapsed_time(end) / tokens
-        del graph
+    end.record()
+    torch.cuda.synchronize()
+    del graph
+    return start.elapsed_time(end) / tokens
+
+
+def cache_steps(tokens: int, eager_tokens: int, modes) -> int:
+    """Decode steps one ``measure_tpot`` call takes (the static cache must hold them all)."""
+    steps = WARM_STEPS
+    if "eager" in modes:
+        steps += eager_tokens
+    if "compile" in modes or "graph" in modes:
+        steps += WARM_STEPS
+    if "compile" in modes:
+        steps += eager_tokens
+    if "graph" in modes:
+        steps += 2 + tokens
+    return steps
+
+
+@torch.inference_mode()
+def measure_tpot(model, prompt, tokens: int, eager_tokens: int, modes, compiled=None) -> dict:
+    """TPOT in ms per mode of ``modes`` (``tpot_<mode>_ms``), and host ms per step where the host
+    launches every kernel (``host_ms_<mode>``). ``compiled``: the model's compiled forward."""
+    out = {}
+    cache = _cache(model, prompt.shape[0], prompt.shape[1] + cache_steps(tokens, eager_tokens, modes) + 8)
+    tok = _prefill(model.forward, cache, prompt)
+    for _ in range(WARM_STEPS):
+        tok = _step(model.forward, cache, tok)
+    if "eager" in modes:
+        out["tpot_eager_ms"], out["host_ms_eager"], tok = _timed_steps(model.forward, cache, tok, eager_tokens)
+    if compiled is not None:
+        for _ in range(WARM_STEPS):  # the first compiles this batch size's graph
+            tok = _step(compiled, cache, tok)
+        if "compile" in modes:
+            out["tpot_compile_ms"], out["host_ms_compile"], tok = _timed_steps(compiled, cache, tok, eager_tokens)
+        if "graph" in modes:
+            out["tpot_graph_ms"] = _graph_tpot(compiled, cache, tok, tokens)
     return out
 
 
@@ -212,23 +264,26 @@ def _category(name: str) -> str:
 
 
 @torch.inference_mode()
-def kernel_breakdown(model, prompt, what: str) -> dict:
-    """GPU kernel time (ms) by category over one eager prefill ('prefill') or decode step
-    ('decode'), from the torch profiler: where a step's device time goes."""
+def kernel_breakdown(model, prompt, what: str, forward=None) -> dict:
+    """GPU kernel time (ms) by category over one prefill ('prefill', eager) or decode step
+    ('decode', through ``forward``: the compiled step where one is measured), from the torch
+    profiler: where a step's device time goes."""
     from torch.profiler import ProfilerActivity, profile
 
+    forward = forward or model.forward
     cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
-    if what == "decode":  # a prefill and one step first: the profiled step is a steady one
-        tok = _step(model, cache, _prefill(model, cache, prompt))
+    if what == "decode":  # a prefill and two steps first: the profiled step is a steady one
+        tok = _step(forward, cache, _step(forward, cache, _prefill(model.forward, cache, prompt)))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         if what == "decode":
-            _step(model, cache, tok)
+            _step(forward, cache, tok)
         else:
-            _prefill(model, cache, prompt)
+            _prefill(model.forward, cache, prompt)
         torch.cuda.synchronize()
     out = {cat: 0.0 for cat, _ in KERNEL_CATEGORIES}
     out["other"] = 0.0
+    kernels = 0
     for evt in prof.key_averages():
         if evt.device_type != torch.autograd.DeviceType.CUDA:
             continue
@@ -236,6 +291,8 @@ def kernel_breakdown(model, prompt, what: str) -> dict:
         if t is None:
             t = getattr(evt, "cuda_time_total", 0.0)
         out[_category(evt.key)] += t / 1e3
+        kernels += evt.count
+    out["launches"] = kernels
     return out
 
 
@@ -271,18 +328,27 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
                      top1_match=float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean()))
     if not torch.isfinite(logits).all():
         raise RuntimeError(f"{name}: non-finite logits on the first step")
-    ttft = measure_ttft(model, prompts[1])
-    rows.append(dict(base, metric="ttft_ms", batch=1, value=ttft, **agree))
+    modes = args.modes
+    ttft_cache = _cache(model, 1, prompts[1].shape[1] + 8)
+    rows.append(dict(base, metric="ttft_eager_ms", batch=1, value=measure_ttft(model.forward, prompts[1], ttft_cache),
+                     **agree))
+    compiled = compiled_forward(model) if {"compile", "graph"} & set(modes) else None
+    if compiled is not None:
+        rows.append(dict(base, metric="ttft_compile_ms", batch=1,
+                         value=measure_ttft(compiled, prompts[1], ttft_cache)))
+    del ttft_cache
     for b in args.batches:
-        r = measure_tpot(model, prompts[b], args.tokens, args.eager_tokens, graphs=not args.no_graphs)
+        r = measure_tpot(model, prompts[b], args.tokens, args.eager_tokens, modes, compiled)
         for k, v in r.items():
             rows.append(dict(base, metric=k, batch=b, value=v))
     try:
         for what in ("decode", "prefill"):
-            parts = kernel_breakdown(model, prompts[1], what)
+            parts = kernel_breakdown(model, prompts[1], what, compiled if what == "decode" else None)
+            launches = parts.pop("launches")
             total = sum(parts.values())
             for cat, ms in parts.items():
                 rows.append(dict(base, metric=f"{what}_kernel_ms_{cat}", batch=1, value=ms))
+            rows.append(dict(base, metric=f"{what}_kernels", batch=1, value=launches))
             if what == "decode":
                 rows.append(dict(base, metric="quant_share", batch=1,
                                  value=parts["act_quant"] / total if total else float("nan")))
@@ -323,12 +389,23 @@ def _value(rows, config, metric, batch):
     return None
 
 
+def _ratio_cells(rows, config, metric, batch) -> list[str]:
+    v, ref = _value(rows, config, metric, batch), _value(rows, "bf16", metric, batch)
+    return [_fmt(v), _fmt(v / ref if v and ref else None, 2)]
+
+
 def report(rows: list[dict], args) -> str:
     configs = list(dict.fromkeys(r["config"] for r in rows))
-    head = ["config", "TTFT ms (b1)"]
+    modes = [m for m in MODES if m in args.modes]
+    ttfts = ["eager"] + (["compile"] if {"compile", "graph"} & set(modes) else [])
+    head = ["config"]
+    for m in ttfts:
+        head += [f"TTFT {m} b1 ms", "x bf16"]
     for b in args.batches:
-        head += [f"TPOT graph b{b} ms", f"x bf16", f"TPOT eager b{b} ms", "x bf16"]
-    head += ["quant share", "peak GB", "logits cos vs bf16", "top1 match"]
+        for m in modes:
+            head += [f"TPOT {m} b{b} ms", "x bf16"]
+    head += [f"host ms/step {m} b1" for m in modes if m != "graph"]
+    head += ["quant share", "decode kernels", "peak GB", "logits cos vs bf16", "top1 match"]
     lines = [
         (f"# tileq e2e: {args.checkpoint} against bf16 with its shapes (random weights)"
          if getattr(args, "checkpoint", None) else
@@ -336,22 +413,29 @@ def report(rows: list[dict], args) -> str:
         "",
         f"- date: {time.strftime('%Y-%m-%d')}, GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"transformers {_tf_version()}, Triton {_triton_version()}",
-        f"- prompt {args.prompt} tokens; TPOT over {args.tokens} tokens with CUDA graphs, {args.eager_tokens} "
-        f"eager (median of {EAGER_ROUNDS} rounds); TTFT median of 5; static KV cache; greedy",
+        f"- prompt {args.prompt} tokens; modes: eager = transformers' forward; compile = torch.compile(model.forward, "
+        f"fullgraph=True), no CUDA graph; graph = the compiled step captured in one CUDA graph and replayed "
+        f"{args.tokens} times; eager and compile TPOT: {args.eager_tokens} steps in {EAGER_ROUNDS} rounds on the GPU "
+        "timeline (host gaps count), the median round; TTFT median of 5; static KV cache; greedy",
         f"- command: `tileq e2e --layers {args.layers} --configs {','.join(args.configs)} "
-        f"--batches {','.join(map(str, args.batches))}{' --fuse' if args.fuse else ''}`",
+        f"--batches {','.join(map(str, args.batches))} --modes {','.join(modes)} --prompt {args.prompt}"
+        f"{' --fuse' if args.fuse else ''}`",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
     for c in configs:
-        cells = [c, _fmt(_value(rows, c, "ttft_ms", 1))]
+        cells = [c]
+        for m in ttfts:
+            cells += _ratio_cells(rows, c, f"ttft_{m}_ms", 1)
         for b in args.batches:
-            for metric in ("tpot_graph_ms", "tpot_eager_ms"):
-                v, ref = _value(rows, c, metric, b), _value(rows, "bf16", metric, b)
-                cells += [_fmt(v), _fmt(v / ref if v and ref else None, 2)]
+            for m in modes:
+                cells += _ratio_cells(rows, c, f"tpot_{m}_ms", b)
+        cells += [_fmt(_value(rows, c, f"host_ms_{m}", 1)) for m in modes if m != "graph"]
         share = _value(rows, c, "quant_share", 1)
+        kernels = _value(rows, c, "decode_kernels", 1)
         cells += [f"{share:.1%}" if share is not None and not math.isnan(share) else "-",
+                  "-" if kernels is None else f"{kernels:.0f}",
                   _fmt(_value(rows, c, "peak_mem_gb", max(args.batches)), 1)]
         agree = next((r for r in rows if r["config"] == c and "logits_cos" in r), {})
         cells += [_fmt(agree.get("logits_cos"), 4), _fmt(agree.get("top1_match"), 2)]
@@ -360,8 +444,9 @@ def report(rows: list[dict], args) -> str:
     for what in ("decode", "prefill"):
         if not any(r["metric"].startswith(f"{what}_kernel_ms_") for r in rows):
             continue
-        lines += ["", f"GPU kernel time of one eager {what} {'step' if what == 'decode' else f'({args.prompt}-token prompt)'} "
-                  "at batch 1, ms (torch profiler):", "",
+        how = ("decode step (the compiled step where compile or graph is measured, else eager)"
+               if what == "decode" else f"eager prefill ({args.prompt}-token prompt)")
+        lines += ["", f"GPU kernel time of one {how} at batch 1, ms (torch profiler):", "",
                   "| config | " + " | ".join(cats) + " | total |", "|---" * (len(cats) + 2) + "|"]
         for c in configs:
             vals = [_value(rows, c, f"{what}_kernel_ms_{cat}", 1) for cat in cats]

@@ -1,8 +1,13 @@
-"""``tileq overhead``: per-call host cost of tileq's eager path against torch._scaled_mm, and the
-kernel time alone under CUDA-graph replay (decode issue: "host overhead ... reported").
+"""``tileq overhead``: per-call host cost of tileq against torch, and the kernel time alone under
+CUDA-graph replay.
 
-Eager: ``calls`` back-to-back calls with no synchronization inside the loop; host microseconds
-per call is the loop's wall time divided by ``calls`` (what a serving loop pays on the CPU). The
+Two groups of rows: the GEMM functions (``tileq.linear`` on fp8 rowcol operands against
+``torch._scaled_mm``), and a whole layer as a model calls it (``QuantLinear`` of each ``--configs``
+config against ``nn.Linear`` in bf16): eagerly, through the ``tileq::quant_linear`` custom op as
+a compiled graph calls it, and ``torch.compile``d (default mode, no CUDA graph).
+
+Host: ``calls`` back-to-back calls with no synchronization inside the loop; host microseconds per
+call is the loop's wall time divided by ``calls`` (what a serving loop pays on the CPU). The
 device time per call comes from CUDA events around the same loop. Graph: the call captured once
 and replayed ``calls`` times (launch cost removed), timed with events.
 """
@@ -71,14 +76,59 @@ def measure(m: int, n: int, k: int, calls: int) -> list[dict]:
     return rows
 
 
+def layer_rows(m: int, n: int, k: int, calls: int, configs) -> list[dict]:
+    """Host and device cost per call of one layer: nn.Linear (bf16) and QuantLinear per config,
+    eager, through the custom op, compiled (``torch.compile``, no CUDA graph)."""
+    from ..nn import QuantLinear, config_from_name
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(k, n, bias=False, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    impls = {"nn.Linear bf16 (F.linear)": dense}
+    ops = {}
+    for name in configs:
+        layer = QuantLinear.from_linear(dense, config_from_name(name))
+        impls[f"QuantLinear {name}"] = layer
+        ops[f"torch.ops.tileq.quant_linear {name}"] = layer
+    rows = []
+    with torch.inference_mode():
+        for label, mod in impls.items():
+            fn = (lambda mod=mod: mod(x))
+            rows.append(_row(label, "eager", fn, calls))
+        for label, layer in ops.items():
+            fn = (lambda L=layer: torch.ops.tileq.quant_linear(x, L.weight, L.weight_scale, L.bias, L.input_scale,
+                                                               L.spec.key))
+            rows.append(_row(label, "custom op", fn, calls))
+        for label, mod in impls.items():
+            compiled = torch.compile(mod, fullgraph=True, dynamic=False)
+            rows.append(_row(label, "compiled", (lambda c=compiled: c(x)), calls))
+    return rows
+
+
+def _row(impl: str, how: str, fn, calls: int) -> dict:
+    host = host_us_per_call(fn, calls)
+    return {"impl": impl, "how": how, "host_us": host, "eager_device_us": _device_us_per_call(fn, calls),
+            "graph_us": _graph_us_per_call(fn, calls)}
+
+
 def run(args) -> int:
     if not torch.cuda.is_available():
         raise UnsupportedError(expect("tileq overhead", "a CUDA GPU", "no CUDA device"))
-    rows = measure(args.m, args.n, args.k, args.calls)
+    rows = [dict(r, how="eager") for r in measure(args.m, args.n, args.k, args.calls)]
+    rows += layer_rows(args.m, args.n, args.k, args.calls, args.configs)
     print(f"M={args.m} N={args.n} K={args.k}, {args.calls} calls each ({torch.cuda.get_device_name()})")
-    print(f"{'impl':<30} {'host us/call':>13} {'eager us/call':>14} {'graph us/call':>14}")
+    print(f"{'impl':<44} {'how':<10} {'host us/call':>13} {'eager us/call':>14} {'graph us/call':>14}")
     for r in rows:
-        print(f"{r['impl']:<30} {r['host_us']:>13.1f} {r['eager_device_us']:>14.1f} {r['graph_us']:>14.1f}")
+        print(f"{r['impl']:<44} {r['how']:<10} {r['host_us']:>13.1f} {r['eager_device_us']:>14.1f} "
+              f"{r['graph_us']:>14.1f}")
+    if args.csv:
+        import csv
+
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
     return 0
 
 
