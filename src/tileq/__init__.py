@@ -20,6 +20,7 @@ def _import_api() -> None:
     is imported at once, as an eager ``import tileq`` did, so the first name used brings them all."""
     from .activation import add_rmsnorm_quantize, quantize_activation
     from .api import a8w8_matmul_dequant, explain, gemm, linear
+    from .api_grouped import explain_grouped, grouped_linear
     from .dtypes import OperandType, PackedInt4
     from .formats import from_pretrained, save_pretrained
     from .nn import (
@@ -60,6 +61,8 @@ __all__ = [
     "linear",
     "a8w8_matmul_dequant",
     "explain",
+    "grouped_linear",
+    "explain_grouped",
     "quantize_activation",
     "add_rmsnorm_quantize",
     "QuantLinear",
