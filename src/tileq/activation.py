@@ -4,7 +4,8 @@ nothing allocated but the outputs, capturable in a CUDA graph (docs/schemes.md s
 ``quantize_activation(x, dtype, granularity=...)`` returns ``(q, s)`` in the form ``tileq.gemm``
 and ``tileq.linear`` take: ``scheme="rowcol"`` for 'row' and 'tensor' (s is fp32 [M]),
 ``scheme="aquant"``/``"abquant"`` for 'group' (s is fp32 [M, Gk], row-major or preshuffled).
-``add_rmsnorm_quantize`` fuses a residual add and transformers' RMSNorm in front of it.
+``add_rmsnorm_quantize`` fuses a residual add and transformers' RMSNorm in front of it;
+``silu_mul_quantize`` fuses a gated MLP's ``silu(gate) * up`` in front of it.
 
 On finite data the result equals ``tileq.quant.quantize_a`` bit for bit. NaN policy: a row
 ('row', 'tensor') or a group ('group') holding NaN or ±inf gets a NaN scale and q = 0 there, so
@@ -29,6 +30,7 @@ from ._runtime import bounded_put, env_raw
 from .dtypes import OperandType, parse_operand_type
 from .errors import ArchError, DTypeError, LayoutError, ScaleError, ShapeError, UnsupportedError, expect
 from .kernels import act_quant as _aq
+from .kernels import silu_quant as _sq
 from .device import facts as device_facts
 from .dispatch.act_quant import act_quant_config
 from .dispatch.plan import resolve_backend
@@ -102,6 +104,33 @@ def add_rmsnorm_quantize(x, residual, weight, eps, dtype, *, granularity="row", 
                                           weight, float(eps))
         quant._check_finite(normed, "add_rmsnorm(x, residual, weight)")
     return launch(x, residual, weight)
+
+
+def silu_mul_quantize(gate_up, dtype, *, granularity="row", group_k=128, preshuffled=False,
+                      check=None, backend=None):
+    """h = silu(gate) * up from gate_up [..., 2I] (gate = the first I columns, up = the last I, in
+    x's dtype as transformers' ``act_fn(gate) * up`` computes it), quantized as
+    ``quantize_activation(h, dtype, ...)`` would ('row' or 'group'), in one launch; h is never
+    stored. Returns ``(q, s)``: q [..., I] contiguous, s fp32 [M] or [M, Gk] (preshuffled:
+    strides (1, M)).
+
+    h equals torch's bit for bit except where the kernel's exp and torch's differ by an ulp that
+    moves a rounding (rare; the quantized value then moves by at most one step).
+    """
+    checking = _checking(check)
+    try:
+        key = ("s", _tensor_key(gate_up), dtype, granularity, group_k.__class__, group_k,
+               preshuffled.__class__, preshuffled, backend, settings.key())
+        launch = _CACHE.get(key)
+    except (TypeError, AttributeError):
+        key, launch = None, None
+    if launch is None:
+        launch = _build_silu(gate_up, dtype, granularity, group_k, preshuffled, backend)
+        if key is not None:
+            bounded_put(_CACHE, key, launch, _CACHE_CAP)
+    if checking:
+        quant._check_finite(_sq.silu_mul_ref(_rows(gate_up)), "silu(gate) * up")
+    return launch(gate_up)
 
 
 def quantize_launch(x, dtype, *, granularity, group_k, scale, out):
@@ -413,4 +442,43 @@ class _FusedReference:
         return q.reshape(x.shape), s, (x if residual is None else h.reshape(x.shape))
 
 
-__all__ = ["quantize_activation", "add_rmsnorm_quantize"]
+# ----------------------------------------------------------------------------- silu_mul_quantize
+
+
+def _build_silu(x, dtype, granularity, group_k, preshuffled, backend):
+    m, k2, row_stride = _check_x(x, "gate_up")
+    if k2 % 2:
+        raise ShapeError(expect("gate_up", "an even last dimension 2I (gate and up halves)",
+                                f"shape {tuple(x.shape)}"))
+    i = k2 // 2
+    otype = _out_type(dtype)
+    granularity = _check_granularity(granularity, _sq.GRANULARITIES)
+    gk = quant._group(group_k, "group_k")
+    preshuffled = _check_preshuffled(preshuffled, granularity)
+    s_shape, s_strides = _scale_layout(m, i, granularity, gk, preshuffled)
+    executor, interpreted = resolve_backend(backend, x.device)
+    if executor == "reference" or m == 0 or i == 0:
+        return _SiluReference(otype, granularity, gk, preshuffled)
+    _check_arch(x.device, otype)
+    # 'row' holds the whole row in one program (the fused layout); 'group' spreads groups over
+    # programs as quantize_activation does.
+    cfg = act_quant_config(i, granularity, gk, fused=granularity == "row", m=m,
+                           arch=_arch(x.device, interpreted))
+    return _sq.SiluMulQuantLaunch(
+        q_shape=(*x.shape[:-1], i), device=x.device, m=m, i=i, row_stride=row_stride, x_dtype=x.dtype,
+        otype=otype, granularity=granularity, group_k=gk, s_shape=s_shape, s_strides=s_strides,
+        interpreted=interpreted, cfg=cfg)
+
+
+class _SiluReference:
+    def __init__(self, otype, granularity, group_k, preshuffled):
+        self.otype, self.granularity, self.group_k, self.preshuffled = otype, granularity, group_k, preshuffled
+
+    def __call__(self, x):
+        q, s = _sq.silu_mul_quantize_ref(_rows(x), self.otype, self.granularity, self.group_k)
+        if self.preshuffled:
+            s = quant.preshuffle_scale(s)
+        return q.reshape(*x.shape[:-1], x.shape[-1] // 2), s
+
+
+__all__ = ["add_rmsnorm_quantize", "quantize_activation", "silu_mul_quantize"]

@@ -41,8 +41,8 @@ MLP modules still work on their own (``layer.mlp(x)``, ``layer.self_attn(hidden_
 
 Eagerly the fused path calls tileq's functions directly (a dispatcher round trip per call is host
 time); under ``torch.compile`` it goes through ``torch.ops.tileq.linear`` and the two ops defined
-here, ``tileq::rmsnorm_quantize`` and ``tileq::add_rmsnorm_quantize`` (fake implementations give
-shapes and strides), so the graph has no break.
+here, ``tileq::rmsnorm_quantize``, ``tileq::add_rmsnorm_quantize`` and ``tileq::silu_mul_quantize``
+(fake implementations give shapes and strides), so the graph has no break.
 
 Exactness: a merged GEMM's output column n is the same dot product over K with the same scales as
 the part's column (bit-identical through the reference executor, which sums in float64; on a GPU
@@ -70,7 +70,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor, nn
 
-from ..activation import add_rmsnorm_quantize
+from ..activation import add_rmsnorm_quantize, silu_mul_quantize
 from ..errors import UnsupportedError, expect
 from ..nn.linear import QuantLinear
 from ..ops import _quantize_activation_fake
@@ -274,6 +274,41 @@ def _add_rmsnorm_quantize_fake(x, residual, weight, eps, dtype, granularity, gro
     return q, s, x.new_empty(x.shape)
 
 
+@torch.library.custom_op("tileq::silu_mul_quantize", mutates_args=())
+def silu_mul_quantize_op(gate_up: Tensor, dtype: str, granularity: str, group_k: int,
+                         preshuffled: bool) -> tuple[Tensor, Tensor]:
+    """``silu_mul_quantize(gate_up, ...)``'s (q, s): silu(gate) * up, quantized."""
+    return silu_mul_quantize(gate_up, dtype, granularity=granularity, group_k=group_k, preshuffled=preshuffled)
+
+
+@silu_mul_quantize_op.register_fake
+def _silu_mul_quantize_fake(gate_up, dtype, granularity, group_k, preshuffled):
+    return _quantize_activation_fake(gate_up[..., : gate_up.shape[-1] // 2], dtype, granularity, group_k, None,
+                                     preshuffled)
+
+
+def _is_silu(act: nn.Module) -> bool:
+    """transformers' ``ACT2FN['silu']`` / ``'swish'`` (F.silu), the function the fused kernel computes."""
+    return type(act) is nn.SiLU or (type(act).__name__ == "SiLUActivation"
+                                     and type(act).__module__ == "transformers.activations")
+
+
+def _silu_fuses(mlp: nn.Module, gate_up: Tensor) -> bool:
+    """Whether ``act_fn(gate) * up`` and down_proj's activation quantization run as one
+    ``silu_mul_quantize`` call: a SiLU MLP whose down_proj quantizes activations dynamically."""
+    down = mlp.down_proj
+    return (isinstance(down, QuantLinear) and _prequantizes(down) and _is_silu(mlp.act_fn)
+            and gate_up.dtype in (torch.bfloat16, torch.float16))
+
+
+def silu_mul_quantize_for(gate_up: Tensor, layer: QuantLinear) -> tuple[Tensor, Tensor]:
+    """``act_fn(gate) * up`` quantized as ``layer``'s forward would quantize it: (q, s) in one call."""
+    spec = layer.spec
+    if torch.compiler.is_compiling():
+        return silu_mul_quantize_op(gate_up, spec.act_dtype, spec.act_granularity, spec.group_k, False)
+    return silu_mul_quantize(gate_up, spec.act_dtype, granularity=spec.act_granularity, group_k=spec.group_k)
+
+
 def _prequantizes(layer: QuantLinear) -> bool:
     """Whether the norm before ``layer`` quantizes its output for it (dynamic activation scales)."""
     return layer.spec.act_dtype is not None and layer.input_scale is None
@@ -387,7 +422,11 @@ class _FusedMLP:
         return self.act_down(self.gate_up_proj(x))
 
     def act_down(self, gate_up: Tensor) -> Tensor:
-        """down_proj(act_fn(gate) * up) from the merged gate_up output."""
+        """down_proj(act_fn(gate) * up) from the merged gate_up output; with a dynamically
+        quantized down_proj the SiLU, the product and the quantization are one kernel."""
+        if _silu_fuses(self, gate_up):
+            q, s = silu_mul_quantize_for(gate_up, self.down_proj)
+            return linear_prequantized(self.down_proj, q, s, gate_up.dtype)
         gate, up = gate_up.split(self._tileq_split, dim=-1)
         return self.down_proj(self.act_fn(gate) * up)
 
