@@ -24,6 +24,8 @@ SWITCHES = {
     "TILEQ_DIRECT_LAUNCH": "0: every launch through Triton's JITFunction.run instead of the compiled kernel's launcher",
     "TILEQ_CHECK_FINITE": "1: activation quantization raises ScaleError on non-finite input (synchronizes)",
     "TILEQ_TUNED_TABLES": "os.pathsep-separated tuned-table files read besides the shipped ones",
+    "TILEQ_PDL": "unset: programmatic dependent launch of the decode kernels on sm_90+ GPUs; 0: off; 1: on (sm_90+)",
+    "TILEQ_FUSED_QUANT": "auto (default) | 0 | 1: per-token quantization inside the rowcol decode GEMM (auto: small M)",
     "TRITON_INTERPRET": "1 (set before tileq and triton are imported): Triton's interpreter runs the kernels on CPU tensors",
 }
 _KEYED = tuple(SWITCHES)
@@ -44,6 +46,8 @@ class Settings:
     check_finite: bool
     tuned_tables: tuple[str, ...]
     interpreted: bool
+    pdl: bool | None = None  # None: on where the GPU has it (sm_90+); True / False: forced
+    fused_quant: str = "auto"  # one of FUSED_QUANT
 
 
 def _text(raw) -> str:
@@ -62,6 +66,27 @@ def parse_gluon(raw) -> bool | None:
     if value not in ("0", "1"):
         raise UnsupportedError(expect("TILEQ_GLUON", "0 or 1", repr(value)))
     return value == "1"
+
+
+def parse_pdl(raw) -> bool | None:
+    """TILEQ_PDL's value: True ('1'), False ('0'), None (unset: on where the GPU has it)."""
+    if raw is None:
+        return None
+    value = _text(raw)
+    if value not in ("0", "1"):
+        raise UnsupportedError(expect("TILEQ_PDL", "0 or 1", repr(value)))
+    return value == "1"
+
+
+FUSED_QUANT = ("auto", "0", "1")
+
+
+def parse_fused_quant(raw) -> str:
+    """TILEQ_FUSED_QUANT's value: 'auto' (unset), '0' (never) or '1' (wherever it applies)."""
+    value = "auto" if raw is None else _text(raw).lower()
+    if value not in FUSED_QUANT:
+        raise UnsupportedError(expect("TILEQ_FUSED_QUANT", "auto, 0 or 1", repr(value)))
+    return value
 
 
 def parse_backend(raw, source: str = "TILEQ_BACKEND") -> str:
@@ -89,6 +114,8 @@ def current() -> Settings:
             check_finite=_flag(raw["TILEQ_CHECK_FINITE"]),
             tuned_tables=tuple(p for p in tables.split(os.pathsep) if p),
             interpreted=interpreter_active(),
+            pdl=parse_pdl(raw["TILEQ_PDL"]),
+            fused_quant=parse_fused_quant(raw["TILEQ_FUSED_QUANT"]),
         )
         if len(_PARSED) > 64:
             _PARSED.clear()

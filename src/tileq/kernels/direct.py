@@ -13,11 +13,34 @@ import itertools
 
 from .. import settings
 from .._runtime import bounded_put, env_raw
+from ..device import facts as _device_facts
+from ..errors import UnsupportedError, expect
 
 
 def direct_launch_enabled() -> bool:
     """False when TILEQ_DIRECT_LAUNCH=0: every launch goes through ``JITFunction.run``."""
     return env_raw("TILEQ_DIRECT_LAUNCH") is None or settings.current().direct_launch
+
+
+def pdl_enabled(device, interpreted: bool) -> bool:
+    """Whether tileq's PDL-aware kernels launch on ``device`` with programmatic dependent launch
+    (the CUDA launch attribute ProgrammaticStreamSerialization, Triton's ``launch_pdl``): such a
+    kernel may start while the kernel before it on the stream still runs, prefetches what no
+    kernel writes and waits (``griddepcontrol.wait``) before its first read of anything else and
+    its first write. TILEQ_PDL unset: on for sm_90+ GPUs; 0: off; 1: on, refused before sm_90.
+    Never under the interpreter (it has no grid dependencies) nor on CPU tensors."""
+    if interpreted or getattr(device, "type", None) != "cuda":
+        return False
+    switch = settings.current().pdl
+    if switch is False:
+        return False
+    arch = _device_facts(device).arch
+    if arch.capability < (9, 0):
+        if switch:
+            raise UnsupportedError(expect("TILEQ_PDL", f"unset or 0 on {arch.name} (programmatic "
+                                          "dependent launch needs sm_90 or newer)", "1"))
+        return False
+    return True
 
 
 # Compiled-kernel handles for direct launches, keyed by (static id, JITFunction, device, pointer
@@ -164,13 +187,16 @@ def _idle(hook, t: dict) -> bool:
     return hook is None or (type(hook) is t["HookChain"] and not hook.calls)
 
 
+_OPTIONS = ("num_warps", "num_stages", "maxnreg", "launch_pdl")  # launch options, not parameters
+
+
 def _constexpr_tail(fn, n_runtime: int, kwargs: dict) -> tuple | None:
     """The values of ``fn``'s parameters after the first ``n_runtime``, in parameter order, as
     JITFunction.run binds them (keywords, else defaults); None when the keywords do not match the
     parameters (the JIT launch then reports it, and no direct launch is made)."""
     params = fn.params[n_runtime:]
     names = {p.name for p in params}
-    if any(name not in names for name in kwargs if name not in ("num_warps", "num_stages", "maxnreg")):
+    if any(name not in names for name in kwargs if name not in _OPTIONS):
         return None
     tail = []
     for p in params:

@@ -7,16 +7,18 @@ constexprs: the launcher and ``tileq build`` both use it, so what is built is wh
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import torch
 
+from .. import quant
 from ..dtypes import OperandType, PackedInt4
-from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
+from ..problem import Problem, ProblemSpec, Scheme, ScaleKind, ScaleLayout
 from . import buffers
 from .config import TileConfig
-from .direct import KernelCall, direct_launch_enabled
+from .direct import KernelCall, direct_launch_enabled, pdl_enabled
 from .gluon.launch import GluonLaunch
-from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel  # noqa: F401 (looked up on _THIS)
+from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel, _splitk_reduce_pdl_kernel  # noqa: F401 (on _THIS)
 from .select import i4_words_path, triton_kernel  # noqa: F401 (i4_words_path re-exported)
 
 REDUCE_BLOCK = 1024
@@ -29,7 +31,8 @@ def i4_storage_word_aligned(storage: torch.Tensor, leading_dim: int) -> bool:
 
 
 def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False,
-                   b_scale_unit_n: bool = True, i4_word_aligned: bool = True) -> dict:
+                   b_scale_unit_n: bool = True, i4_word_aligned: bool = True, *, pdl: bool = False,
+                   fused_x: str | None = None) -> dict:
     """The constexpr arguments of ``_gemm_kernel`` for this problem and config.
 
     With ``cfg.swap_ab`` the kernel computes C^T = B^T A^T: B plays the kernel's A (so an int4
@@ -38,9 +41,20 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
     ``b_scale_unit_n``: whether a group b_scale has unit stride along N (it then becomes the
     kernel's K-group-major A scale); contiguous [Gk, Gn] scales do. ``i4_word_aligned``: whether
     an int4 operand's storage allows the 16-bit word path (``i4_storage_word_aligned``).
+    ``pdl``: the kernel prefetches and waits for the previous kernel (``kernels/pdl.py``).
+    ``fused_x`` ('bf16' / 'fp16'): the logical A arrives as 16-bit activations of that type,
+    quantized per token inside the kernel (rowcol 8-bit problems, A row-major; ``fused_quant``).
     """
     tk = triton_kernel(spec, cfg)
     o = tk.orientation
+    quant_x, x_qmax, x_eps = "none", 1.0, 1.0  # constant when unused (no recompiles)
+    a_type, b_type = o.a_type.value, o.b_type.value
+    if fused_x is not None:
+        quant_x, x_qmax, x_eps = ("b" if o.swapped else "a"), quant.QMAX[spec.a_type], quant._EPS
+        if o.swapped:
+            b_type = fused_x
+        else:
+            a_type = fused_x
     common = dict(
         # Constant when unused so unrelated values never cause a recompile.
         GROUP_K=spec.group_k if spec.scheme.grouped else 1,
@@ -51,8 +65,9 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
         # Every K tile full: no K masks (the loads become plain async copies).
         EVEN_K=tk.even_k,
         I4_WORDS=tk.i4_words and i4_word_aligned,
-        A_TYPE=o.a_type.value, B_TYPE=o.b_type.value, A_CT=o.a_ct.value, B_CT=o.b_ct.value,
+        A_TYPE=a_type, B_TYPE=b_type, A_CT=o.a_ct.value, B_CT=o.b_ct.value,
         A_LAYOUT=o.a_layout, B_LAYOUT=o.b_layout, A_SCALE=o.a_scale.value, B_SCALE=o.b_scale.value,
+        PDL=pdl, QUANT_X=quant_x, X_QMAX=x_qmax, X_EPS=x_eps,
     )
     a_group = spec.a_scale_kind is ScaleKind.GROUP
     b_group = spec.b_scale_kind is ScaleKind.GROUP
@@ -74,15 +89,21 @@ _PTR = {
 _OUT_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 
 
-def signature(spec: ProblemSpec, cfg: TileConfig) -> tuple[dict, dict, dict]:
+def signature(spec: ProblemSpec, cfg: TileConfig, *, pdl: bool = False,
+              fused_x: str | None = None) -> tuple[dict, dict, dict]:
     """(signature, constexprs, attrs) for ``triton.compile`` of this specialization (AOT).
 
     attrs mark pointers and N, K and the leading dimensions as multiples of 16, as the JIT does
     for aligned tensors: without them loads are not vectorized and the K loop is not pipelined.
+    ``pdl`` and ``fused_x`` as in ``specialization`` (the activations' scale is then no argument).
     """
-    consts = specialization(spec, cfg)
+    consts = specialization(spec, cfg, pdl=pdl, fused_x=fused_x)
     o = triton_kernel(spec, cfg).orientation
     a_t, b_t, sa_k, sb_k = o.a_type, o.b_type, o.a_scale, o.b_scale
+    if fused_x is not None:
+        x16 = OperandType(fused_x)
+        a_t, b_t = (a_t, x16) if o.swapped else (x16, b_t)
+        sa_k, sb_k = (sa_k, ScaleKind.NONE) if o.swapped else (ScaleKind.NONE, sb_k)
     sig = {
         "a_ptr": _PTR[a_t], "b_ptr": _PTR[b_t],
         "c_ptr": "*fp32" if cfg.split_k > 1 else _OUT_PTR[spec.out_dtype],
@@ -160,7 +181,7 @@ class GemmLaunch:
     """
 
     __slots__ = ("m", "n", "out_dtype", "device", "swapped", "split_k", "ws_shape", "direct",
-                 "main", "main_bytes", "i4_arg", "i4_ld", "reduce")
+                 "main", "main_bytes", "i4_arg", "i4_ld", "reduce", "fusable")
 
     def __init__(self, problem: Problem, plan):
         spec, cfg = problem.spec, plan.config
@@ -174,13 +195,14 @@ class GemmLaunch:
         sb_cols, sb_g = _scale_strides(spec.b_scale_kind, sb, 1)
         ld_acc = problem.acc.stride(0) if problem.acc is not None else 0
         unit_n = not (spec.b_scale_kind is ScaleKind.GROUP and sb.shape[1] > 1 and sb.stride(1) != 1)
-        consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n)
+        pdl = pdl_enabled(problem.device, plan.interpreted)
+        consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n, pdl=pdl)
         # The int4 word path also needs an even storage address: a pointer property, so it is
         # decided on every call (__call__), between these constexprs and the byte-path ones.
         self.i4_arg, self.i4_ld, bytes_consts = None, 0, None
         if OperandType.I4 in (spec.a_type, spec.b_type):
             bytes_consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n,
-                                          i4_word_aligned=False)
+                                          i4_word_aligned=False, pdl=pdl)
             if bytes_consts != consts:
                 self.i4_arg = 0 if spec.a_type is OperandType.I4 else 1
                 self.i4_ld = lda if self.i4_arg == 0 else ldb
@@ -201,6 +223,8 @@ class GemmLaunch:
         grid = (_cdiv(km, cfg.block_m) * _cdiv(kn, cfg.block_n), cfg.split_k)
         ints = (km, kn, k, klda, kldb, ldc, ld_acc) + strides
         options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if pdl:
+            options["launch_pdl"] = True
         # The pointer arguments' dtypes, as the kernel sees them (a call passes the same ones).
         target_dtype = torch.float32 if cfg.split_k > 1 else spec.out_dtype
         ka, kb, ksa, ksb = (b, a, sb, sa) if swapped else (a, b, sa, sb)
@@ -213,7 +237,18 @@ class GemmLaunch:
                                           dtypes)
         self.reduce = None
         if cfg.split_k > 1:
-            self.reduce = splitk_reduce_call(km, kn, ldc, cfg.split_k, spec.out_dtype, swapped)
+            self.reduce = splitk_reduce_call(km, kn, ldc, cfg.split_k, spec.out_dtype, swapped, pdl=pdl)
+        # What quantizing the activations inside this launch needs (``fused_quant.py``), where it
+        # can: rowcol, 8-bit operands of one type, per-token scales (one value at M = 1), no
+        # acc_in, the activations row-major (K contiguous). None elsewhere.
+        x_k_contig = consts["B_LAYOUT"] == "c" if swapped else consts["A_LAYOUT"] == "r"
+        per_token = (spec.a_scale_kind is ScaleKind.VECTOR
+                     or (spec.a_scale_kind is ScaleKind.SCALAR and m == 1))
+        self.fusable = None
+        if (spec.scheme is Scheme.ROWCOL and spec.a_type is spec.b_type and per_token
+                and spec.a_type in (OperandType.I8, OperandType.FP8) and not spec.has_acc and x_k_contig
+                and self.i4_arg is None):
+            self.fusable = FusableGemm(spec, cfg, plan.interpreted, unit_n, pdl, grid, ints, options, dtypes)
 
     def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
         if out is None:
@@ -239,6 +274,22 @@ class GemmLaunch:
         return out
 
 
+@dataclass(frozen=True)
+class FusableGemm:
+    """A GemmLaunch's specialization inputs, grid, integer arguments, options and pointer dtypes:
+    enough to build the same launch on 16-bit activations quantized in the kernel."""
+
+    spec: ProblemSpec
+    cfg: TileConfig
+    interpreted: bool
+    b_scale_unit_n: bool
+    pdl: bool
+    grid: tuple
+    ints: tuple
+    options: dict
+    dtypes: tuple
+
+
 def _dtype(t):
     return None if t is None else t.dtype
 
@@ -249,12 +300,16 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def splitk_reduce_call(rows: int, cols: int, ldc: int, split: int, out_dtype: torch.dtype,
-                       swapped: bool) -> KernelCall:
+                       swapped: bool, *, pdl: bool = False) -> KernelCall:
     """The launch of ``_splitk_reduce_kernel`` over a [split, rows, cols] fp32 workspace (a
-    kernel's orientation) into an output of row stride ``ldc`` (``swapped``: stored transposed)."""
+    kernel's orientation) into an output of row stride ``ldc`` (``swapped``: stored transposed);
+    ``pdl``: launched with programmatic dependent launch (it waits for the GEMM's partials)."""
     total = rows * cols
-    return KernelCall(_THIS, "_splitk_reduce_kernel", (_cdiv(total, REDUCE_BLOCK),), (total, cols, ldc),
-                      dict(SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWAPPED=swapped, num_warps=4),
+    kwargs = dict(SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWAPPED=swapped, num_warps=4)
+    if pdl:
+        kwargs["launch_pdl"] = True
+    name = "_splitk_reduce_pdl_kernel" if pdl else "_splitk_reduce_kernel"
+    return KernelCall(_THIS, name, (_cdiv(total, REDUCE_BLOCK),), (total, cols, ldc), kwargs,
                       (torch.float32, out_dtype))
 
 
