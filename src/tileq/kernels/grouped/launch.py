@@ -118,8 +118,9 @@ _PTR = {torch.int8: "*i8", torch.float8_e4m3fn: "*fp8e4nv", torch.float8_e5m2: "
 
 
 def compile_sm90(spec: GroupedSpec, cfg: GroupedConfig):
-    """``triton.compile`` of the kernel for sm_90 (no GPU needed): pointers and N, K and the
-    leading strides marked 16-divisible as the JIT marks aligned tensors (tests, builds)."""
+    """``triton.compile`` of the kernel for sm_90 (no GPU needed): pointers, N, K and the
+    operands' strides marked 16-divisible, as the JIT marks them for aligned tensors of such
+    shapes (without it loads are not vectorized and the K loop is not pipelined)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -138,7 +139,7 @@ def compile_sm90(spec: GroupedSpec, cfg: GroupedConfig):
     for name in ("sx_ptr", "rs_ptr"):
         if sig[name] == "constexpr":
             consts[name] = None
-    aligned = [n for n, t in sig.items() if t.startswith("*")] + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
+    aligned = [n for n, t in sig.items() if t.startswith("*")] + ["N", "K", "stride_xe", "stride_xm", "stride_we", "stride_wn", "stride_ye", "stride_ym"]
     order = list(sig)
     attrs = {(order.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = triton.compiler.ASTSource(fn=_grouped_kernel, signature=sig, constexprs=consts, attrs=attrs)
