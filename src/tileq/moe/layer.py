@@ -1,0 +1,195 @@
+"""``fused_moe``: a mixture-of-experts layer's routed experts in five device steps, capturable in a
+CUDA graph and traceable by ``torch.compile(fullgraph=True)`` (the ``tileq::fused_moe`` custom op):
+
+1. route (``routing.py``; or take the model's (topk_ids, topk_weights));
+2. sort the T*k (token, expert) slots by expert (``align.py``: torch ops, static shapes);
+3. quantize each token ONCE (not once per slot) and gather the quantized rows and scales in expert
+   order; one grouped GEMM (``tileq.grouped_linear``) computes every expert's gate_up;
+4. SiLU·mul, fused with the down projection's activation quantization (``silu_mul_quantize``) for
+   configs that quantize activations; one grouped GEMM computes every expert's down projection with
+   the routing weights multiplied in its epilogue (``row_scale``), in fp32;
+5. combine: each token gathers its k rows (the inverse permutation) and sums them over k in fp32,
+   then one cast: deterministic, no atomics.
+
+The grouped GEMMs take one of two forms (``choose_form``): the contiguous form (rows sorted by
+expert, ``offsets``) or the masked form (an [E, C, K] buffer with ``counts``, C = T).
+
+Rows of the grouped buffers that belong to no slot are never read by the combine, so their
+contents (the kernels leave them unwritten) do not matter.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..activation import quantize_activation, silu_mul_quantize
+from ..api import linear
+from ..api_grouped import grouped_linear
+from ..dtypes import PackedInt4
+from ..errors import DTypeError, ShapeError, UnsupportedError, expect
+from .align import align, check_topk
+from .experts import ExpertsSpec, QuantExperts, spec_of_key
+from .routing import Routing, route
+
+FORMS = ("auto", "contiguous", "masked")
+
+# The masked form's buffers and grid scale with E x C rows (C = T), the contiguous form's with
+# T*k rows plus one tile per expert: the masked form only while E x T stays this small (decode
+# batches: T <= 32 at E = 128, T <= 16 at E = 256). Designed, not yet measured on the H200.
+MASKED_MAX_ROWS = 4096
+
+
+def choose_form(tokens: int, num_experts: int) -> tuple[str, str]:
+    """('masked' | 'contiguous', why) for T tokens over E experts (shapes only)."""
+    rows = tokens * num_experts
+    if rows <= MASKED_MAX_ROWS:
+        return "masked", (f"E x T = {rows} <= MASKED_MAX_ROWS={MASKED_MAX_ROWS}: masked form (decode: a fixed "
+                          "[E, T, K] layout, small buffers)")
+    return "contiguous", f"E x T = {rows} > MASKED_MAX_ROWS={MASKED_MAX_ROWS}: contiguous form (T*k sorted rows)"
+
+
+def fused_moe(hidden: Tensor, route_by, experts: QuantExperts, *, routing: Routing | None = None,
+              correction_bias: Tensor | None = None, form: str = "auto", backend: str | None = None) -> Tensor:
+    """sum_j w[t, j] * expert_{id[t, j]}(hidden[t]) for hidden [T, H] (bf16/fp16) -> [T, H].
+
+    ``route_by``: router logits [T, E] (with ``routing``, and ``correction_bias`` for DeepSeek-V3),
+    or the pair (topk_ids [T, k] int64/int32, topk_weights [T, k]). ``form``: 'auto'
+    (``choose_form``), 'contiguous' or 'masked'. ``backend``: as ``tileq.grouped_linear``'s.
+    """
+    if not isinstance(experts, QuantExperts):
+        raise UnsupportedError(expect("experts", "a tileq.moe.QuantExperts", type(experts).__name__))
+    spec = experts.spec
+    _check_hidden(hidden, spec)
+    if isinstance(route_by, Tensor):
+        if not isinstance(routing, Routing):
+            raise UnsupportedError(expect("routing", "a tileq.moe.Routing with router logits",
+                                          type(routing).__name__))
+        if route_by.dim() != 2 or route_by.shape[1] != spec.e:
+            raise ShapeError(expect("router_logits", f"[T, E] with E={spec.e}", tuple(route_by.shape)))
+        topk_ids, topk_weights = route(route_by, routing, correction_bias)
+    elif isinstance(route_by, (tuple, list)) and len(route_by) == 2:
+        topk_ids, topk_weights = route_by
+    else:
+        raise ShapeError(expect("route_by", "router logits [T, E] or a pair (topk_ids, topk_weights)",
+                                type(route_by).__name__))
+    check_topk(topk_ids, topk_weights, hidden.shape[0])
+    if form not in FORMS:
+        raise UnsupportedError(expect("form", f"one of {FORMS}", repr(form)))
+    args = (hidden, topk_ids, topk_weights, experts.gate_up_proj, experts.gate_up_proj_scale,
+            experts.down_proj, experts.down_proj_scale)
+    if torch.compiler.is_compiling():
+        return fused_moe_op(*args, spec.key, form, backend or "")
+    return moe_forward(*args, spec, form, backend)
+
+
+def _check_hidden(hidden, spec: ExpertsSpec) -> None:
+    if not isinstance(hidden, Tensor) or hidden.dim() != 2 or hidden.shape[1] != spec.h:
+        raise ShapeError(expect("hidden_states", f"a 2-D tensor [T, H] with H={spec.h}",
+                                getattr(hidden, "shape", type(hidden).__name__)))
+    if hidden.dtype not in (torch.bfloat16, torch.float16):
+        raise DTypeError(expect("hidden_states", "dtype bfloat16 or float16", hidden.dtype))
+
+
+def moe_forward(hidden, topk_ids, topk_weights, w13, s13, w2, s2, spec: ExpertsSpec, form: str,
+                backend: str | None) -> Tensor:
+    """The five steps (module docstring) on validated arguments; the custom op's implementation."""
+    t, h = hidden.shape
+    k = topk_ids.shape[1]
+    if t == 0:
+        return hidden.new_empty((0, h))
+    if form == "auto":
+        form = choose_form(t, spec.e)[0]
+    al = align(topk_ids, topk_weights, spec.e, form=form)
+    gemm = {"scheme": spec.scheme, "group_k": spec.group_k, "group_n": spec.group_n, "backend": backend}
+    # 3. each token quantized once, its rows and scales gathered in expert order
+    if spec.act_dtype is None:
+        xq, xs = hidden, None
+    else:
+        xq, xs = quantize_activation(hidden, spec.act_dtype, granularity=spec.act_granularity,
+                                     group_k=spec.group_k, backend=backend)
+    xg = xq[al.tokens]
+    sg = None if xs is None else xs[al.tokens]
+    if form == "masked":
+        rows, index = (spec.e, al.capacity), {"counts": al.counts}
+        xg, sg = _scatter(xg, al.dest, rows), None if sg is None else _scatter(sg, al.dest, rows)
+        rs = _scatter(al.weights, al.dest, rows)
+    else:
+        rows, index = (xg.shape[0],), {"offsets": al.offsets}
+        rs = al.weights
+    gate_up = grouped_linear(xg, w13, sg, s13, out_dtype=hidden.dtype, **index, **gemm)
+    # 4. SiLU·mul (+ the down projection's activation quantization), the down GEMM with row_scale
+    if spec.act_dtype is None:
+        gate, up = gate_up.chunk(2, dim=-1)
+        a, a_s = torch.nn.functional.silu(gate) * up, None
+    else:
+        a, a_s = silu_mul_quantize(gate_up, spec.act_dtype, granularity=spec.act_granularity,
+                                   group_k=spec.group_k, backend=backend)
+        a_s = a_s.view(*rows, *a_s.shape[1:])
+    y = grouped_linear(a, w2, a_s, s2, out_dtype=torch.float32, row_scale=rs, **index, **gemm)
+    # 5. combine: gather each token's k rows, sum over k in fp32, one cast
+    return y.reshape(-1, h)[al.slot_rows].view(t, k, h).sum(dim=1).to(hidden.dtype)
+
+
+def _scatter(src: Tensor, dest: Tensor, rows: tuple) -> Tensor:
+    """src's rows placed at flat rows ``dest`` of a zero [E * C, ...] buffer, viewed [E, C, ...]."""
+    buf = src.new_zeros((rows[0] * rows[1], *src.shape[1:]))
+    buf[dest] = src
+    return buf.view(*rows, *src.shape[1:])
+
+
+@torch.library.custom_op("tileq::fused_moe", mutates_args=())
+def fused_moe_op(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up_proj: Tensor,
+                 gate_up_proj_scale: Tensor, down_proj: Tensor, down_proj_scale: Tensor, spec: str, form: str,
+                 backend: str) -> Tensor:
+    """``fused_moe`` on (topk_ids, topk_weights); ``spec`` is the experts' ``ExpertsSpec.key``,
+    ``backend`` '' for the default."""
+    return moe_forward(hidden, topk_ids, topk_weights, gate_up_proj, gate_up_proj_scale, down_proj,
+                       down_proj_scale, spec_of_key(spec), form, backend or None)
+
+
+@fused_moe_op.register_fake
+def _fused_moe_fake(hidden, topk_ids, topk_weights, gate_up_proj, gate_up_proj_scale, down_proj,
+                    down_proj_scale, spec, form, backend):
+    return hidden.new_empty(hidden.shape)
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def fused_moe_ref(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts: QuantExperts) -> Tensor:
+    """The same function computed slot by slot with ``tileq.linear``'s reference on each expert's
+    weight (no sorting, no grouped GEMM): a test oracle. Synchronizes; small sizes only."""
+    spec = experts.spec
+    t, h = hidden.shape
+    k = topk_ids.shape[1]
+    out = torch.zeros(t, k, h, dtype=torch.float32, device=hidden.device)
+    for tok in range(t):
+        x = hidden[tok:tok + 1]
+        if spec.act_dtype is not None:
+            x, xs = quantize_activation(x, spec.act_dtype, granularity=spec.act_granularity,
+                                        group_k=spec.group_k, backend="reference")
+        else:
+            xs = None
+        for j in range(k):
+            e = int(topk_ids[tok, j])
+            gu = _expert_linear(x, xs, experts, "gate_up_proj", e, hidden.dtype)
+            if spec.act_dtype is None:
+                g, u = gu.chunk(2, dim=-1)
+                a, a_s = torch.nn.functional.silu(g) * u, None
+            else:
+                a, a_s = silu_mul_quantize(gu, spec.act_dtype, granularity=spec.act_granularity,
+                                           group_k=spec.group_k, backend="reference")
+            y = _expert_linear(a, a_s, experts, "down_proj", e, torch.float32)
+            out[tok, j] = y[0] * topk_weights[tok, j].float()
+    return out.sum(dim=1).to(hidden.dtype)
+
+
+def _expert_linear(x, xs, experts: QuantExperts, name: str, e: int, out_dtype):
+    spec = experts.spec
+    w = getattr(experts, name)[e]
+    s = getattr(experts, name + "_scale")[e]
+    if spec.weight_dtype == "int4":
+        w = PackedInt4(w, (w.shape[0], 2 * w.shape[1]), 1)
+    return linear(x, w, xs, s.t() if s.dim() == 2 else s, scheme=spec.scheme, out_dtype=out_dtype,
+                  group_k=spec.group_k, group_n=spec.group_n, backend="reference")
