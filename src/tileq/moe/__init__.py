@@ -8,9 +8,10 @@
 """
 
 from .align import Alignment, align
-from .experts import ExpertsSpec, QuantExperts, experts_refusal
+from .experts import QuantExperts, experts_refusal
 from .layer import MASKED_MAX_ROWS, choose_form, fused_moe, fused_moe_ref
 from .routing import Routing, route, sigmoid_grouped_topk, softmax_topk
+from .spec import ExpertsSpec
 
 __all__ = ["MASKED_MAX_ROWS", "Alignment", "ExpertsSpec", "QuantExperts", "Routing", "align", "choose_form",
            "experts_refusal", "fused_moe", "fused_moe_ref", "route", "sigmoid_grouped_topk", "softmax_topk"]

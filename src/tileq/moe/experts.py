@@ -19,60 +19,17 @@ signature of transformers' experts modules, so a QuantExperts can stand where on
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from functools import lru_cache
-
 import torch
 from torch import nn
 
 from ..errors import DTypeError, ShapeError, UnsupportedError, expect
 from ..nn.configs import QuantConfig
 from ..quant import quantize_weight
+from .layer import fused_moe
+from .spec import ExpertsSpec
 
 _WEIGHT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "int4": torch.uint8}
 _DTYPES = (torch.bfloat16, torch.float16)
-
-
-@dataclass(frozen=True)
-class ExpertsSpec:
-    """What a QuantExperts forward needs besides its tensors (hashable; ``key`` round-trips through
-    ``spec_of_key``, the custom op's string argument)."""
-
-    e: int
-    h: int
-    i: int
-    scheme: str
-    act_dtype: str | None
-    act_granularity: str | None
-    weight_dtype: str
-    group_k: int
-    group_n: int
-
-    @classmethod
-    def of(cls, config: QuantConfig, e: int, h: int, i: int) -> ExpertsSpec:
-        return cls(e, h, i, config.scheme, config.act_dtype, config.act_granularity, config.weight_dtype,
-                   config.group_k, config.group_n)
-
-    @property
-    def key(self) -> str:
-        return (f"e={self.e};h={self.h};i={self.i};scheme={self.scheme};act={self.act_dtype}:"
-                f"{self.act_granularity};w={self.weight_dtype};gk={self.group_k};gn={self.group_n}")
-
-    def scale_shape(self, n: int, k: int) -> tuple:
-        """The stored scale's shape for an [E, n, k] weight."""
-        if self.scheme == "rowcol":
-            return (self.e, n)
-        gn = n if self.group_n == 1 else math.ceil(n / self.group_n)
-        return (self.e, gn, math.ceil(k / self.group_k))
-
-
-@lru_cache(maxsize=1024)
-def spec_of_key(key: str) -> ExpertsSpec:
-    f = dict(part.split("=", 1) for part in key.split(";"))
-    act, gran = f["act"].split(":")
-    return ExpertsSpec(int(f["e"]), int(f["h"]), int(f["i"]), f["scheme"], None if act == "None" else act,
-                       None if gran == "None" else gran, f["w"], int(f["gk"]), int(f["gn"]))
 
 
 def _refusal(config: QuantConfig, e: int, h: int, i: int) -> str | None:
@@ -198,8 +155,6 @@ class QuantExperts(nn.Module):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         """sum_j top_k_weights[t, j] * expert_{top_k_index[t, j]}(hidden_states[t]), [T, H]."""
-        from .layer import fused_moe
-
         return fused_moe(hidden_states, (top_k_index, top_k_weights), self)
 
     def extra_repr(self) -> str:

@@ -29,8 +29,8 @@ from ..api_grouped import grouped_linear
 from ..dtypes import PackedInt4
 from ..errors import DTypeError, ShapeError, UnsupportedError, expect
 from .align import align, check_topk
-from .experts import ExpertsSpec, QuantExperts, spec_of_key
 from .routing import Routing, route
+from .spec import ExpertsSpec, spec_of_key
 
 FORMS = ("auto", "contiguous", "masked")
 
@@ -49,7 +49,7 @@ def choose_form(tokens: int, num_experts: int) -> tuple[str, str]:
     return "contiguous", f"E x T = {rows} > MASKED_MAX_ROWS={MASKED_MAX_ROWS}: contiguous form (T*k sorted rows)"
 
 
-def fused_moe(hidden: Tensor, route_by, experts: QuantExperts, *, routing: Routing | None = None,
+def fused_moe(hidden: Tensor, route_by, experts, *, routing: Routing | None = None,
               correction_bias: Tensor | None = None, form: str = "auto", backend: str | None = None) -> Tensor:
     """sum_j w[t, j] * expert_{id[t, j]}(hidden[t]) for hidden [T, H] (bf16/fp16) -> [T, H].
 
@@ -57,9 +57,9 @@ def fused_moe(hidden: Tensor, route_by, experts: QuantExperts, *, routing: Routi
     or the pair (topk_ids [T, k] int64/int32, topk_weights [T, k]). ``form``: 'auto'
     (``choose_form``), 'contiguous' or 'masked'. ``backend``: as ``tileq.grouped_linear``'s.
     """
-    if not isinstance(experts, QuantExperts):
+    spec = getattr(experts, "spec", None)
+    if not isinstance(spec, ExpertsSpec):
         raise UnsupportedError(expect("experts", "a tileq.moe.QuantExperts", type(experts).__name__))
-    spec = experts.spec
     _check_hidden(hidden, spec)
     if isinstance(route_by, Tensor):
         if not isinstance(routing, Routing):
@@ -157,7 +157,7 @@ def _fused_moe_fake(hidden, topk_ids, topk_weights, gate_up_proj, gate_up_proj_s
 # ----------------------------------------------------------------------------- reference
 
 
-def fused_moe_ref(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts: QuantExperts) -> Tensor:
+def fused_moe_ref(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, experts) -> Tensor:
     """The same function computed slot by slot with ``tileq.linear``'s reference on each expert's
     weight (no sorting, no grouped GEMM): a test oracle. Synchronizes; small sizes only."""
     spec = experts.spec
@@ -185,7 +185,7 @@ def fused_moe_ref(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, expert
     return out.sum(dim=1).to(hidden.dtype)
 
 
-def _expert_linear(x, xs, experts: QuantExperts, name: str, e: int, out_dtype):
+def _expert_linear(x, xs, experts, name: str, e: int, out_dtype):
     spec = experts.spec
     w = getattr(experts, name)[e]
     s = getattr(experts, name + "_scale")[e]
