@@ -305,6 +305,7 @@ def first_logits(model, prompt) -> torch.Tensor:
 def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], torch.Tensor | None]:
     rows = []
     dev = torch.device("cuda")
+    torch._dynamo.reset()  # transformers' forward wrapper is one code object: each config starts its own cache
     torch.cuda.empty_cache()
     t0 = time.time()
     checkpoint = getattr(args, "checkpoint", None)

@@ -79,6 +79,7 @@ def measure(m: int, n: int, k: int, calls: int) -> list[dict]:
 def layer_rows(m: int, n: int, k: int, calls: int, configs) -> list[dict]:
     """Host and device cost per call of one layer: nn.Linear (bf16) and QuantLinear per config,
     eager, through the custom op, compiled (``torch.compile``, no CUDA graph)."""
+    from .. import ops  # noqa: F401 - registers torch.ops.tileq.*
     from ..nn import QuantLinear, config_from_name
 
     dev = torch.device("cuda")
