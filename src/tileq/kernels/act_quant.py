@@ -22,7 +22,7 @@ from .. import quant
 from ..dtypes import OperandType
 
 from .act_quant_kernel import _add_rmsnorm_quantize_kernel, _quantize_activation_kernel  # noqa: F401
-from .direct import KernelCall, direct_launch_enabled
+from .direct import KernelCall, direct_launch_enabled, pdl_enabled
 
 _THIS = sys.modules[__name__]  # KernelCall looks the kernels up here at call time (tests stub them)
 
@@ -94,6 +94,13 @@ def config_ok(cfg: ActQuantConfig, k: int, granularity: str, group_k: int) -> bo
 # ----------------------------------------------------------------------------- launches
 
 
+def _pdl_kwargs(device, interpreted: bool) -> dict:
+    """The kernel's PDL constexpr and, when on, Triton's launch option (``direct.pdl_enabled``)."""
+    if pdl_enabled(device, interpreted):
+        return dict(PDL=True, launch_pdl=True)
+    return dict(PDL=False)
+
+
 def _pointer_dtype(t):
     return None if t is None else t.dtype
 
@@ -118,6 +125,7 @@ class ActQuantLaunch:
             GRANULARITY=granularity, OUT_TYPE=otype.value, QMAX=quant.QMAX[otype], EPS=quant._EPS,
             GROUP_K=group_k if grouped else 1, HR=cfg.hr, HC=cfg.hc, TR=cfg.tr, TC=cfg.tc,
             LOOP_C=cfg.loop_c, INTERPRETED=interpreted, num_warps=cfg.num_warps, num_stages=1,
+            **_pdl_kwargs(device, interpreted),
         )
         ints = (float(scale_val), k, row_stride, stride_sm, stride_sg)
         dtypes = (x_dtype, otype.torch_dtype, torch.float32, scale_dtype)
@@ -156,7 +164,7 @@ class AddRmsNormQuantLaunch:
             GRANULARITY=granularity, X_TYPE=_X_TYPES[x_dtype], OUT_TYPE=otype.value,
             QMAX=quant.QMAX[otype], EPS=quant._EPS, GROUP_K=group_k if grouped else 1,
             HR=cfg.hr, HC=cfg.hc, TR=cfg.tr, TC=cfg.tc, INTERPRETED=interpreted,
-            num_warps=cfg.num_warps, num_stages=1,
+            num_warps=cfg.num_warps, num_stages=1, **_pdl_kwargs(device, interpreted),
         )
         ints = (float(eps), k, x_stride, r_stride or 0, s_strides[0], s_strides[1] if grouped else 0)
         rdt = x_dtype if self.has_residual else None
@@ -203,7 +211,7 @@ def aot_source(launch):
         sig[name] = "fp32" if name in _FLOAT_ARGS else "i32"
         if name not in _FLOAT_ARGS and v % 16 == 0:
             aligned.append(name)
-    options = {k: v for k, v in call.kwargs.items() if k in ("num_warps", "num_stages")}
+    options = {k: v for k, v in call.kwargs.items() if k in ("num_warps", "num_stages", "launch_pdl")}
     for name, v in call.kwargs.items():
         if name not in options:
             sig[name], consts[name] = "constexpr", v

@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .pdl import wait_upstream
+
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 # 1.5 * 2**23: y + this, for |y| <= 2**22, rounds y to an integer (fp32 addition rounds to nearest
 # even) and leaves it in the low mantissa bits, so the low byte of the sum's bits is the int8.
@@ -220,11 +222,15 @@ def _quantize_activation_kernel(
     scale_val, K, stride_xm, stride_sm, stride_sg,
     GRANULARITY: tl.constexpr, OUT_TYPE: tl.constexpr, QMAX: tl.constexpr, EPS: tl.constexpr,
     GROUP_K: tl.constexpr, HR: tl.constexpr, HC: tl.constexpr, TR: tl.constexpr,
-    TC: tl.constexpr, LOOP_C: tl.constexpr, INTERPRETED: tl.constexpr,
+    TC: tl.constexpr, LOOP_C: tl.constexpr, INTERPRETED: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Grid (M, programs along K): program (m, g) quantizes row m's groups g*HR .. g*HR+HR-1
     ('group') or the whole row m ('row', 'tensor'). q is contiguous [M, K]; the scale of row m,
-    group j lives at s_ptr + m * stride_sm + j * stride_sg."""
+    group j lives at s_ptr + m * stride_sm + j * stride_sg. PDL: launched with programmatic
+    dependent launch, it waits for the previous kernel before its first load (x, a calibrated
+    scale) and its first store (q and s may be scratch that kernel still reads)."""
+    if PDL:
+        wait_upstream()
     m = tl.program_id(0).to(tl.int64)
     pid_g = tl.program_id(1)
     x_row = x_ptr + m * stride_xm
@@ -304,11 +310,15 @@ def _add_rmsnorm_quantize_kernel(
     GRANULARITY: tl.constexpr, X_TYPE: tl.constexpr, OUT_TYPE: tl.constexpr,
     QMAX: tl.constexpr, EPS: tl.constexpr, GROUP_K: tl.constexpr, HR: tl.constexpr,
     HC: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr, INTERPRETED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Grid (M,): program m holds row m in registers (one or two pieces), computes
     h = x + residual (stored to h_ptr, contiguous [M, K]; no residual: h = x, nothing stored),
     normed = weight * (h * rsqrt(mean(h**2) + eps)).to(x dtype), and quantizes normed as
-    ``_quantize_activation_kernel`` does ('row' or 'group')."""
+    ``_quantize_activation_kernel`` does ('row' or 'group'). PDL: waits for the previous kernel
+    before its first load and store, as ``_quantize_activation_kernel``."""
+    if PDL:
+        wait_upstream()
     m = tl.program_id(0).to(tl.int64)
     GROUPED: tl.constexpr = GRANULARITY == "group"
     x_row = x_ptr + m * stride_xm

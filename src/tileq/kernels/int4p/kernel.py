@@ -24,6 +24,8 @@ has no inline PTX), element for element the same.
 import triton
 import triton.language as tl
 
+from ..pdl import prefetch_l2, wait_upstream
+
 # Two words (c even, c + 1) -> eight registers of two 16-bit values each: slice q (0..3) from
 # word c, slice 4 + q from word c + 1; (w >> 4q) & 0x000F000F puts nibbles k and k + 1 in the
 # two halves, OR-ing the magic exponent makes MAGIC + nibble, the subtraction leaves the value.
@@ -234,9 +236,25 @@ def _i4p_kernel(
     CT: tl.constexpr, W_SCALE: tl.constexpr, X_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, BM: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     INTERPRETED: tl.constexpr, BN: tl.constexpr = 64, SCALE_AHEAD: tl.constexpr = False,
-    FIXUP: tl.constexpr = False, STREAMK: tl.constexpr = False,
+    FIXUP: tl.constexpr = False, STREAMK: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # BN: weight rows per program, 64 per warpgroup (wgmma M); the token tile BM is shared.
+    if PDL:
+        # Programmatic dependent launch: the program's first 512-wide K block of weight words
+        # goes to L2 while the previous kernel finishes; nothing is read or written before the
+        # wait (the activations, the split workspace and its tile counters are upstream's).
+        num_m = tl.cdiv(M, BM)
+        if STREAMK:
+            kb = tl.cdiv(K, 512)
+            u0 = tl.program_id(0) * (tl.cdiv(N, BN) * num_m * kb) // tl.num_programs(0)
+            n0 = (u0 // kb) // num_m * BN
+            b0 = u0 % kb
+        else:
+            n0 = tl.program_id(0) // num_m * BN
+            b0 = tl.program_id(1)
+        row_bytes = tl.cdiv(K, 512) * 256  # 64 int32 words per 512 of K
+        prefetch_l2(w_ptr, n0, BN, N, row_bytes, b0 * 256, 256, row_bytes)
+        wait_upstream()
     if STREAMK:
         _streamk(w_ptr, x_ptr, c_ptr, sw_ptr, sx_ptr, bias_ptr, ws_ptr, sem_ptr, M, N, K, ldx, ldc, stride_sw_g,
                  stride_sw_n, stride_sx, CT, W_SCALE, X_SCALE, GROUP_K, HAS_BIAS, BM, EVEN_K, INTERPRETED, BN,

@@ -8,7 +8,7 @@ import torch
 
 from ..._runtime import interpreter_active
 from ...prepacked import BLOCK_K
-from ..direct import KernelCall, direct_launch_enabled
+from ..direct import KernelCall, direct_launch_enabled, pdl_enabled
 from ..buffers import split_buffers
 from ..launch import splitk_reduce_call
 from . import kernel as _kernel_module
@@ -18,10 +18,11 @@ _PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp8": "*fp8e4nv", "bf8": "*fp8e5"}
 
 
 def compile_source(x_type: str, w_scale: str, cfg: Int4pConfig, *, x_scale: str | None = None,
-                   group_k: int = 128, has_bias: bool = False, even_k: bool = True):
+                   group_k: int = 128, has_bias: bool = False, even_k: bool = True, pdl: bool = False):
     """The kernel as ``triton.compile`` takes it for an ahead-of-time build (``tileq build``,
     ``tileq sass --prepacked``): bf16 output, the specialization a JIT launch makes for
-    LLM shapes (16-byte aligned pointers, N, K and strides multiples of 16)."""
+    LLM shapes (16-byte aligned pointers, N, K and strides multiples of 16); ``pdl``: the
+    programmatic-dependent-launch variant."""
     import triton
 
     sig = {"w_ptr": "*i32", "x_ptr": _PTR[x_type], "c_ptr": "*bf16",
@@ -36,7 +37,7 @@ def compile_source(x_type: str, w_scale: str, cfg: Int4pConfig, *, x_scale: str 
     consts = dict(CT=kernel_ct(x_type, cfg), W_SCALE=w_scale, X_SCALE=x_scale,
                   GROUP_K=group_k, HAS_BIAS=has_bias, BM=cfg.bm, SPLIT_K=cfg.split_k, EVEN_K=even_k,
                   INTERPRETED=False, BN=cfg.rows, SCALE_AHEAD=cfg.scale_ahead, FIXUP=cfg.in_kernel_sum,
-                  STREAMK=cfg.streamk)
+                  STREAMK=cfg.streamk, PDL=pdl)
     return triton.compiler.ASTSource(fn=_kernel_module._i4p_kernel, signature=sig, constexprs=consts,
                                      attrs=attrs)
 
@@ -71,6 +72,9 @@ class Int4pLaunch:
                       FIXUP=cfg.in_kernel_sum, STREAMK=cfg.streamk, num_warps=cfg.warps, num_stages=cfg.stages)
         if cfg.maxnreg and not self.interpreted:
             consts["maxnreg"] = cfg.maxnreg
+        pdl = pdl_enabled(device, self.interpreted)
+        if pdl:
+            consts.update(PDL=True, launch_pdl=True)
         self.name = kernel_name(x_type, w_scale_kind, cfg)
         # fp32 partials (values of the workspace) and tile counters of the kernel's own sum: stream-K
         # has two [rows, bm] slots per program and a counter per tile; a split [split_k, N, M]
@@ -86,7 +90,7 @@ class Int4pLaunch:
                                 torch.float32 if self.partials else None, torch.int32 if self.counters else None))
         self.reduce = None
         if cfg.split_k > 1 and not cfg.in_kernel_sum:
-            self.reduce = splitk_reduce_call(n, m, n, cfg.split_k, out_dtype, swapped=True)
+            self.reduce = splitk_reduce_call(n, m, n, cfg.split_k, out_dtype, swapped=True, pdl=pdl)
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
         if out is None:
