@@ -191,6 +191,8 @@ ROUTINGS = {
     "all_to_one": (0, 0, 21),
     "single_expert": (7,),
     "no_rows": (0, 0, 0),
+    "one_row_each": (1, 1, 1, 1, 1),  # the contiguous grid's bound, cdiv(T, BM) + min(E, T), is tight
+    "tile_and_one": (17, 0, 17, 1),
 }
 
 

@@ -22,6 +22,7 @@ import torch
 from .. import device as _device
 from ..device import ARCHS, check_types
 from ..errors import UnsupportedError, expect
+from ..kernels.grouped.launch import grid
 from ..kernels.grouped.spec import GroupedConfig, GroupedSpec, config_problem
 from . import thresholds
 from .heuristic import base_config
@@ -63,11 +64,11 @@ class GroupedPlan:
 def grid_text(spec: GroupedSpec, cfg: GroupedConfig) -> str:
     tiles_n = -(-spec.n // cfg.block_n)
     if spec.form == "masked":
-        m = spec.e * -(-spec.rows // cfg.block_m)
+        m = grid(spec, cfg)[0]
         return (f"{m} x {tiles_n} programs (E x ceil(C/BM) row tiles; those past counts[e] exit at once)")
-    m = -(-spec.rows // cfg.block_m) + spec.e
-    return (f"{m} x {tiles_n} programs (ceil(T/BM) + E row tiles, an upper bound; each finds its expert "
-            "from offsets on the device, the surplus exits at once)")
+    m = grid(spec, cfg)[0]
+    return (f"{m} x {tiles_n} programs (ceil(T/BM) + min(E, T) row tiles, an upper bound; each finds its "
+            "expert from offsets on the device, the surplus exits at once)")
 
 
 def lowering(spec: GroupedSpec) -> list[str]:

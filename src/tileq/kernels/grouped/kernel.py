@@ -5,8 +5,8 @@ Which expert and rows is found on the device, never on the host:
 
 - FORM 'masked' (x [E, C, K], counts [E]): program ``pid`` is row tile ``pid % cdiv(C, BM)`` of
   expert ``pid // cdiv(C, BM)``; a tile starting at or past counts[e] exits at once.
-- FORM 'contiguous' (x [T, K], offsets [E + 1]): the grid has cdiv(T, BM) + E row tiles, an upper
-  bound of sum_e cdiv(rows_e, BM). Each program loads the offsets, counts each expert's tiles,
+- FORM 'contiguous' (x [T, K], offsets [E + 1]): the grid has cdiv(T, BM) + min(E, T) row tiles,
+  an upper bound of sum_e cdiv(rows_e, BM). Each program loads the offsets, counts each expert's tiles,
   and finds its expert by a prefix sum; the surplus programs exit at once.
 
 Offsets and counts are clamped to the tensors' extents, so wrong values never read or write out

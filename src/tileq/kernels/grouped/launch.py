@@ -32,12 +32,13 @@ def _pow2_at_least(v: int) -> int:
 
 
 def grid(spec: GroupedSpec, cfg: GroupedConfig) -> tuple[int, int]:
-    """(row tiles, column tiles): E x cdiv(C, BM) (masked) or cdiv(T, BM) + E (contiguous, an
-    upper bound of the experts' row tiles)."""
+    """(row tiles, column tiles): E x cdiv(C, BM) (masked) or cdiv(T, BM) + min(E, T)
+    (contiguous): sum_e cdiv(rows_e, BM) <= T / BM + (experts with rows), and at most min(E, T)
+    experts have rows, so decode (T of a few tokens) launches a few row tiles, not E."""
     if spec.form == "masked":
         m = spec.e * _cdiv(spec.rows, cfg.block_m)
     else:
-        m = _cdiv(spec.rows, cfg.block_m) + spec.e
+        m = _cdiv(spec.rows, cfg.block_m) + min(spec.e, spec.rows)
     return m, _cdiv(spec.n, cfg.block_n)
 
 
