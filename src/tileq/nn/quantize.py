@@ -28,10 +28,13 @@ class QuantizeSummary:
     config: QuantConfig
     converted: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    experts: list[tuple[str, str]] = field(default_factory=list)  # MoE experts modules converted, and how
 
     def __str__(self) -> str:
         lines = [f"tileq.quantize_ ({self.config.describe()}): {len(self.converted)} layers converted, "
                  f"{len(self.skipped)} left unquantized"]
+        for name, what in self.experts:
+            lines.append(f"  experts {name}: {what}")
         for name, why in self.skipped:
             lines.append(f"  kept {name}: {why}")
         return "\n".join(lines)
@@ -68,6 +71,10 @@ def quantize_(model: nn.Module, config: QuantConfig,
                                                      "weights)", f"{type(calibration).__name__} with "
                                                      f"{config.name}"))
     summary = QuantizeSummary(config)
+    if any(_is_experts(mod) for mod in model.modules()):
+        from ..integrations.hf_moe import quantize_experts_
+
+        summary.experts = quantize_experts_(model, config, filter_fn, skipped=summary.skipped)
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
     if isinstance(model, nn.Linear):
         raise UnsupportedError(expect("model", "a model containing nn.Linear layers (quantize_ replaces "
@@ -108,6 +115,12 @@ def _hessians(model: nn.Module, layers: dict, calibration) -> dict:
     finally:
         collector.remove()
     return collector.h
+
+
+def _is_experts(mod: nn.Module) -> bool:
+    """A mixture-of-experts module holding its experts as 3-D tensors (tileq.integrations.hf_moe)."""
+    gu = getattr(mod, "gate_up_proj", None)
+    return isinstance(gu, nn.Parameter) and gu.dim() == 3
 
 
 def _replace(model: nn.Module, name: str, layer: QuantLinear) -> None:

@@ -1,0 +1,119 @@
+"""tileq as a transformers experts implementation (transformers 5.17 ``integrations/moe.py``).
+
+transformers' MoE models keep their routed experts in one module per layer (``Qwen3MoeExperts``,
+``Qwen2MoeExperts``, ``MixtralExperts``, ``DeepseekV3Experts`` and every class decorated with
+``@use_experts_implementation`` the same way: 3-D ``gate_up_proj`` [E, 2I, H] and ``down_proj``
+[E, H, I], concatenated gate/up, no bias, SiLU). The decorator makes the module's ``forward`` look
+its implementation up in ``ALL_EXPERTS_FUNCTIONS`` under ``config._experts_implementation``
+("eager", "grouped_mm", ...). ``quantize_experts_`` registers "tileq" there, replaces each such
+module by a ``tileq.moe.QuantExperts`` whose class also derives from the original one (so
+``isinstance`` checks and transformers' hooks still match, and its ``forward`` is still
+transformers' dispatcher) and sets ``config._experts_implementation = "tileq"``. The model's own
+code keeps routing (its router, its top-k weights, its shared experts and dense MLPs, which
+``quantize_`` turns into ``QuantLinear`` layers) and calls the experts as before.
+
+An experts module that stays unquantized (skipped by name or ``filter_fn``, or a layout tileq does
+not run: the reason is listed) runs transformers' eager loop under "tileq", as under "eager".
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+
+from ..moe.experts import QuantExperts, experts_refusal
+from ..nn.configs import QuantConfig
+
+IMPLEMENTATION = "tileq"
+_CLASSES: dict = {}
+# Attributes transformers' experts code and the decorator read on the module.
+_KEEP = ("config", "has_gate", "has_bias", "is_transposed", "is_concatenated", "act_fn")
+
+
+def tileq_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """The "tileq" experts implementation: ``QuantExperts.forward``; an unconverted module runs its
+    class's own (eager) forward."""
+    if isinstance(self, QuantExperts):
+        return QuantExperts.forward(self, hidden_states, top_k_index, top_k_weights)
+    eager = getattr(type(self).forward, "__wrapped__", type(self).forward)
+    return eager(self, hidden_states, top_k_index, top_k_weights)
+
+
+def register() -> None:
+    """Register "tileq" in transformers' ``ALL_EXPERTS_FUNCTIONS`` (idempotent)."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(IMPLEMENTATION, tileq_experts_forward)
+
+
+def is_experts_module(mod: nn.Module) -> bool:
+    """A module holding routed experts as 3-D tensors (converted or not)."""
+    gu = getattr(mod, "gate_up_proj", None)
+    return isinstance(mod, QuantExperts) or (isinstance(gu, nn.Parameter) and gu.dim() == 3)
+
+
+def _tileq_class(orig: type) -> type:
+    cls = _CLASSES.get(orig)
+    if cls is None:
+        cls = type(f"Tileq{orig.__name__}", (QuantExperts, orig),
+                   {"forward": orig.forward, "__module__": __name__, "_tileq_original": orig})
+        _CLASSES[orig] = cls
+    return cls
+
+
+def convert(mod: nn.Module, config: QuantConfig) -> QuantExperts:
+    """A QuantExperts holding ``mod``'s experts quantized; for a class dispatching through
+    transformers' experts interface, an instance of a subclass of both (module docstring)."""
+    new = QuantExperts.from_experts(mod, config)
+    if hasattr(type(mod).forward, "__wrapped__") and hasattr(mod, "config"):
+        new.__class__ = _tileq_class(type(mod))
+        for attr in _KEEP:
+            if hasattr(mod, attr):
+                setattr(new, attr, getattr(mod, attr))
+    return new
+
+
+def _what(new: QuantExperts) -> str:
+    via = "transformers' experts interface ('tileq')" if hasattr(new, "_tileq_original") else "its own forward"
+    return (f"{new.num_experts} experts {new.hidden_dim}->{new.intermediate_dim}->{new.hidden_dim} quantized "
+            f"{new.quant_config.name}, run by tileq.moe.fused_moe through {via}")
+
+
+def quantize_experts_(model: nn.Module, config: QuantConfig,
+                      filter_fn: Callable[[nn.Module, str], bool] | None = None, *,
+                      skipped: list | None = None) -> list[tuple[str, str]]:
+    """Replace ``model``'s experts modules by tileq ones, in place; returns [(name, what was done)].
+
+    Modules named in ``config.skip_modules`` or refused by ``filter_fn(module, name)`` stay, and
+    so does a layout tileq does not run: each is appended to ``skipped`` as (name, why) when a list
+    is given. A model is never left half-converted by an exception.
+    """
+    register()
+    done, configs = [], []
+    targets = [(n, m) for n, m in model.named_modules() if n and is_experts_module(m) and not isinstance(m, QuantExperts)]
+    for name, mod in targets:
+        why = None
+        if name in config.skip_modules or name.rsplit(".", 1)[-1] in config.skip_modules:
+            why = "in config.skip_modules"
+        elif filter_fn is not None and not filter_fn(mod, name):
+            why = "filter_fn returned False"
+        else:
+            why = experts_refusal(mod)
+        if why is None:
+            try:
+                new = convert(mod, config)
+            except Exception as e:  # noqa: BLE001 - never leave the model half-converted
+                why = f"{type(e).__name__}: {e}"
+        if why is not None:
+            if skipped is not None:
+                skipped.append((name, why))
+            continue
+        model.set_submodule(name, new)
+        done.append((name, _what(new)))
+        cfg = getattr(new, "config", None)
+        if hasattr(new, "_tileq_original") and cfg is not None and all(cfg is not c for c in configs):
+            configs.append(cfg)
+    for cfg in configs:
+        cfg._experts_implementation = IMPLEMENTATION
+    return done
