@@ -365,3 +365,18 @@ def test_sm90_build_uses_wgmma_and_pipelines():
     assert res["w4a16_decode"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16"]
     for name, r in res.items():
         assert r["cp_async"] > 0, f"{name}: the K loop's loads are not asynchronous copies (not pipelined)"
+
+
+def test_cli_explain_grouped(capsys):
+    import tileq.cli
+
+    rc = tileq.cli.main(["explain", "--scheme", "bquant", "--a", "bf16", "--b", "int4", "--m", "4", "--n", "768",
+                         "--k", "2048", "--grouped", "128", "--form", "masked"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "grouped masked bquant bf16xi4  E=128 C=4 N=768 K=2048" in text
+    assert "grid      : 128 x 12 programs" in text and "swapped" in text
+    rc = tileq.cli.main(["explain", "--scheme", "rowcol", "--a", "int8", "--b", "int8", "--m", "8", "--n", "64",
+                         "--k", "64", "--grouped", "4", "--bias"])
+    assert rc == 2
+    assert "--grouped: expected no --bias" in capsys.readouterr().err

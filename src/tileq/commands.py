@@ -167,6 +167,11 @@ def register(sub) -> None:
                    "CUDA tensors, the torch reference for CPU tensors)")
     p.add_argument("--prepacked", action="store_true",
                    help="B is a prepacked int4 nn.Linear weight (tileq.PrepackedInt4): what linear runs for it")
+    p.add_argument("--grouped", type=positive_int, default=None, metavar="E",
+                   help="the plan of tileq.grouped_linear over E experts (--a: x's type, --b: w's, --m: T rows "
+                   "in the contiguous form, C per expert in the masked one; docs/grouped.md)")
+    p.add_argument("--form", default="contiguous", choices=("contiguous", "masked"),
+                   help="with --grouped: x [T, K] with offsets (default) or x [E, C, K] with counts")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("selftest", help="name parity, catalog build and a correctness pass")
@@ -365,6 +370,8 @@ def cmd_explain(args) -> int:
             raise UnsupportedError(expect("--arch", f"{DEFAULT_ARCH} with --prepacked (the prepacked int4 kernels' "
                                           "plans are sm_90's)", target))
         return _explain_prepacked(args)
+    if args.grouped is not None:
+        return _explain_grouped(args, target or DEFAULT_ARCH)
     spec = spec_from_args(args)
     cuda = torch.device("cuda")
     lines = []
@@ -395,6 +402,45 @@ def cmd_explain(args) -> int:
 
 
 _PREPACKED_X = ("bf16", "fp16", "fp8", "bf8")
+
+
+def _explain_grouped(args, arch: str) -> int:
+    """``tileq explain --grouped E``: tileq.explain_grouped on meta tensors of the described call
+    (the API's own validation), planned for ``arch``."""
+    import math
+
+    import torch
+
+    from .api_grouped import explain_grouped
+    from .dtypes import OperandType, parse_operand_type
+
+    extra = [o for o in ("bias", "acc", "prepacked", "preshuffled", "fast_accum") if getattr(args, o)]
+    if extra or args.layout != "rcr":
+        got = ", ".join(f"--{o.replace('_', '-')}" for o in extra) or f"--layout {args.layout}"
+        raise UnsupportedError(expect("--grouped", "no --bias, --acc, --prepacked, --preshuffled, --fast-accum "
+                                      "or --layout (grouped_linear takes none of them)", got))
+    e, n, k, gk = args.grouped, args.n, args.k, math.ceil(args.k / args.group_k)
+    x_t, w_t = parse_operand_type(args.a), parse_operand_type(args.b)
+
+    def meta(shape, dtype=torch.float32):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    lead = (e, args.m) if args.form == "masked" else (args.m,)
+    w = meta((e, n, k // 2), torch.uint8) if w_t is OperandType.I4 else meta((e, n, k), w_t.torch_dtype)
+    x_scale = None
+    if args.scheme == "abquant":
+        x_scale = meta((*lead, gk))
+    elif not x_t.is_wide_float:
+        x_scale = meta(lead)
+    group_n = args.group_n or (128 if args.scheme == "abquant" else 1)
+    w_scale = meta((e, n)) if args.scheme == "rowcol" else meta((e, n if group_n == 1 else math.ceil(n / 128), gk))
+    index = ({"counts": meta((e,), torch.int32)} if args.form == "masked"
+             else {"offsets": meta((e + 1,), torch.int32)})
+    out = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.out_dtype]
+    x_dtype = x_t.torch_dtype if x_t is not OperandType.I4 else torch.uint8  # (int4 x: the API refuses it)
+    print(explain_grouped(meta((*lead, k), x_dtype), w, x_scale, w_scale, scheme=args.scheme, out_dtype=out,
+                          group_k=args.group_k, group_n=args.group_n, backend=args.backend, arch=arch, **index))
+    return 0
 
 
 def _explain_prepacked(args) -> int:
@@ -545,6 +591,7 @@ def prepacked_pass(device: str, seed: int = 0) -> int:
     import torch
 
     import tileq
+
     from .api_prepacked import linear_prepacked
     from .kernels.int4p.config import Int4pConfig
     from .testing import check_close
