@@ -42,6 +42,7 @@ CASES = [
     ("w4a8", F8, "i4", "bquant", "row", 128),
     ("w8a16", torch.bfloat16, torch.int8, "rowcol", None, 128),
     ("w8a16_group", torch.bfloat16, torch.int8, "bquant", None, 64),
+    ("w4a16_channel", torch.bfloat16, "i4", "rowcol", None, 128),  # W4A16 with group_size=None
 ]
 
 
