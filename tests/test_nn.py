@@ -219,6 +219,7 @@ def _opcheck(op, args):
     from torch.library import opcheck
 
     fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+    op = getattr(op, "op", op)  # a tileq.ops.TileqOp: its OpOverload
     outs = op(*args)
     tensors = [t for t in (*args, *(outs if isinstance(outs, tuple) else (outs,))) if isinstance(t, torch.Tensor)]
     if any(t.dtype in fp8 for t in tensors):

@@ -27,8 +27,45 @@ from .quant_linear import quant_linear_cached, spec_of_key, weight_operand
 
 _QDTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "bf8": torch.float8_e5m2}
 
+_LIB = torch.library.Library("tileq", "FRAGMENT")
 
-@torch.library.custom_op("tileq::linear", mutates_args=())
+
+class TileqOp:
+    """``tileq::<name>``: the decorated function registered at the dispatcher as the op's CPU and
+    CUDA kernel, its schema inferred from the annotations as ``torch.library.custom_op`` does.
+
+    Not ``custom_op`` itself: its Python wrapper around every call (output aliasing checks,
+    dispatch through ``backend_impl``) cost more host time per call than the tileq kernels' whole
+    launch path on an H200 machine (docs/performance.md, host cost); a compiled graph calls the op
+    once per layer and token. Calling the object calls the op (``torch.ops.tileq.<name>``), which
+    is what dynamo traces; ``register_fake`` gives the shapes for tracing. Inference only: no
+    autograd formula, as before.
+    """
+
+    def __init__(self, name: str, fn):
+        schema = torch.library.infer_schema(fn, mutates_args=())
+        _LIB.define(name + schema)
+        for key in ("CPU", "CUDA"):
+            _LIB.impl(name, fn, key)
+        self.name, self.impl = name, fn
+        self.op = getattr(torch.ops.tileq, name).default
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args):
+        return self.op(*args)
+
+    def register_fake(self, fake):
+        torch.library.register_fake(f"tileq::{self.name}", fake, lib=_LIB)
+        return fake
+
+
+def tileq_op(name: str):
+    """Decorator: the function becomes the kernel of op ``tileq::<name>`` (a ``TileqOp``)."""
+    return lambda fn: TileqOp(name, fn)
+
+
+
+@tileq_op("linear")
 def linear_op(x: Tensor, w: Tensor, x_scale: Tensor | None, w_scale: Tensor | None, bias: Tensor | None,
               scheme: str, out_dtype: torch.dtype, group_k: int, group_n: int, w_int4_k: int) -> Tensor:
     """``tileq.linear`` (y = x @ w.t(), nn.Linear convention); ``group_n`` 0 means unset."""
@@ -42,7 +79,7 @@ def _linear_fake(x, w, x_scale, w_scale, bias, scheme, out_dtype, group_k, group
     return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("tileq::quantize_activation", mutates_args=())
+@tileq_op("quantize_activation")
 def quantize_activation_op(x: Tensor, dtype: str, granularity: str, group_k: int, scale: Tensor | None,
                            preshuffled: bool) -> tuple[Tensor, Tensor]:
     """``tileq.quantize_activation`` (q, s)."""
@@ -61,7 +98,7 @@ def _quantize_activation_fake(x, dtype, granularity, group_k, scale, preshuffled
     return q, x.new_empty((m,), dtype=torch.float32)
 
 
-@torch.library.custom_op("tileq::quant_linear", mutates_args=())
+@tileq_op("quant_linear")
 def quant_linear_op(x: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tensor | None,
                     input_scale: Tensor | None, layer: str) -> Tensor:
     """A ``QuantLinear`` forward: activation quantization + GEMM; ``layer`` is its spec's key."""

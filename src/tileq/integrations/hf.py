@@ -73,7 +73,7 @@ from torch import Tensor, nn
 from ..activation import add_rmsnorm_quantize, silu_mul_quantize
 from ..errors import UnsupportedError, expect
 from ..nn.linear import QuantLinear
-from ..ops import _quantize_activation_fake
+from ..ops import _quantize_activation_fake, tileq_op
 
 log = logging.getLogger("tileq")
 
@@ -165,6 +165,13 @@ def merge_refusal(layers, names) -> str | None:
             if layer.out_features % gn:
                 return (f"{first.config.name} scales {gn}x{gn} blocks: {name} has N={layer.out_features}, "
                         f"not a multiple of {gn}")
+    tp = [getattr(layer, "tp_info", None) for layer in layers]
+    if any(t is not None for t in tp):
+        # Per rank, a merge of column-wise shards is the rank's own q/k/v (gate/up) rows: its
+        # output is local like theirs. Any other style would lose its forward transforms.
+        bad = [n for n, t in zip(names, tp) if t is None or t.spec.style != "colwise"]
+        if bad:
+            return f"tensor-parallel {', '.join(bad)}: only 'colwise' shards merge per rank"
     scales = [layer.input_scale for layer in layers]
     if any(s is None for s in scales) and not all(s is None for s in scales):
         static = [n for n, s in zip(names, scales) if s is not None]
@@ -189,13 +196,16 @@ def merge_quant_linears(layers, names=None) -> QuantLinear:
         bias = torch.cat([layer.bias if layer.bias is not None else
                           torch.zeros(layer.out_features, dtype=torch.float32, device=layer.weight.device)
                           for layer in layers])
-    return QuantLinear.from_quantized(
+    merged = QuantLinear.from_quantized(
         # Same config, same storage (pk_int4 bytes or prepacked words): rows concatenate as they are.
         torch.cat([layer.weight for layer in layers], 0),
         torch.cat([layer.weight_scale for layer in layers], axis),
         config=first.config, bias=bias,
         input_scale=None if first.input_scale is None else first.input_scale.clone(),
         in_features=first.in_features, dtype=first.dtype)
+    if getattr(first, "tp_info", None) is not None:  # tensor-parallel shards: the parts' for the split
+        merged.tp_parts = tuple(layer.tp_info for layer in layers)
+    return merged
 
 
 def split_quant_linear(merged: QuantLinear, sizes, has_bias) -> list[QuantLinear]:
@@ -215,6 +225,8 @@ def split_quant_linear(merged: QuantLinear, sizes, has_bias) -> list[QuantLinear
             w.clone(), s.contiguous().clone(), config=config, bias=b.clone() if hb else None,
             input_scale=None if merged.input_scale is None else merged.input_scale.clone(),
             in_features=merged.in_features, dtype=merged.dtype))
+    for part, info in zip(parts, getattr(merged, "tp_parts", ())):  # tensor-parallel shards
+        part.tp_info = info
     return parts
 
 
@@ -243,7 +255,7 @@ def unfused_layers(model: nn.Module) -> tuple[dict[str, QuantLinear], set[str]]:
 # ----------------------------------------------------------------------------- the fused steps
 
 
-@torch.library.custom_op("tileq::rmsnorm_quantize", mutates_args=())
+@tileq_op("rmsnorm_quantize")
 def rmsnorm_quantize_op(x: Tensor, weight: Tensor, eps: float, dtype: str, granularity: str, group_k: int,
                         preshuffled: bool) -> tuple[Tensor, Tensor]:
     """``add_rmsnorm_quantize(x, None, ...)``'s (q, s): RMSNorm then activation quantization."""
@@ -257,7 +269,7 @@ def _rmsnorm_quantize_fake(x, weight, eps, dtype, granularity, group_k, preshuff
     return _quantize_activation_fake(x, dtype, granularity, group_k, None, preshuffled)
 
 
-@torch.library.custom_op("tileq::add_rmsnorm_quantize", mutates_args=())
+@tileq_op("add_rmsnorm_quantize")
 def add_rmsnorm_quantize_op(x: Tensor, residual: Tensor, weight: Tensor, eps: float, dtype: str,
                             granularity: str, group_k: int, preshuffled: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``add_rmsnorm_quantize(x, residual, ...)``: (q, s, x + residual)."""
@@ -274,7 +286,7 @@ def _add_rmsnorm_quantize_fake(x, residual, weight, eps, dtype, granularity, gro
     return q, s, x.new_empty(x.shape)
 
 
-@torch.library.custom_op("tileq::silu_mul_quantize", mutates_args=())
+@tileq_op("silu_mul_quantize")
 def silu_mul_quantize_op(gate_up: Tensor, dtype: str, granularity: str, group_k: int,
                          preshuffled: bool) -> tuple[Tensor, Tensor]:
     """``silu_mul_quantize(gate_up, ...)``'s (q, s): silu(gate) * up, quantized."""
@@ -348,7 +360,9 @@ def add_rmsnorm_quantize_for(x: Tensor, residual: Tensor, norm: nn.Module,
 def linear_prequantized(layer: QuantLinear, q: Tensor, s: Tensor, out_dtype: torch.dtype) -> Tensor:
     """``layer``'s GEMM on an activation already quantized for it (what ``quant_linear_forward``
     does after its quantization step): dequantization, bias and the cast fused."""
-    return layer.forward_quantized(q, s, out_dtype)
+    y = layer.forward_quantized(q, s, out_dtype)
+    reduce = layer.__dict__.get("tp_reduce")  # a row-wise tensor-parallel shard: the ranks' sum (+ bias)
+    return y if reduce is None else reduce(y)
 
 
 # ----------------------------------------------------------------------------- fused modules
