@@ -78,7 +78,8 @@ def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
 
 
 def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, trust_remote_code: bool = False,
-                    model_class=None, on_read=None, int4_layout: str = "prepacked"):
+                    model_class=None, on_read=None, int4_layout: str = "prepacked", tp_plan=None,
+                    tp_size: int | None = None):
     """Load a quantized checkpoint directory into a transformers model with tileq layers.
 
     ``device``: where every tensor goes (default CPU; each tensor is read, moved there and dropped
@@ -88,6 +89,11 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
     is called for each tensor read (tests instrument host memory with it). ``int4_layout``: how
     int4 layers hold their weights in memory ('prepacked', the default, or 'pk_int4'; see
     ``W4A16Config``); the file's pk_int4 bytes are converted exactly.
+
+    ``tp_plan`` ('auto' or a dict, as transformers takes it; run under ``torchrun``): the model is
+    sharded by transformers' tensor parallelism and each rank reads only its slice of every
+    sharded tensor (``tileq.distributed``; docs/tensor-parallel.md). ``device`` then defaults to
+    the rank's GPU.
 
     Formats (``config.json``'s ``quantization_config.quant_method``): ``compressed-tensors``
     (int-quantized, float-quantized, naive-quantized, pack-quantized), ``fp8`` (DeepSeek-style
@@ -122,17 +128,30 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
         parsed = dsf.parse_config(qc)
     else:
         parsed = tqf.parse_config(qc)
+    tp = dist_config = None
+    if tp_plan is not None or tp_size is not None:
+        from ..distributed import load as tp_load
+
+        dist_config, tp_device, mesh = tp_load.start(tp_plan, tp_size)
+        if device is None and tp_device is not None:
+            device = torch.device(tp_device)
     with CheckpointReader(path, on_read=on_read) as reader:
         _refuse_fused(reader)
         model = _build_skeleton(path, dtype, trust_remote_code, model_class)
+        if dist_config is not None and mesh is not None:  # transformers shards the skeleton
+            tp, reader = tp_load.prepare(model, dist_config, mesh, reader)
         plans = _plan(model, method, parsed, reader)
         _check_not_tied(model, plans)
         consumed: set[str] = set()
         with torch.no_grad():
             for name, plan in plans.items():
                 linear = model.get_submodule(name)
+                style = tp.style(name) if tp is not None else None
                 try:
-                    if method == ct.QUANT_METHOD:
+                    if style is not None:  # this rank's slice, with the tp_plan's forward transforms
+                        layer, used = tp_load.load_sharded_layer(tp, reader, method, name, linear, plan, parsed,
+                                                                 style, device=device, dtype=dtype)
+                    elif method == ct.QUANT_METHOD:
                         layer, used = ct.load_layer(reader, name, linear, plan, device=device, dtype=dtype)
                     elif method == dsf.QUANT_METHOD:
                         layer, used = dsf.load_layer(reader, name, linear, parsed, device=device, dtype=dtype)
@@ -147,7 +166,8 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
                 layer.qualified_name = name  # errors about the layer's input name it
                 _replace(model, name, layer)
                 consumed.update(used)
-            consumed |= _load_unquantized(model, reader, device, dtype)
+            consumed |= _load_unquantized(model, reader, device, dtype,
+                                          tp_load.read_dtensor if tp is not None else None)
         _check_leftovers(model, reader, consumed)
     model.eval()
     model.tileq_checkpoint_format = method
@@ -237,9 +257,11 @@ def _check_not_tied(model, plans: dict) -> None:
                                            f"{', '.join(x for x in names if x != n)} is not supported")
 
 
-def _load_unquantized(model, reader: CheckpointReader, device, dtype) -> set[str]:
+def _load_unquantized(model, reader: CheckpointReader, device, dtype, read_dtensor=None) -> set[str]:
     """Every remaining parameter and persistent buffer, read as stored (floats cast to ``dtype``).
-    Tied parameters (one object under several names) are read once, from whichever name is stored."""
+    Tied parameters (one object under several names) are read once, from whichever name is stored.
+    ``read_dtensor(reader, key, placeholder, device)`` reads the parameters that tensor
+    parallelism sharded (DTensor placeholders)."""
     consumed = set()
     by_object: dict[int, list[tuple[str, nn.Module, str, bool]]] = {}
     for mname, module in model.named_modules():
@@ -273,7 +295,10 @@ def _load_unquantized(model, reader: CheckpointReader, device, dtype) -> set[str
                                  f"not quantized under the checkpoint's config), got {info.describe()}")
         elif info.dtype != current.dtype:
             raise DTypeError(f"{key}: expected {dtype_name(current.dtype)}, got {info.describe()}")
-        t = reader.read(key, device)
+        if read_dtensor is not None and type(current).__name__ == "DTensor":
+            t = read_dtensor(reader, key, current, device)
+        else:
+            t = reader.read(key, device)
         if t.dtype.is_floating_point and t.dtype != dtype:
             t = t.to(dtype)
         new = nn.Parameter(t, requires_grad=False) if is_param else t
@@ -328,6 +353,15 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
     # A fused decoder (fuse_decoder_) is written in the standard layout: its merged q/k/v and
     # gate/up layers split back (copies; the model stays fused).
     layers, merged = unfused_layers(model)
+    tp = plain = None
+    if getattr(model, "_device_mesh", None) is not None:  # sharded: one checkpoint, gathered on rank 0
+        from ..distributed import tp as tp_mod
+
+        tp = tp_mod.TensorParallel.of(model)
+        if tp is not None:
+            layers, plain = tp_mod.gather_for_save(tp, model, layers, merged, _plain_state)
+            if layers is None:  # not rank 0: wait for its files, return its answer
+                return tp_mod.after_save(tp, None)
     if not layers:
         raise UnsupportedError(expect("model", "a model with tileq QuantLinear layers (see tileq.quantize_)",
                                       "no QuantLinear layer"))
@@ -339,7 +373,7 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
     fmt = tqf.QUANT_METHOD if format == tqf.QUANT_METHOD or blocked else ct.QUANT_METHOD
 
     tensors = []
-    for name, t in _plain_state(model, set(layers) | merged):
+    for name, t in plain if plain is not None else _plain_state(model, set(layers) | merged):
         tensors.append((name, t))
     for name, layer in layers.items():
         tensors += ct.layer_tensors(name, layer) if fmt == ct.QUANT_METHOD else tqf.layer_tensors(name, layer)
@@ -363,7 +397,7 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
             gen.save_pretrained(str(path))
         except Exception:  # noqa: BLE001 - a generation config is optional; weights and config are written
             pass
-    return fmt
+    return tp_mod.after_save(tp, fmt) if tp is not None else fmt
 
 
 def _plain_state(model, layers):

@@ -192,6 +192,28 @@ class CheckpointReader:
             self.on_read(name, t)
         return to_device(t, device)
 
+    def read_slices(self, name: str, per_dim) -> torch.Tensor:
+        """Part of ``name`` on the CPU, read with safetensors' ``get_slice`` (the rest of the
+        tensor is never read): ``per_dim[d]`` is None (all of dim d) or a list of [start, stop)
+        ranges, concatenated along d (at most one dim with several ranges). ``on_read`` is not
+        called (the caller reports what it keeps)."""
+        from safetensors import SafetensorError
+
+        multi = [d for d, rs in enumerate(per_dim) if rs is not None and len(rs) > 1]
+        assert len(multi) <= 1, per_dim
+        pieces = per_dim[multi[0]] if multi else [None]
+        f = self._where[name]
+        try:
+            sl = self._handle(f).get_slice(name)
+            out = []
+            for piece in pieces:
+                index = tuple(slice(None) if rs is None else slice(*(piece if d in multi else rs[0]))
+                              for d, rs in enumerate(per_dim))
+                out.append(sl[index])
+        except SafetensorError as e:
+            raise CheckpointError(f"{f}: {name}: cannot be read ({e})") from None
+        return out[0] if len(out) == 1 else torch.cat(out, multi[0])
+
     def close(self) -> None:
         self._handles.clear()
 

@@ -75,6 +75,13 @@ def quantize_(model: nn.Module, config: QuantConfig,
         from ..integrations.hf_moe import quantize_experts_
 
         summary.experts = quantize_experts_(model, config, filter_fn, skipped=summary.skipped)
+    tp = None
+    if getattr(model, "_device_mesh", None) is not None:  # sharded by transformers' tp_plan
+        from ..distributed.tp import TensorParallel, refuse_calibration
+
+        tp = TensorParallel.of(model)
+        if tp is not None and calibration is not None:
+            raise refuse_calibration()
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
     if isinstance(model, nn.Linear):
         raise UnsupportedError(expect("model", "a model containing nn.Linear layers (quantize_ replaces "
@@ -91,7 +98,10 @@ def quantize_(model: nn.Module, config: QuantConfig,
         chosen.append((name, mod))
     hessians = _hessians(model, dict(chosen), calibration) if calibration is not None else {}
     for name, mod in chosen:
-        layer, why = quantize_linear_or_reason(mod, config, hessians.get(name))
+        if tp is not None:  # the rank's slice, with the tp_plan's forward transforms
+            layer, why = tp.quantize_linear(name, mod, config)
+        else:
+            layer, why = quantize_linear_or_reason(mod, config, hessians.get(name))
         if layer is None:
             summary.skipped.append((name, why))
             continue
