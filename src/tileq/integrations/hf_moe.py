@@ -8,7 +8,8 @@ its implementation up in ``ALL_EXPERTS_FUNCTIONS`` under ``config._experts_imple
 ("eager", "grouped_mm", ...). ``quantize_experts_`` registers "tileq" there, replaces each such
 module by a ``tileq.moe.QuantExperts`` whose class also derives from the original one (so
 ``isinstance`` checks and transformers' hooks still match, and its ``forward`` is still
-transformers' dispatcher) and sets ``config._experts_implementation = "tileq"``. The model's own
+transformers' dispatcher, which refuses any implementation but "tileq" with a clear error) and sets
+``config._experts_implementation = "tileq"``. The model's own
 code keeps routing (its router, its top-k weights, its shared experts and dense MLPs, which
 ``quantize_`` turns into ``QuantLinear`` layers) and calls the experts as before.
 
@@ -18,10 +19,11 @@ not run: the reason is listed) runs transformers' eager loop under "tileq", as u
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 
+from ..errors import UnsupportedError, expect
 from ..moe.experts import QuantExperts, experts_refusal
 from ..nn.configs import QuantConfig
 
@@ -53,11 +55,22 @@ def is_experts_module(mod: nn.Module) -> bool:
     return isinstance(mod, QuantExperts) or (isinstance(gu, nn.Parameter) and gu.dim() == 3)
 
 
+def _forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' dispatcher (the original class's forward), refusing any implementation but
+    "tileq": another one would read the quantized buffers as if they were bf16 weights."""
+    impl = self.config._experts_implementation
+    if impl != IMPLEMENTATION:
+        raise UnsupportedError(expect(
+            "config._experts_implementation", f"{IMPLEMENTATION!r} for experts quantized by tileq "
+            f"(model.set_experts_implementation({IMPLEMENTATION!r}))", repr(impl)))
+    return self._tileq_original.forward(self, hidden_states, top_k_index, top_k_weights)
+
+
 def _tileq_class(orig: type) -> type:
     cls = _CLASSES.get(orig)
     if cls is None:
         cls = type(f"Tileq{orig.__name__}", (QuantExperts, orig),
-                   {"forward": orig.forward, "__module__": __name__, "_tileq_original": orig})
+                   {"forward": _forward, "__module__": __name__, "_tileq_original": orig})
         _CLASSES[orig] = cls
     return cls
 
@@ -65,6 +78,7 @@ def _tileq_class(orig: type) -> type:
 def convert(mod: nn.Module, config: QuantConfig) -> QuantExperts:
     """A QuantExperts holding ``mod``'s experts quantized; for a class dispatching through
     transformers' experts interface, an instance of a subclass of both (module docstring)."""
+    register()
     new = QuantExperts.from_experts(mod, config)
     if hasattr(type(mod).forward, "__wrapped__") and hasattr(mod, "config"):
         new.__class__ = _tileq_class(type(mod))
