@@ -26,7 +26,7 @@ Modes are constexpr strings, never integers:
 import triton
 import triton.language as tl
 
-from .act_quant_kernel import _abs_max, _divide, _encode, _max_nan, _scale_of, _to_f32
+from .act_quant_kernel import _abs_max, _divide, _encode, _max_nan, _nan_like, _scale_of, _to_f32
 from .pdl import prefetch_tile, wait_upstream
 
 
@@ -124,7 +124,14 @@ def _token_scales(ptr, ld, rt64, t_ok, K, T: tl.constexpr, K_CONTIG: tl.constexp
         else:
             p = ptr + kk[None, :].to(tl.int64) * ld + rt64[:, None]
         v = tl.load(p, mask=t_ok[:, None] & (kk < K)[None, :], other=0.0)
-        amax = _max_nan(amax, _abs_max(v, INTERPRETED))
+        if INTERPRETED:
+            # The interpreter runs a custom reduction element by element (seconds per tile): its
+            # own max (numpy's, which skips NaN) and a NaN count give the same NaN-propagating max.
+            a = tl.abs(_to_f32(v, INTERPRETED))
+            part = tl.where(tl.sum((a != a).to(tl.int32), 1) > 0, _nan_like(amax), tl.max(a, 1))
+        else:
+            part = _abs_max(v, INTERPRETED)
+        amax = _max_nan(amax, part)
     return _scale_of(amax, QMAX, EPS)
 
 
