@@ -332,3 +332,38 @@ def test_compiled_model_fullgraph():
     with torch.no_grad():
         assert torch.equal(compiled(x).logits, model(x).logits)
     assert "tileq.fused_moe.default" in seen
+
+
+# ----------------------------------------------------------------------------- tileq moebench
+
+
+def test_moebench_options_and_dry_run(capsys, tmp_path):
+    from tileq.bench import cli as bench_cli
+    from tileq.bench import moe as bench_moe
+    from tileq.cli import build_parser, main
+
+    assert bench_cli.MOEBENCH_MODELS == tuple(bench_moe.MODELS) and bench_cli.MOEBENCH_TOKENS == bench_moe.TOKENS
+    assert bench_cli.MOEBENCH_ROUTINGS == bench_moe.ROUTINGS and bench_cli.MOEBENCH_CONFIGS == bench_moe.CONFIGS
+    assert bench_cli.MOEBENCH_BASELINES == bench_moe.BASELINES
+    args = build_parser().parse_args(["moebench", "--models", "deepseek-v3", "--tokens", "1,16", "--configs", "A8W8"])
+    assert (args.models, args.tokens, args.configs, args.routings) == (["deepseek-v3"], [1, 16], ["A8W8"],
+                                                                      ["uniform", "skewed"])
+    assert main(["moebench", "--configs", "W3A3"]) == 2
+    assert "--configs" in capsys.readouterr().err
+    assert main(["moebench", "--dry", "--models", "qwen3-30b-a3b", "--routings", "skewed", "--configs", "A8W8,W4A16",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    errs = {line.split(":")[0]: float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if "rel err" in line}
+    assert set(errs) == {"dry skewed tileq A8W8", "dry skewed tileq W4A16", "dry skewed bf16 grouped_mm"}
+    assert errs["dry skewed tileq A8W8"] < 0.05 and errs["dry skewed tileq W4A16"] < bench_moe.TOLERANCE["int4"]
+
+
+def test_moebench_write(tmp_path):
+    from tileq.bench.moe import write
+
+    rows = [{"model": "m", "tokens": 1, "routing": "uniform", "impl": "bf16 grouped_mm", "us": 10.0, "vs_bf16": 1.0,
+             "experts_hit": 8, "touched_gb": 0.1, "tbps": 1.0, "rel_err": 0.0, "note": ""},
+            {"model": "m", "tokens": 1, "routing": "uniform", "impl": "fp8 scaled_grouped_mm", "note": "absent"}]
+    md = write(rows, tmp_path, ["# t"])
+    assert "| m | 1 | uniform | fp8 scaled_grouped_mm |  |  |  |  |  | absent |" in md
+    assert (tmp_path / "moe.csv").read_text().splitlines()[0].startswith("model,tokens,routing,impl,us")

@@ -1,5 +1,5 @@
 """The ``tileq`` command: list, build, explain, selftest, tune, demo, bench, replay, overhead, e2e,
-layerbench, sass.
+layerbench, moebench, sass.
 
 Every parser is defined in a module that imports no torch, Triton or kernel module (tileq.commands,
 tileq.bench.cli, tileq.demo, tileq.sass), so ``tileq --help`` and ``tileq COMMAND --help`` answer at
@@ -48,6 +48,12 @@ def _layerbench(args) -> int:
     return run(args)
 
 
+def _moebench(args) -> int:
+    from .bench.moe import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: every subcommand and its options."""
     from . import commands, demo, sass
@@ -63,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_overhead(sub).set_defaults(func=_overhead)
     bench_cli.add_e2e(sub).set_defaults(func=_e2e)
     bench_cli.add_layerbench(sub).set_defaults(func=_layerbench)
+    bench_cli.add_moebench(sub).set_defaults(func=_moebench)
     sass.register_cli(sub)
     return parser
 

@@ -1,5 +1,5 @@
 """``tileq bench``: run a suite, write results.csv / report.md / plots, optionally compare; and
-the options of the other benchmark commands (replay, overhead, e2e, layerbench).
+the options of the other benchmark commands (replay, overhead, e2e, layerbench, moebench).
 
 Exit status: 0 when every tileq result (the plan's, and those of --impls / --gluon-tilings /
 --int4-variants) passed
@@ -236,6 +236,38 @@ def add_layerbench(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--act-only", action="store_true", help="only the activation-quantization sweep")
     p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/layers",
                    help="folder for layers.csv and layers.md (default: $OUT/layers, else tileq-out/layers)")
+    return p
+
+
+MOEBENCH_MODELS = ("qwen3-30b-a3b", "deepseek-v3")  # tileq.bench.moe.MODELS
+MOEBENCH_TOKENS = (1, 16, 128, 1024, 4096)  # tileq.bench.moe.TOKENS
+MOEBENCH_ROUTINGS = ("uniform", "skewed")  # tileq.bench.moe.ROUTINGS
+MOEBENCH_CONFIGS = ("FP8Block", "A8W8", "FP8Row", "W4A16", "W4A8")  # tileq.bench.moe.CONFIGS
+MOEBENCH_BASELINES = ("bf16", "fp8", "eager")  # tileq.bench.moe.BASELINES
+
+
+def add_moebench(subparsers) -> argparse.ArgumentParser:
+    """``tileq moebench``'s options (its code: tileq.bench.moe)."""
+    p = subparsers.add_parser("moebench", help="one MoE layer's experts: tileq configs vs torch's grouped GEMMs "
+                              "and transformers' loop under CUDA graphs (GPU; --dry on a CPU)")
+    p.add_argument("--models", type=names_from(MOEBENCH_MODELS, "models"), default=list(MOEBENCH_MODELS),
+                   help=f"comma list from {','.join(MOEBENCH_MODELS)} (default: both)")
+    p.add_argument("--tokens", type=positive_ints, default=list(MOEBENCH_TOKENS),
+                   help=f"comma list of token counts (default: {','.join(map(str, MOEBENCH_TOKENS))})")
+    p.add_argument("--routings", type=names_from(MOEBENCH_ROUTINGS, "routings"), default=list(MOEBENCH_ROUTINGS),
+                   help="comma list from uniform,skewed (default: both)")
+    p.add_argument("--configs", type=names_from(NN_CONFIGS, "configs"), default=list(MOEBENCH_CONFIGS),
+                   help=f"comma list of tileq configs from {','.join(NN_CONFIGS)} (default: "
+                   f"{','.join(MOEBENCH_CONFIGS)})")
+    p.add_argument("--baselines", type=names_from(MOEBENCH_BASELINES, "baselines"), default=list(MOEBENCH_BASELINES),
+                   help="comma list from bf16 (torch._grouped_mm), fp8 (torch._scaled_grouped_mm), eager "
+                   "(transformers' loop) (default: all)")
+    p.add_argument("--runs", type=positive_int, default=20,
+                   help="timed CUDA-graph replays per measurement (default: 20)")
+    p.add_argument("--dry", action="store_true",
+                   help="list the cases and run one tiny layer on the CPU through the reference (no timing)")
+    p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/moe",
+                   help="folder for moe.csv and moe.md (default: $OUT/moe, else tileq-out/moe)")
     return p
 
 
