@@ -11,18 +11,18 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import tp_workers as W  # noqa: E402
+import tp_workers as W
 
-import tileq  # noqa: E402
-from tileq.distributed.shard import (  # noqa: E402
+import tileq
+from tileq.distributed.shard import (
     ShardSpec,
     chunk,
     shard_quant_linear,
     unshard_quant_linear,
 )
-from tileq.errors import ShapeError, UnsupportedError  # noqa: E402
-from tileq.nn import QuantLinear, W4A16Config  # noqa: E402
-from tileq.nn.configs import CONFIGS  # noqa: E402
+from tileq.errors import ShapeError, UnsupportedError
+from tileq.nn import QuantLinear, W4A16Config
+from tileq.nn.configs import CONFIGS
 
 
 def _layer(config, n=512, k=512, bias=True, seed=0):
@@ -131,11 +131,12 @@ def test_quantize_sharded_qwen3(tiny_dirs):
 
 
 def test_quantize_sharded_llama_with_biases_4_ranks(tiny_dirs):
-    _spawn(W.quantize_scenario, 4, tiny_dirs["llama"], "llama", ["A8W8", "W4A16"], None)
+    """64 input features of o_proj per rank: int4 in groups of 64, held as pk_int4."""
+    _spawn(W.quantize_scenario, 4, tiny_dirs["llama"], "llama", ["A8W8", "W4A16:64"], None)
 
 
 def test_block_cut_refused_on_4_ranks(tiny_dirs):
-    _spawn(W.refusal_scenario, 4, tiny_dirs["qwen3"])
+    _spawn(W.refusal_scenario, 4, tiny_dirs["llama"])
 
 
 def test_sharded_load_of_each_format(tiny_dirs):

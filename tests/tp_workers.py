@@ -29,9 +29,11 @@ def save_tiny(path, family: str = "qwen3", seed: int = 0) -> None:
     import transformers
 
     cfg_name, model_name = MODELS[family]
-    over = {"attention_bias": True, "mlp_bias": True} if family == "llama" else {}
+    # Llama: 4 key/value heads of 64 (one per rank on 4 ranks), biases on every projection
+    over = {"attention_bias": True, "mlp_bias": True, "num_key_value_heads": 4, "head_dim": 64} \
+        if family == "llama" else {}
     torch.manual_seed(seed)
-    model = getattr(transformers, model_name)(getattr(transformers, cfg_name)(**TINY, **over))
+    model = getattr(transformers, model_name)(getattr(transformers, cfg_name)(**{**TINY, **over}))
     with torch.no_grad():  # biases are zero at init: make them count
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
@@ -55,7 +57,7 @@ def warm_imports() -> None:
     from transformers.models.llama import modeling_llama  # noqa: F401
     from transformers.models.qwen3 import modeling_qwen3  # noqa: F401
 
-    import tileq.distributed.load  # noqa: F401
+    import tileq.distributed.load
     import tileq.integrations.hf  # noqa: F401
 
     transformers.AutoModelForCausalLM  # noqa: B018 - the lazy module's import
@@ -116,17 +118,14 @@ def quantize_scenario(rank, world, port, path, family, configs, out_dir):
     """quantize_ on a tp_plan="auto" model: logits vs one process, slices vs quantize-then-shard,
     fuse_decoder_ per rank, save_pretrained gathered on rank 0."""
     setup(rank, world, port)
+
     import tileq
     from tileq.integrations.hf import fuse_decoder_
     from tileq.nn.configs import CONFIGS
-
-    import time
-    t0 = time.time()
     bf16 = logits(load(path, False))
     for name in configs:
-        if rank == 0:
-            print(f"{name} {time.time() - t0:.1f}", flush=True)
-        config = CONFIGS[name]()
+        name, _, group = name.partition(":")  # "W4A16:64": int4 groups of 64 (pk_int4 layout)
+        config = CONFIGS[name](group_size=int(group)) if group else CONFIGS[name]()
         single = load(path, False)
         tileq.quantize_(single, config)
         want = logits(single)
@@ -188,7 +187,7 @@ def load_scenario(rank, world, port, checkpoints):
             if isinstance(mod, QuantLinear):
                 sizes[name] = mod
         sharded = tileq.from_pretrained(path, tp_plan="auto",
-                                        on_read=lambda k, t: reads.__setitem__(k, tuple(t.shape)))
+                                        on_read=lambda k, t, reads=reads: reads.__setitem__(k, tuple(t.shape)))
         _same_shards(sharded, single, rank, world)
         # No rank reads a whole tensor of a sharded layer: every weight read is a slice.
         for name in sizes:
@@ -198,24 +197,25 @@ def load_scenario(rank, world, port, checkpoints):
                     assert shape[0] < full.out_features or shape[1] * (2 if full.config.weight_dtype == "int4"
                                                                        else 1) < full.in_features, (key, shape)
         got, want = logits(sharded), logits(single)
-        bound = 0.1 * want.abs().max().item()
-        close_to(got, want, bound, f"{path} rank {rank}")
+        close_to(got, want, 0.3 * want.std().item(), f"{path} rank {rank}", above=2)
 
 
 def refusal_scenario(rank, world, port, path):
-    """4 ranks: FP8Block's 128 x 128 blocks cannot be cut to k_proj's 64-row slices."""
+    """4 ranks of the Llama model: its attention's 64-row / 64-column slices would cut FP8Block's
+    128 x 128 blocks, so q/k/v/o stay in bf16 (with their own tp hooks); the MLP is quantized."""
     setup(rank, world, port)
     import tileq
 
     sharded = load(path, True)
     summary = tileq.quantize_(sharded, tileq.FP8BlockConfig())
     kept = dict(summary.skipped)
-    why = kept.get("model.layers.0.self_attn.k_proj", "")
-    assert "cuts a 128x128 scale block" in why and "of 256" in why, why
-    assert "model.layers.0.self_attn.q_proj" in summary.converted
-    got = logits(sharded)  # the layers kept in bf16 still run with their own tp hooks
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        why = kept.get(f"model.layers.0.self_attn.{proj}", "")
+        assert f"model.layers.0.self_attn.{proj}: its tensor-parallel shard" in why, why
+        assert "cuts a 128x128 scale block" in why or "cuts a K group of 128" in why, why
+    assert "model.layers.1.mlp.down_proj" in summary.converted
+    got = logits(sharded)
     single = load(path, False)
-    tileq.quantize_(single, tileq.FP8BlockConfig(),
-                    filter_fn=lambda m, n: not n.endswith(("k_proj", "v_proj")))
+    tileq.quantize_(single, tileq.FP8BlockConfig(), filter_fn=lambda m, n: ".mlp." in n)
     want = logits(single)
-    close_to(got, want, 0.1 * want.abs().max().item(), f"FP8Block with bf16 k/v rank {rank}")
+    close_to(got, want, 0.3 * want.std().item(), f"FP8Block with bf16 attention rank {rank}", above=2)

@@ -86,6 +86,13 @@ class ShardedReader:
     def metadata(self, f=None):
         return self.reader.metadata(f)
 
+    @property
+    def on_read(self):
+        return self.reader.on_read
+
+    def read_slices(self, name: str, per_dim) -> torch.Tensor:
+        return self.reader.read_slices(name, per_dim)
+
     def info(self, name: str) -> TensorInfo:
         i = self.reader.info(name)
         if name in self._replace:
@@ -104,8 +111,8 @@ class ShardedReader:
             t = self.reader.read_slices(name, self._index[name])
         else:
             return self.reader.read(name, device)
-        if self.reader.on_read is not None:
-            self.reader.on_read(name, t)
+        if self.on_read is not None:
+            self.on_read(name, t)
         return t if device is None else t.to(device)
 
     def shard_layer(self, method: str, name: str, config, plan, spec: ShardSpec, n: int, k: int) -> tuple[int, int]:

@@ -225,7 +225,7 @@ def gather_layer(layer: QuantLinear, first: bool) -> QuantLinear | None:
 
     group, world = info.mesh.get_group(), info.spec.world
     mine = local_tensors(layer)
-    got = [dict() for _ in range(world)]
+    got = [{} for _ in range(world)]
     for key, t in mine.items():  # None-ness is the same on every rank (same config, same style)
         pieces = _all_gather(t, group, world) if t is not None else [None] * world
         for r in range(world):
