@@ -18,11 +18,12 @@ def _import_api() -> None:
     """The public API below, imported on first use of any of its names (PEP 562's ``__getattr__``):
     ``import tileq.cli`` (``tileq --help``) then costs no torch, Triton or kernel import. Everything
     is imported at once, as an eager ``import tileq`` did, so the first name used brings them all."""
-    from .activation import add_rmsnorm_quantize, quantize_activation
+    from .activation import add_rmsnorm_quantize, quantize_activation, silu_mul_quantize
     from .api import a8w8_matmul_dequant, explain, gemm, linear
     from .api_grouped import explain_grouped, grouped_linear
     from .dtypes import OperandType, PackedInt4
     from .formats import from_pretrained, save_pretrained
+    from .moe import QuantExperts, fused_moe
     from .nn import (
         A8W8Config,
         FP8BlockConfig,
@@ -65,6 +66,9 @@ __all__ = [
     "explain_grouped",
     "quantize_activation",
     "add_rmsnorm_quantize",
+    "silu_mul_quantize",
+    "fused_moe",
+    "QuantExperts",
     "QuantLinear",
     "quantize_",
     "from_pretrained",
