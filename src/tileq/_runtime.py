@@ -37,6 +37,15 @@ def env_raw(name: str):
     return _ENV_DATA.get(key)
 
 
+def env_reader(names: tuple[str, ...]):
+    """A function returning ``tuple(env_raw(n) for n in names)`` in one C-level pass over
+    os.environ's dict (every cached call keys on it: ~0.3 us instead of ~0.3 us per name)."""
+    if type(_ENV_DATA) is not dict or _ENV_ENCODE is None:
+        return lambda: tuple(os.environ.get(n) for n in names)
+    keys, get = tuple(_ENV_ENCODE(n) for n in names), _ENV_DATA.get
+    return lambda: tuple(map(get, keys))
+
+
 def interpreter_active() -> bool:
     """Triton's interpreter is chosen when TRITON_INTERPRET=1 is set before Triton is imported."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ._runtime import env_raw, interpreter_active
+from ._runtime import env_reader, interpreter_active
 from .errors import UnsupportedError, expect
 
 BACKENDS = ("auto", "triton", "reference")
@@ -29,12 +29,13 @@ SWITCHES = {
     "TRITON_INTERPRET": "1 (set before tileq and triton are imported): Triton's interpreter runs the kernels on CPU tensors",
 }
 _KEYED = tuple(SWITCHES)
+_read_keyed = env_reader(_KEYED)
 
 
 def key() -> tuple:
     """The raw value of every switch (None when unset): the part of every cache key that the
     environment contributes."""
-    return tuple(env_raw(name) for name in _KEYED)
+    return _read_keyed()
 
 
 @dataclass(frozen=True)
