@@ -187,6 +187,49 @@ def test_kernel_matches_reference(case, masked, cfg):
     _check(y, ref, kw, args[0])
 
 
+SPLITS = {
+    "swapped_split3": GroupedConfig(16, 64, 64, 4, 2, swap_ab=True, split_k=3),  # K tiles 2, 2, 0 (an empty range)
+    "direct_split2_g1": GroupedConfig(16, 32, 64, 4, 2, split_k=2, group_m=1),
+}
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[3]], ids=["fp8_block", "int8_rowcol", "w4a16"])
+@pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
+@pytest.mark.parametrize("cfg", list(SPLITS.values()), ids=list(SPLITS))
+def test_split_k_matches_reference_and_is_deterministic(case, masked, cfg, monkeypatch):
+    """Split over K (partials summed by the tile's last program): the reference's result, bit for
+    bit the same on a second call, unwritten rows kept, every tile counter back to zero."""
+    from tileq.kernels.grouped import launch as grouped_launch
+
+    counters = torch.zeros(64, dtype=torch.int32)
+    seen = []
+
+    def buffers(device, numel, direct, count):
+        seen.append((numel, count))
+        return torch.full((numel,), float("nan")), counters[:count]  # stale partials must not leak in
+
+    monkeypatch.setattr(grouped_launch, "split_buffers", buffers)
+    args, kw = make_case(case, masked=masked, row_scale=True, rows=(4, 0, 18))
+    ref = grouped_linear_ref(*args, **kw)
+    y = _kernel(args, kw, cfg, _out(args[0], 40))
+    _check(y, ref, kw, args[0])
+    assert torch.equal(y, _kernel(args, kw, cfg, _out(args[0], 40)))
+    assert seen and seen[0][1] <= 64 and not counters.any()
+
+
+def test_split_and_group_configs_are_checked():
+    args, kw = make_case(CASES[2])
+    spec = api_grouped.validate(*args, out_dtype=torch.bfloat16, group_n=None, row_scale=None, out=None,
+                                counts=None, **kw)[0]
+    from tileq.kernels.grouped.spec import config_problem
+
+    assert config_problem(spec, GroupedConfig(16, 64, 64, 4, 2, split_k=4)) is None  # 4 K tiles of 64 in K=200
+    assert "split_k=5: expected 1 to the 4 K tiles" in config_problem(spec, GroupedConfig(16, 64, 64, 4, 2, split_k=5))
+    assert "group_m=0" in config_problem(spec, GroupedConfig(16, 64, 64, 4, 2, group_m=0))
+    assert GroupedConfig(16, 64, 128, 4, 4, True, 2, 1).tag == "m16n64k128_w4_s4_g1_sk2_swap"
+
+
 ROUTINGS = {
     "one_row": (0, 1, 0),
     "all_to_one": (0, 0, 21),
