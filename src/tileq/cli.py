@@ -48,6 +48,12 @@ def _layerbench(args) -> int:
     return run(args)
 
 
+def _tpbench(args) -> int:
+    from .bench.tp import run
+
+    return run(args)
+
+
 def _moebench(args) -> int:
     from .bench.moe import run
 
@@ -70,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_e2e(sub).set_defaults(func=_e2e)
     bench_cli.add_layerbench(sub).set_defaults(func=_layerbench)
     bench_cli.add_moebench(sub).set_defaults(func=_moebench)
+    bench_cli.add_tpbench(sub).set_defaults(func=_tpbench)
     sass.register_cli(sub)
     return parser
 

@@ -223,6 +223,32 @@ def add_e2e(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+TPBENCH_MODELS = ("qwen3-14b", "qwen3-32b")  # tileq.bench.tp.MODELS
+TPBENCH_CONFIGS = ("bf16", "A8W8", "FP8Row", "W4A16")  # tileq.bench.tp.CONFIGS
+TPBENCH_MODES = ("eager", "compile", "graph")  # tileq.bench.tp.MODES
+
+
+def add_tpbench(subparsers) -> argparse.ArgumentParser:
+    """``tileq tpbench``'s options (its code: tileq.bench.tp; run under torchrun)."""
+    MODELS, CONFIGS, MODES, BATCHES = TPBENCH_MODELS, TPBENCH_CONFIGS, TPBENCH_MODES, (1, 16)
+    p = subparsers.add_parser("tpbench", help="tensor-parallel decode TPOT, bf16 vs tileq configs "
+                                              "(GPU; torchrun --nproc-per-node N -m tileq tpbench)")
+    p.add_argument("--model", choices=list(MODELS), default="qwen3-14b", help="shapes (default: qwen3-14b)")
+    p.add_argument("--layers", type=positive_int, default=8, help="decoder layers (default: 8)")
+    p.add_argument("--configs", type=names_from(("bf16", *NN_CONFIGS), "configs"), default=list(CONFIGS),
+                   help=f"comma list from bf16,{','.join(NN_CONFIGS)} (default: {','.join(CONFIGS)})")
+    p.add_argument("--batches", type=positive_ints, default=list(BATCHES), help="comma list (default: 1,16)")
+    p.add_argument("--modes", type=names_from(MODES, "modes"), default=list(MODES),
+                   help=f"comma list from {','.join(MODES)} (default: all)")
+    p.add_argument("--fuse", action="store_true", help="fuse_decoder_ after quantize_ (per rank)")
+    p.add_argument("--prompt", type=positive_int, default=32, help="prompt tokens (default: 32)")
+    p.add_argument("--tokens", type=positive_int, default=64, help="timed graph steps (default: 64)")
+    p.add_argument("--eager-tokens", type=positive_int, default=16, help="timed eager/compile steps (default: 16)")
+    p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/tp",
+                   help="folder for tp.csv and tp.md (default: $OUT/tp, else tileq-out/tp)")
+    return p
+
+
 def add_layerbench(subparsers) -> argparse.ArgumentParser:
     """``tileq layerbench``'s options (its code: tileq.bench.layers)."""
     p = subparsers.add_parser("layerbench", help="one quantized layer piece by piece vs bf16 under CUDA graphs (GPU)")
