@@ -258,9 +258,10 @@ def test_kernel_routing_edges(routing, masked):
 
 @needs_interpreter
 def test_kernel_planned_configs_and_fresh_output():
-    """The planner's own tiles (decode swapped at T/E <= 16, the decode tile above, the prefill
-    tile above 64 rows per expert) and a fresh output."""
-    for rows, swapped, bm in (((3, 5), True, 16), ((20, 30), False, 32), ((140, 2), False, 128)):
+    """The planner's own tiles (decode swapped with 16 tokens at T/E <= 16, 32 up to 32, the
+    64-row decode tile up to 64, the prefill tile above) and a fresh output."""
+    for rows, swapped, bm in (((3, 5), True, 16), ((20, 30), True, 32), ((40, 50), False, 64),
+                              ((140, 2), False, 128)):
         args, kw = make_case(CASES[1], e=2, rows=rows, n=40, k=96, spare=0)
         plan = make_grouped_plan(api_grouped.validate(*args, out_dtype=torch.bfloat16, group_n=None,
                                                       row_scale=None, out=None, counts=None, **kw)[0],
@@ -277,6 +278,40 @@ def test_fp32_output_and_fp16_x():
     ref = grouped_linear_ref(*args, out_dtype=torch.float32, **kw)
     assert y.dtype == torch.float32
     check_close(y[:9], ref[:9])
+
+
+def _spec(form, e, rows, n, k, scheme="abquant"):
+    from tileq.dtypes import OperandType
+    from tileq.kernels.grouped.spec import GroupedSpec
+    from tileq.problem import ScaleKind, Scheme
+
+    if scheme == "abquant":
+        return GroupedSpec(form, e, rows, n, k, OperandType.FP8, OperandType.FP8, Scheme.ABQUANT, ScaleKind.GROUP,
+                           ScaleKind.GROUP, group_n=128)
+    return GroupedSpec(form, e, rows, n, k, OperandType.I8, OperandType.I8, Scheme.ROWCOL, ScaleKind.VECTOR,
+                       ScaleKind.VECTOR)
+
+
+def test_decode_split_rule():
+    """The split over K follows the wave model over the tiles with rows: 1 token's 8 experts x 24
+    column tiles (192 programs on 132 SMs, 1.45 waves) split in 2; 16 tokens' 128 experts fill the
+    SMs and E=8 x 32 column tiles x 56 K steps balance already (no split), but not on 200 SMs;
+    prefill never splits; the choice is explained."""
+    from tileq.dispatch.grouped import choose_config
+
+    one_token = _spec("contiguous", 128, 8, 1536, 2048)
+    cfg, why = choose_config(one_token, "sm_90", 132)
+    assert (cfg.split_k, cfg.swap_ab, cfg.block_m) == (2, True, 16), why
+    assert "~192 tiles with rows x 16 K steps on 132 SMs: split_k=2" in why
+    assert choose_config(_spec("masked", 128, 1, 1536, 2048), "sm_90", 132)[0].split_k == 2  # C x 8 rows
+    assert choose_config(_spec("contiguous", 128, 128, 1536, 2048), "sm_90", 132)[0].split_k == 1
+    assert choose_config(_spec("contiguous", 8, 8, 2048, 7168), "sm_90", 132)[0].split_k == 1
+    assert choose_config(_spec("contiguous", 8, 8, 2048, 7168, "rowcol"), "sm_90", 132)[0].split_k == 1
+    assert choose_config(_spec("contiguous", 8, 8, 2048, 7168), "sm_90", 200)[0].split_k > 1  # 1.28 waves
+    prefill, why = choose_config(_spec("contiguous", 128, 32768, 1536, 2048), "sm_90", 132)
+    assert (prefill.split_k, prefill.group_m, prefill.block_m) == (1, 8, 128), why
+    # the split's partials stay within the workspace budget: a huge masked grid is not split
+    assert choose_config(_spec("masked", 4096, 16, 4096, 2048), "sm_90", 132)[0].split_k == 1
 
 
 # ---- cache, explain ------------------------------------------------------------------------
@@ -304,7 +339,7 @@ def test_explain_describes_the_plan():
     args, kw = make_case(CASES[0], masked=True, cap=8)
     text = tileq.explain_grouped(*args, backend="triton", **kw)
     assert "grouped masked abquant fp8xfp8  E=3 C=8 N=40 K=200  group_k=128 group_n=128" in text
-    assert "swapped" in text and "C=8 rows per expert <= DECODE_SWAP_MAX_M=16" in text
+    assert "swapped" in text and "C=8 rows per expert <= GROUPED_SWAP_MAX_M=32" in text
     assert "grid      : 3 x 1 programs (E x ceil(C/BM) row tiles" in text
     assert "promote(x_scale[rows,Gk] x w_scale[Gn,Gk])" in text
     assert "executor  : reference" in tileq.explain_grouped(*args, backend="reference", **kw)
@@ -385,13 +420,16 @@ cases = [
                                    S.GROUP, group_n=128), GroupedConfig(128, 128, 128, 8, 3)),
  ("w4a16_decode", GroupedSpec("contiguous", 8, 16, 1536, 2048, O.BF16, O.I4, Scheme.BQUANT, S.NONE, S.GROUP),
                   GroupedConfig(16, 64, 128, 4, 4, True)),
+ ("int8_decode_split", GroupedSpec("contiguous", 128, 8, 1536, 2048, O.I8, O.I8, Scheme.ROWCOL, S.VECTOR, S.VECTOR),
+                       GroupedConfig(16, 64, 256, 4, 4, True, split_k=2)),
 ]
 res = {}
 for name, spec, cfg in cases:
     k = compile_sm90(spec, cfg)
     ptx = k.asm["ptx"]
     res[name] = dict(mma=sorted({l.split()[0] for l in ptx.splitlines() if "wgmma.mma_async.sync" in l}),
-                     cp_async=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"))
+                     cp_async=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
+                     atom=ptx.count("atom.global"))
 print(json.dumps(res))
 """
 
@@ -407,6 +445,8 @@ def test_sm90_build_uses_wgmma_and_pipelines():
     assert res["fp8_block_decode"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3"]
     assert res["fp8_block_prefill"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"]
     assert res["w4a16_decode"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16"]
+    assert res["int8_decode_split"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8"]
+    assert res["int8_decode_split"]["atom"] >= 2 and res["fp8_block_decode"]["atom"] == 0  # the split's counters
     for name, r in res.items():
         assert r["cp_async"] > 0, f"{name}: the K loop's loads are not asynchronous copies (not pipelined)"
 

@@ -2,19 +2,24 @@
 
 The host never knows how many rows each expert has (they live on the device), so the rule reads
 what the shapes say: T / E rows per expert in the contiguous form, C in the masked form (an upper
-bound). The pipeline bands are the dense GEMM's (``DECODE_SWAP_MAX_M``, ``DECODE_MAX_M`` of
-``thresholds``) and the tiles start from the arch's defaults (``heuristic.base_config``):
+bound). The bands are ``GROUPED_SWAP_MAX_M`` and the dense GEMM's ``DECODE_MAX_M``
+(``thresholds``) and the tiles start from the arch's defaults (``heuristic.base_config``):
 
-- few rows per expert (<= DECODE_SWAP_MAX_M): swapped decode tile, the weight's rows on the
-  matrix instruction's 64-row side and 16 tokens on its narrow side (wgmma m64n16 on sm_90);
-  weight bytes dominate, so the K tile is the arch's long decode one;
-- up to DECODE_MAX_M: the decode tile unswapped (16-64 rows);
-- above: the arch's prefill tile.
+- few rows per expert (<= GROUPED_SWAP_MAX_M): swapped decode tile, the weight's rows on the
+  matrix instruction's 64-row side and 16 or 32 tokens on its narrow side (wgmma m64n16 / m64n32
+  on sm_90); weight bytes dominate, so the K tile is the arch's long decode one;
+- up to DECODE_MAX_M: the decode tile unswapped (64 rows);
+- above: the arch's prefill tile, launched in groups of GROUPED_PREFILL_GROUP_M row tiles.
+
+A decode tile is split over K where the tiles with rows would leave SMs idle or unevenly loaded:
+the split minimizing ``waves.split_cost`` (K steps the busiest SM runs), each split program
+paying GROUPED_SPLIT_FIXED_STEPS more, over the tiles that have rows by the shapes' estimate
+(``active_row_tiles``), each K range at least DECODE_SPLIT_MIN_K_TILES K tiles.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -26,6 +31,7 @@ from ..kernels.grouped.launch import grid
 from ..kernels.grouped.spec import GroupedConfig, GroupedSpec, config_problem
 from . import thresholds
 from .heuristic import base_config
+from .waves import cdiv, split_cost, waves
 from .plan import resolve_backend
 
 
@@ -52,7 +58,8 @@ class GroupedPlan:
         if self.config is not None:
             c = self.config
             lines.append(f"config    : BM={c.block_m} BN={c.block_n} BK={c.block_k} warps={c.num_warps} "
-                         f"stages={c.num_stages}{' swapped' if c.swap_ab else ''}  [{self.arch}]")
+                         f"stages={c.num_stages} group_m={c.group_m}{' split_k=%d' % c.split_k if c.split_k > 1 else ''}"
+                         f"{' swapped' if c.swap_ab else ''}  [{self.arch}]")
             lines.append(f"grid      : {grid_text(s, c)}")
         else:
             lines.append("config    : n/a (the reference loops over experts in torch)")
@@ -63,6 +70,11 @@ class GroupedPlan:
 
 def grid_text(spec: GroupedSpec, cfg: GroupedConfig) -> str:
     tiles_n = -(-spec.n // cfg.block_n)
+    split = f" x split_k {cfg.split_k} (the tile's last program sums the partials)" if cfg.split_k > 1 else ""
+    return _grid_text(spec, cfg, tiles_n) + split
+
+
+def _grid_text(spec: GroupedSpec, cfg: GroupedConfig, tiles_n: int) -> str:
     if spec.form == "masked":
         m = grid(spec, cfg)[0]
         return (f"{m} x {tiles_n} programs (E x ceil(C/BM) row tiles; those past counts[e] exit at once)")
@@ -99,8 +111,40 @@ def lowering(spec: GroupedSpec) -> list[str]:
     return st
 
 
+def active_row_tiles(spec: GroupedSpec, block_m: int, t) -> int:
+    """Row tiles with rows, as the shapes suggest: the contiguous form's T rows (a few experts at
+    decode, each at least one tile), the masked form's C x GROUPED_MASKED_ROWS_PER_C routed rows
+    (top-k of C tokens); never more than the grid's row tiles."""
+    if spec.form == "masked":
+        rows = min(spec.e * spec.rows, int(spec.rows * t.GROUPED_MASKED_ROWS_PER_C))
+    else:
+        rows = spec.rows
+    return min(max(cdiv(rows, block_m), min(spec.e, rows)), grid(spec, GroupedConfig(block_m, 16, 16, 4, 1))[0])
+
+
+def choose_split(spec: GroupedSpec, cfg: GroupedConfig, num_sms: int, t) -> tuple[int, str]:
+    """The decode split over K and why: ``waves.split_cost`` over the tiles with rows on
+    ``num_sms`` SMs, each program of a split paying GROUPED_SPLIT_FIXED_STEPS more (its partial's
+    store, the count, the last one's sum); the smallest split of the least cost."""
+    tiles = active_row_tiles(spec, cfg.block_m, t) * cdiv(spec.n, cfg.block_n)
+    k_steps = max(cdiv(spec.k, cfg.block_k), 1)
+    most = max(1, min(int(t.GROUPED_SPLIT_MAX), k_steps // int(t.DECODE_SPLIT_MIN_K_TILES)))
+    budget = t.GROUPED_SPLIT_MAX_WORKSPACE_MB * 2 ** 20 / 4  # fp32 values
+    slot = grid(spec, cfg)[0] * cdiv(spec.n, cfg.block_n) * cfg.block_m * cfg.block_n
+    best, best_cost = 1, split_cost(tiles, k_steps, 1, num_sms)
+    for s in range(2, most + 1):
+        if slot * s > budget:
+            break
+        cost = split_cost(tiles, k_steps, s, num_sms) + waves(tiles * s, num_sms) * t.GROUPED_SPLIT_FIXED_STEPS
+        if cost < best_cost:
+            best, best_cost = s, cost
+    why = (f"~{tiles} tiles with rows x {k_steps} K steps on {num_sms} SMs: split_k={best} "
+           f"({best_cost:g} K steps on the busiest SM)")
+    return best, why
+
+
 @lru_cache(maxsize=1024)
-def choose_config(spec: GroupedSpec, arch_name: str) -> tuple[GroupedConfig, str]:
+def choose_config(spec: GroupedSpec, arch_name: str, num_sms: int) -> tuple[GroupedConfig, str]:
     """The tile config and the reason, from the rows an expert can have (shapes only)."""
     arch = ARCHS[arch_name]
     check_types(arch, spec.x_type, spec.w_type)
@@ -108,31 +152,38 @@ def choose_config(spec: GroupedSpec, arch_name: str) -> tuple[GroupedConfig, str
     rows = spec.rows_per_expert
     what = f"{'C' if spec.form == 'masked' else 'T/E'}={rows} rows per expert"
     expert = spec.expert()
-    if rows <= t.DECODE_SWAP_MAX_M:
+    decode = rows <= t.DECODE_MAX_M
+    if rows <= t.GROUPED_SWAP_MAX_M:
         base = base_config(expert, arch, "decode")
-        cfg = GroupedConfig(16, 64, base.block_k, base.num_warps, base.num_stages, swap_ab=True)
-        why = (f"{what} <= DECODE_SWAP_MAX_M={t.DECODE_SWAP_MAX_M}: swapped decode tile (weight rows on the "
-               "64-row side, 16 tokens on the narrow side; weight bytes dominate)")
-    elif rows <= t.DECODE_MAX_M:
+        bm = 16 if rows <= 16 else 32
+        cfg = GroupedConfig(bm, 64, base.block_k, base.num_warps, base.num_stages, swap_ab=True)
+        why = (f"{what} <= GROUPED_SWAP_MAX_M={t.GROUPED_SWAP_MAX_M}: swapped decode tile (weight rows on the "
+               f"64-row side, {bm} tokens on the narrow side; weight bytes dominate)")
+    elif decode:
         base = base_config(expert, arch, "decode")
-        bm = 32 if rows <= 32 else 64
-        cfg = GroupedConfig(bm, 128 if base.block_k <= 128 else 64, base.block_k, base.num_warps,
+        cfg = GroupedConfig(64, 128 if base.block_k <= 128 else 64, base.block_k, base.num_warps,
                             base.num_stages)
-        why = f"{what} <= DECODE_MAX_M={t.DECODE_MAX_M}: decode tile of {bm} rows"
+        why = f"{what} <= DECODE_MAX_M={t.DECODE_MAX_M}: decode tile of 64 rows"
     else:
         base = base_config(expert, arch, "prefill")
-        cfg = GroupedConfig(base.block_m, base.block_n, base.block_k, base.num_warps, base.num_stages)
-        why = f"{what} > DECODE_MAX_M={t.DECODE_MAX_M}: the arch's prefill tile"
+        cfg = GroupedConfig(base.block_m, base.block_n, base.block_k, base.num_warps, base.num_stages,
+                            group_m=int(t.GROUPED_PREFILL_GROUP_M))
+        why = (f"{what} > DECODE_MAX_M={t.DECODE_MAX_M}: the arch's prefill tile, launched in groups of "
+               f"{cfg.group_m} row tiles")
     bk = cfg.block_k
     while spec.grouped and spec.group_k % bk and bk > 16:
         bk //= 2  # a K tile must sit inside one scale group
     if bk != cfg.block_k:
-        cfg = GroupedConfig(cfg.block_m, cfg.block_n, bk, cfg.num_warps, cfg.num_stages, cfg.swap_ab)
+        cfg = replace(cfg, block_k=bk)
         why += f"; BK={bk} to divide group_k={spec.group_k}"
     problem = config_problem(spec, cfg)
     if problem is not None:
         raise UnsupportedError(expect("group_k", "a multiple of 16 (32 for 8-bit operands): the grouped "
                                       "kernel's K tile must divide it", f"{spec.group_k} ({problem})"))
+    if decode and spec.rows and spec.n:
+        split, split_why = choose_split(spec, cfg, num_sms, t)
+        cfg = replace(cfg, split_k=split)
+        why += "; " + split_why
     return cfg, why
 
 
@@ -146,5 +197,5 @@ def make_grouped_plan(spec: GroupedSpec, device: torch.device, *, backend=None,
         return GroupedPlan(spec, executor, False, None, None, "the reference backend (per-expert torch loop)")
     facts = (_device.for_arch(arch) if arch is not None
              else _device.facts(device if not interpreted else torch.device("cpu")))
-    cfg, why = choose_config(spec, facts.arch.name)
+    cfg, why = choose_config(spec, facts.arch.name, facts.num_sms)
     return GroupedPlan(spec, executor, interpreted, facts.arch.name, cfg, why)

@@ -93,6 +93,25 @@ SM90: dict[str, Threshold] = {
     "GLUON_EPI_PRELOAD": Threshold(
         1, "schemes without group scales load the epilogue's vectors at each tile's start (1.02-1.10x)",
         _H200 + "gluon/preload/"),
+    # --- the grouped GEMM (dispatch/grouped.py); designed, not yet measured: the variants of
+    #     tests/test_grouped_gpu.py's report decide them ---
+    "GROUPED_SWAP_MAX_M": Threshold(
+        32, "grouped decode: the swapped tile (16 or 32 tokens on the mma's narrow side) up to this many rows "
+            "per expert (designed, not yet measured)", "docs/grouped.md"),
+    "GROUPED_MASKED_ROWS_PER_C": Threshold(
+        8, "grouped masked form: plan for C x this many routed rows (top-k of C tokens) when counting the "
+           "tiles with rows (designed, not yet measured)", "docs/grouped.md"),
+    "GROUPED_SPLIT_FIXED_STEPS": Threshold(
+        1.0, "grouped decode split over K: what it adds to each program, in K steps (its partial's store, the "
+             "count, the last program's sum) (designed, not yet measured)", "docs/grouped.md"),
+    "GROUPED_SPLIT_MAX": Threshold(8, "grouped decode: the largest split over K (designed, not yet measured)",
+                                   "docs/grouped.md"),
+    "GROUPED_SPLIT_MAX_WORKSPACE_MB": Threshold(
+        64, "grouped split over K: the largest fp32 partials workspace (a slot per tile of the grid), MiB "
+            "(a memory budget)", "docs/grouped.md"),
+    "GROUPED_PREFILL_GROUP_M": Threshold(
+        8, "grouped prefill: row tiles per group of the launch order (L2 reuse of x rows and weight tiles) "
+           "(designed, not yet measured)", "docs/grouped.md"),
 }
 
 # --- prepacked int4 (dispatch/int4.py) ---
