@@ -344,7 +344,10 @@ def test_moebench_options_and_dry_run(capsys, tmp_path):
 
     assert bench_cli.MOEBENCH_MODELS == tuple(bench_moe.MODELS) and bench_cli.MOEBENCH_TOKENS == bench_moe.TOKENS
     assert bench_cli.MOEBENCH_ROUTINGS == bench_moe.ROUTINGS and bench_cli.MOEBENCH_CONFIGS == bench_moe.CONFIGS
-    assert bench_cli.MOEBENCH_BASELINES == bench_moe.BASELINES
+    assert bench_cli.MOEBENCH_BASELINES == bench_moe.BASELINES and bench_cli.MOEBENCH_FORMS == bench_moe.FORMS
+    from tileq.moe.layer import FORMS
+
+    assert bench_moe.FORMS == FORMS
     args = build_parser().parse_args(["moebench", "--models", "deepseek-v3", "--tokens", "1,16", "--configs", "A8W8"])
     assert (args.models, args.tokens, args.configs, args.routings) == (["deepseek-v3"], [1, 16], ["A8W8"],
                                                                       ["uniform", "skewed"])

@@ -270,6 +270,7 @@ MOEBENCH_TOKENS = (1, 16, 128, 1024, 4096)  # tileq.bench.moe.TOKENS
 MOEBENCH_ROUTINGS = ("uniform", "skewed")  # tileq.bench.moe.ROUTINGS
 MOEBENCH_CONFIGS = ("FP8Block", "A8W8", "FP8Row", "W4A16", "W4A8")  # tileq.bench.moe.CONFIGS
 MOEBENCH_BASELINES = ("bf16", "fp8", "eager")  # tileq.bench.moe.BASELINES
+MOEBENCH_FORMS = ("auto", "contiguous", "masked")  # tileq.bench.moe.FORMS
 
 
 def add_moebench(subparsers) -> argparse.ArgumentParser:
@@ -288,6 +289,9 @@ def add_moebench(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--baselines", type=names_from(MOEBENCH_BASELINES, "baselines"), default=list(MOEBENCH_BASELINES),
                    help="comma list from bf16 (torch._grouped_mm), fp8 (torch._scaled_grouped_mm), eager "
                    "(transformers' loop) (default: all)")
+    p.add_argument("--forms", type=names_from(MOEBENCH_FORMS, "forms"), default=["auto"],
+                   help="comma list of the grouped GEMMs' forms for tileq rows: auto (tileq.moe.choose_form's "
+                   "pick), masked, contiguous (default: auto)")
     p.add_argument("--runs", type=positive_int, default=20,
                    help="timed CUDA-graph replays per measurement (default: 20)")
     p.add_argument("--dry", action="store_true",

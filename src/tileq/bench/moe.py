@@ -4,7 +4,8 @@ configs against the bf16 and fp8 grouped GEMMs of torch and transformers' eager 
 Per (model, tokens, routing) every implementation computes the same function (gate_up, SiLU·mul,
 down, routing weights, combine) from the same hidden states and routing:
 
-- ``tileq <config>``: ``tileq.moe.fused_moe`` on ``QuantExperts`` of that config;
+- ``tileq <config>``: ``tileq.moe.fused_moe`` on ``QuantExperts`` of that config (``--forms
+  masked,contiguous``: each grouped-GEMM form forced, the data for ``choose_form``'s threshold);
 - ``bf16 grouped_mm``: transformers' "grouped_mm" experts implementation (``torch._grouped_mm``);
 - ``fp8 scaled_grouped_mm``: e4m3 row-wise activations x per-channel weights through
   ``torch._scaled_grouped_mm`` with the same glue (absent or failing in a torch build: the row says
@@ -46,6 +47,7 @@ TOKENS = (1, 16, 128, 1024, 4096)
 ROUTINGS = ("uniform", "skewed")
 CONFIGS = ("FP8Block", "A8W8", "FP8Row", "W4A16", "W4A8")
 BASELINES = ("bf16", "fp8", "eager")
+FORMS = ("auto", "contiguous", "masked")  # tileq.moe.layer.FORMS: 'auto' is choose_form's pick
 EAGER_MAX_TOKENS = 16  # the eager loop launches ~5 kernels per hit expert and syncs: slow beyond
 SKEW = 1.2
 TOLERANCE = {"int4": 0.25, "8bit": 0.12}  # relative error vs bf16 above which a row is marked failed
@@ -162,7 +164,7 @@ def _quantized(gate_up, down, name: str, cache: dict):
 
 
 def measure_model(model: str, shape: MoeShape, tokens, routings, configs, baselines, timer, eager_timer,
-                  device, gen) -> list[dict]:
+                  device, gen, forms=("auto",)) -> list[dict]:
     from ..moe import fused_moe
 
     e, h, i = shape.experts, shape.hidden, shape.inter
@@ -216,7 +218,10 @@ def measure_model(model: str, shape: MoeShape, tokens, routings, configs, baseli
         ex = _quantized(gate_up, down, name, cache)
         tol = TOLERANCE["int4" if ex.spec.weight_dtype == "int4" else "8bit"]
         start = len(rows)
-        run_impl(f"tileq {name}", lambda x, ids, w, ex=ex: fused_moe(x, (ids, w), ex), expert_bytes(ex), "", refs)
+        for form in forms:
+            label = f"tileq {name}" + ("" if form == "auto" else f" [{form}]")
+            run_impl(label, lambda x, ids, w, ex=ex, form=form: fused_moe(x, (ids, w), ex, form=form),
+                     expert_bytes(ex), "", refs)
         for row in rows[start:]:
             if row.get("rel_err", 0.0) > tol:
                 row["note"] = f"FAILED: error {row['rel_err']:.3f} vs bf16 above {tol}"
@@ -300,7 +305,7 @@ def run(args) -> int:
     t0 = time.time()
     for model in args.models:
         rows += measure_model(model, MODELS[model], args.tokens, args.routings, args.configs, args.baselines,
-                              timer, eager_timer, dev, gen)
+                              timer, eager_timer, dev, gen, args.forms)
         torch.cuda.empty_cache()
     title = (f"# tileq moebench ({time.strftime('%Y-%m-%d')}, {torch.cuda.get_device_name()}, torch "
              f"{torch.__version__}, {time.time() - t0:.0f} s)")
