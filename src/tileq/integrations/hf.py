@@ -16,8 +16,10 @@ about 8 eager ops each and two residual adds. ``fuse_decoder_`` rewrites each Ll
 * With dynamically quantized activations (A8W8, FP8Row, FP8Block, W4A8), ``input_layernorm`` and
   the activation quantization run as ONE ``tileq.activation.add_rmsnorm_quantize`` call whose
   (q, s) feed the qkv GEMM directly; the attention residual add + ``post_attention_layernorm`` +
-  quantization run as another feeding the gate_up GEMM. Per layer that is 4 quantizations (2 of
-  them fused with the norms) + 4 GEMMs + act/mul/add, against 7 + 7 + 2 x 8 norm ops + 2 adds.
+  quantization run as another feeding the gate_up GEMM, and a SiLU MLP's ``act_fn(gate) * up`` +
+  down_proj's quantization as a third (``silu_mul_quantize``). Per layer that is 4 quantizations
+  (3 of them fused with the norms or the SiLU·mul) + 4 GEMMs + an add, against 7 + 7 + 2 x 8 norm
+  ops + act/mul + 2 adds.
 * Weight-only configs (W8A16, W4A16) have nothing to quantize, and a layer with a static (calibrated)
   activation scale quantizes per tensor, which ``add_rmsnorm_quantize`` does not take: those run
   the merged GEMMs with the norms as they are (the ``QuantLinear`` forward quantizes).
