@@ -7,7 +7,8 @@ CUDA graph and traceable by ``torch.compile(fullgraph=True)`` (the ``tileq::fuse
    order; one grouped GEMM (``tileq.grouped_linear``) computes every expert's gate_up;
 4. SiLU·mul, fused with the down projection's activation quantization (``silu_mul_quantize``) for
    configs that quantize activations; one grouped GEMM computes every expert's down projection with
-   the routing weights multiplied in its epilogue (``row_scale``), in fp32;
+   the routing weights multiplied in its fp32 epilogue (``row_scale``), output in the model's dtype
+   (half the bytes of fp32 for the T*k rows; transformers' grouped_mm rounds there too);
 5. combine: each token gathers its k rows (the inverse permutation) and sums them over k in fp32,
    then one cast: deterministic, no atomics.
 
@@ -126,9 +127,9 @@ def moe_forward(hidden, topk_ids, topk_weights, w13, s13, w2, s2, spec: ExpertsS
         a, a_s = silu_mul_quantize(gate_up, spec.act_dtype, granularity=spec.act_granularity,
                                    group_k=spec.group_k, backend=backend)
         a_s = a_s.view(*rows, *a_s.shape[1:])
-    y = grouped_linear(a, w2, a_s, s2, out_dtype=torch.float32, row_scale=rs, **index, **gemm)
+    y = grouped_linear(a, w2, a_s, s2, out_dtype=hidden.dtype, row_scale=rs, **index, **gemm)
     # 5. combine: gather each token's k rows, sum over k in fp32, one cast
-    return y.reshape(-1, h)[al.slot_rows].view(t, k, h).sum(dim=1).to(hidden.dtype)
+    return y.reshape(-1, h)[al.slot_rows].view(t, k, h).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
 
 
 def _scatter(src: Tensor, dest: Tensor, rows: tuple) -> Tensor:
@@ -163,7 +164,7 @@ def fused_moe_ref(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, expert
     spec = experts.spec
     t, h = hidden.shape
     k = topk_ids.shape[1]
-    out = torch.zeros(t, k, h, dtype=torch.float32, device=hidden.device)
+    out = torch.zeros(t, k, h, dtype=hidden.dtype, device=hidden.device)
     for tok in range(t):
         x = hidden[tok:tok + 1]
         if spec.act_dtype is not None:
@@ -181,8 +182,8 @@ def fused_moe_ref(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, expert
                 a, a_s = silu_mul_quantize(gu, spec.act_dtype, granularity=spec.act_granularity,
                                            group_k=spec.group_k, backend="reference")
             y = _expert_linear(a, a_s, experts, "down_proj", e, torch.float32)
-            out[tok, j] = y[0] * topk_weights[tok, j].float()
-    return out.sum(dim=1).to(hidden.dtype)
+            out[tok, j] = (y[0] * topk_weights[tok, j].float()).to(hidden.dtype)  # the epilogue's cast
+    return out.sum(dim=1, dtype=torch.float32).to(hidden.dtype)
 
 
 def _expert_linear(x, xs, experts, name: str, e: int, out_dtype):
