@@ -109,7 +109,7 @@ def moe_forward(hidden, topk_ids, topk_weights, w13, s13, w2, s2, spec: ExpertsS
     else:
         xq, xs = quantize_activation(hidden, spec.act_dtype, granularity=spec.act_granularity,
                                      group_k=spec.group_k, backend=backend)
-    xg = xq[al.tokens]
+    xg = _gather(xq, al.tokens)
     sg = None if xs is None else xs[al.tokens]
     if form == "masked":
         rows, index = (spec.e, al.capacity), {"counts": al.counts}
@@ -132,11 +132,23 @@ def moe_forward(hidden, topk_ids, topk_weights, w13, s13, w2, s2, spec: ExpertsS
     return y.reshape(-1, h)[al.slot_rows].view(t, k, h).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
 
 
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _gather(src: Tensor, index: Tensor) -> Tensor:
+    """src's rows at ``index``; float8 moved as bytes (the same bits, whatever the indexing
+    kernels support for float8)."""
+    if src.dtype in _FLOAT8:
+        return src.view(torch.uint8)[index].view(src.dtype)
+    return src[index]
+
+
 def _scatter(src: Tensor, dest: Tensor, rows: tuple) -> Tensor:
     """src's rows placed at flat rows ``dest`` of a zero [E * C, ...] buffer, viewed [E, C, ...]."""
-    buf = src.new_zeros((rows[0] * rows[1], *src.shape[1:]))
-    buf[dest] = src
-    return buf.view(*rows, *src.shape[1:])
+    raw = src.view(torch.uint8) if src.dtype in _FLOAT8 else src
+    buf = raw.new_zeros((rows[0] * rows[1], *src.shape[1:]))
+    buf[dest] = raw
+    return buf.view(src.dtype).view(*rows, *src.shape[1:])
 
 
 @torch.library.custom_op("tileq::fused_moe", mutates_args=())
