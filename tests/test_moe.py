@@ -196,19 +196,20 @@ TINY = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "n
 
 def _model(family, layers=2):
     torch.manual_seed(0)
+    tiny = {**TINY, "num_hidden_layers": layers}
     if family == "qwen3_moe":
-        cfg = transformers.Qwen3MoeConfig(**{**TINY, "num_hidden_layers": layers}, intermediate_size=256, moe_intermediate_size=128, head_dim=32,
+        cfg = transformers.Qwen3MoeConfig(**tiny, intermediate_size=256, moe_intermediate_size=128, head_dim=32,
                                           num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)
         model = transformers.Qwen3MoeForCausalLM(cfg)
     elif family == "qwen2_moe":
-        cfg = transformers.Qwen2MoeConfig(**TINY, intermediate_size=256, moe_intermediate_size=128,
+        cfg = transformers.Qwen2MoeConfig(**tiny, intermediate_size=256, moe_intermediate_size=128,
                                           shared_expert_intermediate_size=128, num_experts=8, num_experts_per_tok=2)
         model = transformers.Qwen2MoeForCausalLM(cfg)
     elif family == "mixtral":
-        cfg = transformers.MixtralConfig(**TINY, intermediate_size=128, num_local_experts=8, num_experts_per_tok=2)
+        cfg = transformers.MixtralConfig(**tiny, intermediate_size=128, num_local_experts=8, num_experts_per_tok=2)
         model = transformers.MixtralForCausalLM(cfg)
     else:
-        cfg = transformers.DeepseekV3Config(**{**TINY, "num_key_value_heads": 4}, intermediate_size=256,
+        cfg = transformers.DeepseekV3Config(**{**tiny, "num_key_value_heads": 4}, intermediate_size=256,
                                             moe_intermediate_size=128, first_k_dense_replace=1, n_routed_experts=8,
                                             n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
                                             q_lora_rank=64, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
@@ -370,3 +371,16 @@ def test_moebench_write(tmp_path):
     md = write(rows, tmp_path, ["# t"])
     assert "| m | 1 | uniform | fp8 scaled_grouped_mm |  |  |  |  |  | absent |" in md
     assert (tmp_path / "moe.csv").read_text().splitlines()[0].startswith("model,tokens,routing,impl,us")
+
+
+def test_quantized_model_through_interpreter_kernels(monkeypatch):
+    # Every GEMM, quantization and the fused SiLU·mul through the Triton kernels (interpreter).
+    model = _model("mixtral", layers=1)
+    quant = copy.deepcopy(model)
+    tnn.quantize_(quant, tnn.FP8BlockConfig())
+    x = _ids()[:1, :4]
+    with torch.no_grad():
+        want = model(x).logits.float()
+        monkeypatch.setenv("TILEQ_BACKEND", "triton")
+        got = quant(x).logits.float()
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) >= 0.99
