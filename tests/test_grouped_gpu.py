@@ -1,7 +1,12 @@
 """tileq.grouped_linear on a GPU: every scheme at MoE sizes against the reference, both forms,
-uniform and skewed routing, a CUDA-graph capture replayed with new offsets / counts, and a
-bandwidth report (``-s`` prints it): TB/s of the touched experts' weight bytes at decode sizes,
-and fp8 block-scaled against bf16 ``torch._grouped_mm`` at prefill sizes."""
+uniform and skewed routing, a CUDA-graph capture replayed with new offsets / counts, splits over
+K (against the reference, bit for bit repeatable, replayed in a graph), and a bandwidth report
+(``-s`` prints it): TB/s of the touched experts' weight bytes at decode sizes, and fp8
+block-scaled against bf16 ``torch._grouped_mm`` at prefill sizes; each shape's planned config
+('plan') and the variants around it ('variant'), so one run shows which tile / split wins:
+
+    pytest -m gpu -s -q tests/test_grouped_gpu.py -k "report"
+"""
 
 import statistics
 from functools import partial
@@ -10,6 +15,10 @@ import pytest
 import torch
 
 import tileq
+from tileq import api_grouped
+from tileq.dispatch.grouped import make_grouped_plan
+from tileq.kernels.grouped.launch import GroupedLaunch
+from tileq.kernels.grouped.spec import GroupedConfig, config_problem
 from tileq.reference_grouped import grouped_linear_ref
 from tileq.testing import check_close
 
@@ -46,7 +55,7 @@ def _counts(tokens: int, e: int, topk: int, skewed: bool, gen) -> torch.Tensor:
     return torch.bincount(ids.flatten(), minlength=e).to(torch.int32)
 
 
-def make(case, e, n, k, counts, masked, gen, row_scale=True):
+def make(case, e, n, k, counts, masked, gen, row_scale=True, spare=3):
     _, x_dtype, w_dtype, scheme, xs_kind, group_k = case
     gk = -(-k // group_k)
     w = _values(w_dtype, (e, n, k // 2 if w_dtype == "i4" else k), gen)
@@ -62,7 +71,7 @@ def make(case, e, n, k, counts, masked, gen, row_scale=True):
     else:
         offs = torch.zeros(e + 1, dtype=torch.int32, device=DEV)
         offs[1:] = counts.cumsum(0)
-        lead, index = (int(offs[-1]) + 3,), {"offsets": offs}
+        lead, index = (int(offs[-1]) + spare,), {"offsets": offs}
     x = _values(x_dtype, (*lead, k), gen)
     xs = None
     if xs_kind == "group":
@@ -136,6 +145,66 @@ def test_cuda_graph_replays_new_routing(masked):
         check_close(out[valid], ref[valid])
 
 
+def _validated(args, kw, out):
+    x, w, xs, ws = args
+    return api_grouped.validate(x, w, xs, ws, out_dtype=torch.bfloat16, group_n=None, row_scale=kw.get("row_scale"),
+                                out=out, offsets=kw.get("offsets"), counts=kw.get("counts"), scheme=kw["scheme"],
+                                group_k=kw["group_k"])
+
+
+def _forced(args, kw, cfg, out):
+    """A launch of ``cfg`` (not the planner's) on these arguments: () -> out."""
+    spec, a = _validated(args, kw, out)
+    launch = GroupedLaunch(spec, cfg, a, interpreted=False)
+    return partial(launch, a.x, a.w, a.x_scale, a.w_scale, a.row_scale, a.index, a.out)
+
+
+def _planned(args, kw, out):
+    spec, _ = _validated(args, kw, out)
+    return make_grouped_plan(spec, out.device)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[3]], ids=["fp8_block", "int8_rowcol", "w4a16"])
+@pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
+@pytest.mark.parametrize("split", [2, 3, 4])
+def test_split_k_matches_reference_repeats_and_replays(case, masked, split):
+    """A split over K at a decode size: the reference's result, the same bits on a second launch,
+    and a CUDA graph replayed with new routing (the tile counters are back to zero each time)."""
+    e, n, k, tokens = 128, 1536, 2048, 4
+    gen = torch.Generator(DEV).manual_seed(split)
+    counts = _counts(tokens, e, 8, False, gen)
+    args, kw = make(case, e, n, k, counts, masked, gen)
+    if masked:  # a fixed capacity: every routing of the tokens fits
+        x, w, xs, ws = args
+        args = (_values(case[1], (e, tokens, k), gen), w,
+                None if xs is None else torch.rand(e, tokens, *xs.shape[2:], generator=gen, device=DEV) + 0.5, ws)
+        kw["row_scale"] = torch.rand(e, tokens, generator=gen, device=DEV)
+    out = torch.empty(*args[0].shape[:-1], n, dtype=torch.bfloat16, device=DEV)
+    base = _planned(args, kw, out).config
+    cfg = GroupedConfig(base.block_m, base.block_n, base.block_k, base.num_warps, base.num_stages, base.swap_ab,
+                        split_k=split)
+    run = _forced(args, kw, cfg, out)
+    run()
+    first = out.clone()
+    run()
+    valid = _valid(kw, out.shape[:-1])
+    assert torch.equal(out[valid], first[valid])
+    check_close(out[valid], grouped_linear_ref(*args, **kw)[valid])
+    replay = _graphed(run)
+    index = kw["counts"] if masked else kw["offsets"]
+    for seed in range(3):
+        new = _counts(tokens, e, 8, seed == 1, torch.Generator(DEV).manual_seed(200 + seed))
+        if masked:
+            index.copy_(new)
+        else:
+            index[1:] = new.cumsum(0)
+        out.fill_(0)
+        replay()
+        torch.cuda.synchronize()
+        valid = _valid(kw, out.shape[:-1])
+        check_close(out[valid], grouped_linear_ref(*args, **kw)[valid])
+
+
 # ---- bandwidth report ------------------------------------------------------------------------
 
 
@@ -168,54 +237,98 @@ def _graphed(fn):
     return g.replay
 
 
+def _decode_variants(spec, plan_cfg):
+    """The planned decode tile with every split of 1, 2, 4 (and the other swapped token width)."""
+    out = []
+    for split in (1, 2, 4):
+        out.append(GroupedConfig(plan_cfg.block_m, plan_cfg.block_n, plan_cfg.block_k, plan_cfg.num_warps,
+                                 plan_cfg.num_stages, plan_cfg.swap_ab, split_k=split))
+    if plan_cfg.swap_ab:
+        bm = 32 if plan_cfg.block_m == 16 else 16
+        out.append(GroupedConfig(bm, 64, plan_cfg.block_k, plan_cfg.num_warps, plan_cfg.num_stages, True,
+                                 split_k=plan_cfg.split_k))
+    return [c for c in out if c != plan_cfg and config_problem(spec, c) is None]
+
+
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[3]], ids=["fp8_block", "int8_rowcol", "w4a16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=["E128", "E8"])
 def test_report_decode_bandwidth(case, shape):
-    """TB/s of the touched experts' weight bytes (CUDA-graph replay, cold L2), 1-16 tokens top-8.
+    """TB/s of the touched experts' weight bytes (CUDA-graph replay, cold L2), 1-16 tokens top-8
+    (T = tokens x 8 rows exactly in the contiguous form), the plan's config, then each variant's.
     Targets on an H200: >= 3.0 TB/s for 8-bit weights, >= 2.0 TB/s for int4."""
     e, n, k = shape
     for tokens in (1, 4, 16):
         for masked in (False, True):
             gen = torch.Generator(DEV).manual_seed(tokens)
             counts = _counts(tokens, e, 8, False, gen)
-            args, kw = make(case, e, n, k, counts, masked, gen)
+            args, kw = make(case, e, n, k, counts, masked, gen, spare=0)
             out = torch.empty(*args[0].shape[:-1], n, dtype=torch.bfloat16, device=DEV)
-            run = _graphed(_launcher(args, out, kw))
             ref = grouped_linear_ref(*args, **kw)
             valid = _valid(kw, out.shape[:-1])
-            check_close(out[valid], ref[valid])
             touched = int((counts > 0).sum())
             w_bytes = touched * args[1][0].numel() * args[1].element_size()
-            s = _time(run)
-            print(f"grouped {case[0]:12s} E={e} N={n} K={k} tokens={tokens:3d} "
-                  f"{'masked' if masked else 'contig'} experts={touched:3d} {s * 1e6:8.1f} us "
-                  f"{w_bytes / s / 1e12:5.2f} TB/s of weights")
+            plan = _planned(args, kw, out)
+            runs = [("plan", plan.config, _launcher(args, out, kw))]
+            spec = _validated(args, kw, out)[0]
+            runs += [("variant", c, _forced(args, kw, c, out)) for c in _decode_variants(spec, plan.config)]
+            for label, cfg, fn in runs:
+                run = _graphed(fn)
+                out.fill_(0)
+                run()
+                torch.cuda.synchronize()
+                check_close(out[valid], ref[valid])
+                s = _time(run)
+                print(f"grouped {case[0]:12s} E={e} N={n} K={k} tokens={tokens:3d} "
+                      f"{'masked' if masked else 'contig'} experts={touched:3d} {label:7s} {cfg.tag:28s} "
+                      f"{s * 1e6:8.1f} us {w_bytes / s / 1e12:5.2f} TB/s of weights")
+
+
+PREFILL_VARIANTS = [
+    GroupedConfig(128, 128, 128, 8, 3, group_m=1 << 20),  # the launch order before row-tile groups
+    GroupedConfig(128, 128, 128, 8, 3, group_m=16),
+    GroupedConfig(128, 128, 128, 8, 4),
+    GroupedConfig(128, 256, 128, 8, 3),
+    GroupedConfig(64, 128, 128, 4, 4),
+    GroupedConfig(64, 256, 128, 8, 3),
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=["E128", "E8"])
 def test_report_prefill_vs_bf16_grouped_mm(shape):
     """fp8 1x128 x 128x128 against bf16 torch._grouped_mm (target on an H200: >= 1.3x at >= 1024
-    tokens). Prints 'unavailable' where this torch has no _grouped_mm."""
+    tokens), the plan's config, then each variant's. Prints 'unavailable' where this torch has no
+    _grouped_mm."""
     e, n, k = shape
     for tokens in (1024, 4096):
         gen = torch.Generator(DEV).manual_seed(tokens)
         counts = _counts(tokens, e, 8, False, gen)
         args, kw = make(CASES[0], e, n, k, counts, False, gen, row_scale=False)
         out = torch.empty(args[0].shape[0], n, dtype=torch.bfloat16, device=DEV)
-        run = _graphed(_launcher(args, out, kw))
-        ours = _time(run, runs=20)
         flops = 2 * int(counts.sum()) * n * k
-        line = f"grouped fp8_block E={e} N={n} K={k} tokens={tokens} rows={int(counts.sum())} " \
-               f"{ours * 1e6:8.1f} us {flops / ours / 1e12:6.1f} TFLOP/s"
+        head = f"grouped fp8_block E={e} N={n} K={k} tokens={tokens} rows={int(counts.sum())}"
+        base = None
         gmm = getattr(torch, "_grouped_mm", None)
         if gmm is None:
-            print(line + "  bf16 _grouped_mm: unavailable")
-            continue
-        xb = args[0].to(torch.bfloat16)
-        wb = args[1].to(torch.bfloat16).transpose(1, 2)  # [E, K, N] view of [E, N, K]
-        ends = kw["offsets"][1:].contiguous()
-        try:
-            base = _time(_graphed(partial(gmm, xb, wb, offs=ends)), runs=20)
-            print(line + f"  bf16 _grouped_mm {base * 1e6:8.1f} us  speed-up {base / ours:4.2f}x")
-        except RuntimeError as err:  # report, do not fail, a baseline that cannot run
-            print(line + f"  bf16 _grouped_mm failed: {str(err)[:120]}")
+            print(head + "  bf16 _grouped_mm: unavailable")
+        else:
+            xb = args[0].to(torch.bfloat16)
+            wb = args[1].to(torch.bfloat16).transpose(1, 2)  # [E, K, N] view of [E, N, K]
+            ends = kw["offsets"][1:].contiguous()
+            try:
+                base = _time(_graphed(partial(gmm, xb, wb, offs=ends)), runs=20)
+                print(head + f"  bf16 _grouped_mm {base * 1e6:8.1f} us")
+            except RuntimeError as err:  # report, do not fail, a baseline that cannot run
+                print(head + f"  bf16 _grouped_mm failed: {str(err)[:120]}")
+        plan = _planned(args, kw, out)
+        spec = _validated(args, kw, out)[0]
+        runs = [("plan", plan.config, _launcher(args, out, kw))]
+        runs += [("variant", c, _forced(args, kw, c, out)) for c in PREFILL_VARIANTS
+                 if c != plan.config and config_problem(spec, c) is None]
+        ref = grouped_linear_ref(*args, **kw)
+        valid = _valid(kw, out.shape[:-1])
+        for label, cfg, fn in runs:
+            run = _graphed(fn)
+            check_close(out[valid], ref[valid])
+            ours = _time(run, runs=20)
+            speed = f"  speed-up {base / ours:4.2f}x" if base else ""
+            print(f"{head} {label:7s} {cfg.tag:28s} {ours * 1e6:8.1f} us {flops / ours / 1e12:6.1f} TFLOP/s{speed}")
