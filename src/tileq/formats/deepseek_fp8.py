@@ -84,11 +84,19 @@ def _should_convert(name: str, patterns) -> bool:
     return not any(re.match(f"{p}\\.", name) or re.match(f"{p}", name) or name.endswith(p) for p in patterns)
 
 
-def quantized_layers(model, parsed: dict) -> list[str]:
+def _patterns(model, parsed: dict) -> list[str]:
     skip = parsed["skip"] if parsed["skip"] is not None else _default_skip(model)
-    keep32 = getattr(model, "_keep_in_fp32_modules", None) or []
-    patterns = list(skip) + list(keep32)
+    return list(skip) + list(getattr(model, "_keep_in_fp32_modules", None) or [])
+
+
+def quantized_layers(model, parsed: dict) -> list[str]:
+    patterns = _patterns(model, parsed)
     return [name for name, m in model.named_modules() if type(m) is nn.Linear and _should_convert(name, patterns)]
+
+
+def converts(model, parsed: dict, name: str) -> bool:
+    """Whether module ``name`` (an experts module: its per-expert linears) is stored quantized."""
+    return _should_convert(name, _patterns(model, parsed))
 
 
 def load_layer(reader: CheckpointReader, name: str, linear, parsed: dict, *, device, dtype):

@@ -24,6 +24,7 @@ from ..errors import CheckpointError, DTypeError, ShapeError, TileqError, Unsupp
 from ..nn.configs import INT4_LAYOUTS
 from . import compressed_tensors as ct
 from . import deepseek_fp8 as dsf
+from . import moe as moe_fmt
 from . import tileq_format as tqf
 from .safetensors_io import CheckpointReader, dtype_name, read_json, write_checkpoint, write_json
 
@@ -138,12 +139,15 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
     with CheckpointReader(path, on_read=on_read) as reader:
         _refuse_fused(reader)
         model = _build_skeleton(path, dtype, trust_remote_code, model_class)
+        reader = moe_fmt.model_named(model, reader)  # Mixtral's block_sparse_moe, as transformers renames it
         if dist_config is not None and mesh is not None:  # transformers shards the skeleton
             tp, reader = tp_load.prepare(model, dist_config, mesh, reader)
         plans = _plan(model, method, parsed, reader)
         _check_not_tied(model, plans)
-        consumed: set[str] = set()
         with torch.no_grad():
+            # Routed experts: per-expert tensors stacked into QuantExperts (formats/moe.py).
+            consumed = moe_fmt.load_experts(model, reader, method, parsed, device=device, dtype=dtype,
+                                            sharded=tp is not None)
             for name, plan in plans.items():
                 linear = model.get_submodule(name)
                 style = tp.style(name) if tp is not None else None
@@ -235,7 +239,7 @@ def _plan(model, method: str, parsed, reader: CheckpointReader) -> dict:
     else:
         linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
         for name in parsed:
-            if name not in linears:
+            if name not in linears and not (isinstance(parsed[name], dict) and "experts" in parsed[name]):
                 raise UnsupportedError(expect(f"quantization_config.layers.{name}",
                                               "the name of an nn.Linear of the model", "no such layer"))
         for name, module in linears.items():
@@ -362,10 +366,15 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
             layers, plain = tp_mod.gather_for_save(tp, model, layers, merged, _plain_state)
             if layers is None:  # not rank 0: wait for its files, return its answer
                 return tp_mod.after_save(tp, None)
-    if not layers:
+    experts = moe_fmt.quant_experts(model)
+    if experts and tp is not None:
+        raise UnsupportedError(f"{next(iter(experts))}: saving quantized experts under tensor parallelism is "
+                               "not supported")
+    if not layers and not experts:
         raise UnsupportedError(expect("model", "a model with tileq QuantLinear layers (see tileq.quantize_)",
                                       "no QuantLinear layer"))
     reasons = {name: ct.ct_unrepresentable(layer) for name, layer in layers.items()}
+    reasons.update({name: moe_fmt.ct_unrepresentable(mod) for name, mod in experts.items()})
     blocked = {n: r for n, r in reasons.items() if r}
     if format == ct.QUANT_METHOD and blocked:
         name, why = next(iter(blocked.items()))
@@ -373,15 +382,24 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
     fmt = tqf.QUANT_METHOD if format == tqf.QUANT_METHOD or blocked else ct.QUANT_METHOD
 
     tensors = []
-    for name, t in plain if plain is not None else _plain_state(model, set(layers) | merged):
+    for name, t in plain if plain is not None else _plain_state(model, set(layers) | merged | set(experts)):
         tensors.append((name, t))
     for name, layer in layers.items():
         tensors += ct.layer_tensors(name, layer) if fmt == ct.QUANT_METHOD else tqf.layer_tensors(name, layer)
     if fmt == ct.QUANT_METHOD:
         linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-        qconfig = ct.quantization_config(layers, unquantized_linears=linears)
+        ct_layers = dict(layers)
+        for name, mod in experts.items():  # each expert's gate / up / down as a compressed-tensors linear
+            stand_ins, expert_tensors = moe_fmt.ct_experts(model, name, mod)
+            ct_layers.update(stand_ins)
+            tensors += expert_tensors
+        qconfig = ct.quantization_config(ct_layers, unquantized_linears=linears + moe_fmt.routers(model, experts))
     else:
         qconfig = tqf.quantization_config(layers)
+        for name, mod in experts.items():
+            qconfig["layers"][name] = moe_fmt.experts_entry(mod)
+            tensors += moe_fmt.tileq_experts(name, mod)
+    tensors, qconfig = moe_fmt.to_stored(model, tensors, qconfig)
 
     from ..version import __version__
 

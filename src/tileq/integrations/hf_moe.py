@@ -79,13 +79,28 @@ def convert(mod: nn.Module, config: QuantConfig) -> QuantExperts:
     """A QuantExperts holding ``mod``'s experts quantized; for a class dispatching through
     transformers' experts interface, an instance of a subclass of both (module docstring)."""
     register()
-    new = QuantExperts.from_experts(mod, config)
+    return _stand_in(QuantExperts.from_experts(mod, config), mod)
+
+
+def _stand_in(new: QuantExperts, mod: nn.Module) -> QuantExperts:
     if hasattr(type(mod).forward, "__wrapped__") and hasattr(mod, "config"):
         new.__class__ = _tileq_class(type(mod))
         for attr in _KEEP:
             if hasattr(mod, attr):
                 setattr(new, attr, getattr(mod, attr))
     return new
+
+
+def empty_like(mod: nn.Module, config: QuantConfig, *, dtype) -> QuantExperts:
+    """An unfilled QuantExperts (buffers on the meta device) of ``mod``'s shape, standing where
+    ``mod`` stood as ``convert`` makes it: a checkpoint loader sets its buffers. ``mod`` may be on
+    the meta device (its weights are not read)."""
+    register()
+    why = experts_refusal(mod)
+    if why is not None and not why.startswith("weights on the meta device"):
+        raise UnsupportedError(expect("module", "a transformers experts module tileq can run", why))
+    e, i2, h = mod.gate_up_proj.shape
+    return _stand_in(QuantExperts(e, h, i2 // 2, config=config, dtype=dtype, device="meta"), mod)
 
 
 def _what(new: QuantExperts) -> str:
