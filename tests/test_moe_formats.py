@@ -278,3 +278,27 @@ def test_deepseek_fp8_bad_expert_scale_is_refused(tmp_path):
     _edit(tmp_path / "ds", lambda t: t.pop(key))
     with pytest.raises(ScaleError, match=rf"{key}: missing"):
         tileq.from_pretrained(tmp_path / "ds")
+
+
+# ----------------------------------------------------------------------------- tileq e2e --model qwen3-moe
+
+
+def test_e2e_qwen3_moe_model():
+    from tileq.bench import e2e
+    from tileq.bench.cli import E2E_MODELS
+
+    assert E2E_MODELS == tuple(e2e.MODELS)
+    full = e2e.build_model(2, torch.device("meta"), seed=0, model="qwen3-moe")  # shapes only
+    ex = full.model.layers[1].mlp.experts
+    assert type(full).__name__ == "Qwen3MoeForCausalLM" and full.config.num_experts_per_tok == 8
+    assert tuple(ex.gate_up_proj.shape) == (128, 1536, 2048) and tuple(ex.down_proj.shape) == (128, 2048, 768)
+    assert full.model.layers[0].self_attn.k_proj.weight.shape == (4 * 128, 2048)
+    assert full.lm_head.weight.shape == (151936, 2048)
+    model = e2e.build_model(1, torch.device("cpu"), seed=0, small=True, model="qwen3-moe")
+    assert model.config._experts_implementation == "grouped_mm"  # the bf16 baseline
+    line = e2e.quantize_model(model, "A8W8", fuse=False)
+    assert "1 experts modules quantized" in line
+    assert isinstance(model.model.layers[0].mlp.experts, QuantExperts)
+    assert model.config._experts_implementation == "tileq"
+    with torch.no_grad():
+        assert torch.isfinite(model(_ids()).logits).all()

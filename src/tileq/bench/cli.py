@@ -32,6 +32,7 @@ FLUSH_MODES = ("read", "write", "none")  # tileq.bench.timing.FLUSH_MODES
 NN_CONFIGS = ("A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8")  # tileq.nn.configs.CONFIGS
 E2E_CHECKPOINT_CONFIGS = ("A8W8", "W4A16")  # tileq.bench.e2e.CHECKPOINT_CONFIGS
 E2E_MODES = ("eager", "compile", "graph")  # tileq.bench.e2e.MODES
+E2E_MODELS = ("qwen3-14b", "qwen3-moe")  # tileq.bench.e2e.MODELS
 LAYERBENCH_CONFIGS = ("A8W8", "FP8Row", "FP8Block", "W4A16", "W4A8")  # tileq.bench.layers.CONFIGS
 REPLAY_RULES = ("gluon-tiles", "int4-decode", "int4-prefill", "int4-streamk", "int4-w4a8")  # replay.RULES
 REPLAY_TOLERANCE = 0.03  # tileq.bench.replay.TOLERANCE
@@ -191,7 +192,11 @@ def add_overhead(subparsers) -> argparse.ArgumentParser:
 def add_e2e(subparsers) -> argparse.ArgumentParser:
     """``tileq e2e``'s options (its code: tileq.bench.e2e)."""
     p = subparsers.add_parser("e2e", help="decode a Qwen3-14B-shaped transformers model: bf16 vs tileq configs (GPU)")
-    p.add_argument("--layers", type=positive_int, default=40, help="decoder layers (40 = Qwen3-14B)")
+    p.add_argument("--model", choices=E2E_MODELS, default="qwen3-14b",
+                   help="qwen3-14b (dense, default) or qwen3-moe (Qwen3-30B-A3B-shaped: 128 experts, top-8; bf16 "
+                   "experts run by transformers' grouped_mm)")
+    p.add_argument("--layers", type=positive_int, default=None,
+                   help="decoder layers (default: the model's, 40 for qwen3-14b, 48 for qwen3-moe)")
     p.add_argument("--configs", type=_names, default=None,
                    help=f"comma list from {','.join(('bf16', *NN_CONFIGS))} (default: all); NAME:fused adds the "
                    f"fused decoder path; with --make-checkpoint the configs to write (default: "

@@ -37,13 +37,25 @@ QWEN3_14B = dict(hidden_size=5120, intermediate_size=17408, num_attention_heads=
                  num_key_value_heads=8, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6,
                  max_position_embeddings=40960, tie_word_embeddings=False, num_hidden_layers=40)
 
+# Qwen3-30B-A3B: 128 routed experts, top-8 (no shared experts), every layer sparse.
+QWEN3_MOE = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                 num_experts_per_tok=8, norm_topk_prob=True, num_attention_heads=32, num_key_value_heads=4,
+                 head_dim=128, vocab_size=151936, rms_norm_eps=1e-6, max_position_embeddings=40960,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=False,
+                 num_hidden_layers=48)
+MODELS = {"qwen3-14b": ("Qwen3-14B", QWEN3_14B), "qwen3-moe": ("Qwen3-30B-A3B", QWEN3_MOE)}  # --model
+
 EAGER_ROUNDS = 4
 ALL_CONFIGS = ("bf16", *CONFIGS)  # the baseline and every tileq config, by name
 
 
-def build_model(layers: int, device, seed: int, small: bool = False):
+def build_model(layers: int, device, seed: int, small: bool = False, model: str = "qwen3-14b"):
     """Qwen3ForCausalLM with QWEN3_14B's shapes (or a 1/8-width model with ``small``), random
-    weights, bf16, on ``device``, sdpa attention."""
+    weights, bf16, on ``device``, sdpa attention. ``model="qwen3-moe"``: Qwen3MoeForCausalLM with
+    QWEN3_MOE's shapes (``small``: 1/8 width, 8 experts, top-2), its experts run by transformers'
+    "grouped_mm" (the bf16 baseline; ``tileq.quantize_`` switches quantized experts to "tileq")."""
+    if model == "qwen3-moe":
+        return _build_moe(layers, device, seed, small)
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     shape = dict(QWEN3_14B, num_hidden_layers=layers)
@@ -53,6 +65,20 @@ def build_model(layers: int, device, seed: int, small: bool = False):
     cfg = Qwen3Config(**shape)
     cfg._attn_implementation = "sdpa"
     return _bf16_model(lambda: Qwen3ForCausalLM(cfg), device, seed)
+
+
+def _build_moe(layers: int, device, seed: int, small: bool):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    shape = dict(QWEN3_MOE, num_hidden_layers=layers)
+    if small:
+        shape.update(hidden_size=256, intermediate_size=768, moe_intermediate_size=128, num_experts=8,
+                     num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+                     vocab_size=4096)
+    cfg = Qwen3MoeConfig(**shape)
+    cfg._attn_implementation = "sdpa"
+    cfg._experts_implementation = "grouped_mm"  # torch._grouped_mm over the bf16 experts
+    return _bf16_model(lambda: Qwen3MoeForCausalLM(cfg), device, seed)
 
 
 def _bf16_model(make, device, seed: int):
@@ -78,6 +104,8 @@ def quantize_model(model, name: str, fuse: bool):
 
     summary = quantize_(model, config_from_name(base))
     line = f"{len(summary.converted)} layers quantized, {len(summary.skipped)} kept"
+    if summary.experts:
+        line += f", {len(summary.experts)} experts modules quantized"
     if fuse or variant == "fused":
         from ..integrations.hf import fuse_decoder_
 
@@ -314,7 +342,7 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
     elif checkpoint:  # bf16 with the checkpoint's shapes (random weights), as the baseline
         model, how = dense_like(checkpoint, dev, args.seed), "bf16 (unquantized), the checkpoint's shapes"
     else:
-        model = build_model(args.layers, dev, args.seed, small=args.small)
+        model = build_model(args.layers, dev, args.seed, small=args.small, model=getattr(args, "model", "qwen3-14b"))
         how = quantize_model(model, name, args.fuse)
     setup_s = time.time() - t0
     torch.cuda.synchronize()
@@ -410,7 +438,8 @@ def report(rows: list[dict], args) -> str:
     lines = [
         (f"# tileq e2e: {args.checkpoint} against bf16 with its shapes (random weights)"
          if getattr(args, "checkpoint", None) else
-         f"# tileq e2e: Qwen3-14B-shaped decode ({args.layers} layers{', 1/8 width' if args.small else ''})"),
+         f"# tileq e2e: {MODELS[getattr(args, 'model', 'qwen3-14b')][0]}-shaped decode ({args.layers} layers"
+         f"{', 1/8 width' if args.small else ''})"),
         "",
         f"- date: {time.strftime('%Y-%m-%d')}, GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"transformers {_tf_version()}, Triton {_triton_version()}",
@@ -418,7 +447,7 @@ def report(rows: list[dict], args) -> str:
         f"fullgraph=True), no CUDA graph; graph = the compiled step captured in one CUDA graph and replayed "
         f"{args.tokens} times; eager and compile TPOT: {args.eager_tokens} steps in {EAGER_ROUNDS} rounds on the GPU "
         "timeline (host gaps count), the median round; TTFT median of 5; static KV cache; greedy",
-        f"- command: `tileq e2e --layers {args.layers} --configs {','.join(args.configs)} "
+        f"- command: `tileq e2e --model {getattr(args, 'model', 'qwen3-14b')} --layers {args.layers} --configs {','.join(args.configs)} "
         f"--batches {','.join(map(str, args.batches))} --modes {','.join(modes)} --prompt {args.prompt}"
         f"{' --fuse' if args.fuse else ''}`",
         "",
@@ -502,7 +531,7 @@ CHECKPOINT_CONFIGS = ("A8W8", "W4A16")  # --make-checkpoint's default --configs
 
 
 def make_checkpoints(out: str, names: list[str], layers: int, *, small: bool = False, seed: int = 0,
-                     device=None, max_shard_size="5GB") -> list[Path]:
+                     device=None, max_shard_size="5GB", model: str = "qwen3-14b") -> list[Path]:
     """For each config name: the e2e model (``build_model``: same seed, so the same weights for
     every config) quantized with it and written by ``tileq.save_pretrained`` into OUT/<config>.
     Prints each folder, its format, files and sizes, and the time of each part."""
@@ -516,20 +545,20 @@ def make_checkpoints(out: str, names: list[str], layers: int, *, small: bool = F
                                       ",".join(bad)))
     configs = [config_from_name(c) for c in names]  # (an unknown name fails before any work)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    shape = "1/8-width Qwen3-14B" if small else "Qwen3-14B"
+    shape = ("1/8-width " if small else "") + MODELS[model][0]
     print(f"[make-checkpoint] {shape}-shaped, {layers} layers, on {device}; tileq {__version__}, "
           f"torch {torch.__version__}", flush=True)
     paths, t_all = [], time.time()
     for config in configs:
         t0 = time.time()
-        model = build_model(layers, device, seed, small=small)
+        net = build_model(layers, device, seed, small=small, model=model)
         _sync(device)
         t1 = time.time()
-        summary = quantize_(model, config)
+        summary = quantize_(net, config)
         _sync(device)
         t2 = time.time()
         path = Path(out) / config.name
-        fmt = save_pretrained(model, path, max_shard_size=max_shard_size)
+        fmt = save_pretrained(net, path, max_shard_size=max_shard_size)
         t3 = time.time()
         files = sorted(f for f in path.iterdir() if f.is_file())
         size = sum(f.stat().st_size for f in files)
@@ -539,7 +568,7 @@ def make_checkpoints(out: str, names: list[str], layers: int, *, small: bool = F
         for f in files:
             print(f"    {f.name:40s} {f.stat().st_size / 1e6:12.1f} MB")
         paths.append(path)
-        del model, summary
+        del net, summary
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -553,9 +582,12 @@ def _sync(device) -> None:
 
 
 def run(args) -> int:
+    args.model = getattr(args, "model", None) or "qwen3-14b"
+    if getattr(args, "layers", None) is None:  # the model's own depth
+        args.layers = MODELS[args.model][1]["num_hidden_layers"]
     if getattr(args, "make_checkpoint", None):
         make_checkpoints(args.make_checkpoint, args.configs or list(CHECKPOINT_CONFIGS), args.layers,
-                         small=args.small, seed=args.seed, max_shard_size=args.max_shard_size)
+                         small=args.small, seed=args.seed, max_shard_size=args.max_shard_size, model=args.model)
         return 0
     if args.configs is None:
         args.configs = list(ALL_CONFIGS)

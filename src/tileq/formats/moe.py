@@ -135,11 +135,11 @@ def load_experts(model, reader, method: str, parsed, *, device, dtype, sharded: 
         if method == tqf.QUANT_METHOD and isinstance(parsed.get(name), dict) and "experts" in parsed[name]:
             new, used = _load_tileq(reader, name, mod, parsed[name], device=device, dtype=dtype)
         elif f"{name}.gate_up_proj" in reader:
-            continue
+            continue  # stored as the model's own 3-D parameters
+        elif sharded:
+            raise UnsupportedError(f"{name}: loading per-expert tensors under tensor parallelism is not supported")
         else:
             new, used = _load_per_expert(model, reader, method, parsed, name, mod, device=device, dtype=dtype)
-        if sharded and new is not None:
-            raise UnsupportedError(f"{name}: loading quantized experts under tensor parallelism is not supported")
         if new is not None:
             model.set_submodule(name, new)
             done.append(new)
@@ -152,11 +152,13 @@ def load_experts(model, reader, method: str, parsed, *, device, dtype, sharded: 
     return consumed
 
 
-def _plan_expert(model, reader, method, parsed, name, mod, key):
+_PROBE = nn.Linear(1, 1, bias=False, device="meta")  # compressed-tensors matches experts as class "Linear"
+
+
+def _plan_expert(model, reader, method, parsed, name, key):
     """(config, how to read) of the linear ``key`` (model names), or None when it is unquantized."""
     if method == ct.QUANT_METHOD:
-        probe = nn.Linear(1, 1, bias=False, device="meta")  # compressed-tensors matches the class "Linear"
-        scheme = ct.scheme_for(stored_name(model, key), probe, parsed)
+        scheme = ct.scheme_for(stored_name(model, key), _PROBE, parsed)
         if scheme is None:
             return None
         plan = ct.plan_layer(key, scheme)
@@ -180,7 +182,7 @@ def _load_per_expert(model, reader, method, parsed, name, mod, *, device, dtype)
     gate, up, down = projections(model)
     shapes = {gate: (i, h), up: (i, h), down: (h, i)}  # (N, K) of each linear
     keys = [(x, p, f"{name}.{x}.{p}") for x in range(e) for p in (gate, up, down)]
-    plans = {key: _plan_expert(model, reader, method, parsed, name, mod, key) for _, _, key in keys}
+    plans = {key: _plan_expert(model, reader, method, parsed, name, key) for _, _, key in keys}
     first = plans[keys[0][2]]
     for _, _, key in keys:
         got = plans[key]
