@@ -259,9 +259,9 @@ def test_kernel_routing_edges(routing, masked):
 @needs_interpreter
 def test_kernel_planned_configs_and_fresh_output():
     """The planner's own tiles (decode swapped with 16 tokens at T/E <= 16, 32 up to 32, the
-    64-row decode tile up to 64, the prefill tile above) and a fresh output."""
+    64-row decode tile up to 64, above it the prefill tile: 64 rows for fp8 x fp8) and a fresh output."""
     for rows, swapped, bm in (((3, 5), True, 16), ((20, 30), True, 32), ((40, 50), False, 64),
-                              ((140, 2), False, 128)):
+                              ((140, 2), False, 64)):
         args, kw = make_case(CASES[1], e=2, rows=rows, n=40, k=96, spare=0)
         plan = make_grouped_plan(api_grouped.validate(*args, out_dtype=torch.bfloat16, group_n=None,
                                                       row_scale=None, out=None, counts=None, **kw)[0],
@@ -295,23 +295,36 @@ def _spec(form, e, rows, n, k, scheme="abquant"):
 def test_decode_split_rule():
     """The split over K follows the wave model over the tiles with rows: 1 token's 8 experts x 24
     column tiles (192 programs on 132 SMs, 1.45 waves) split in 2; 16 tokens' 128 experts fill the
-    SMs and E=8 x 32 column tiles x 56 K steps balance already (no split), but not on 200 SMs;
-    prefill never splits; the choice is explained."""
-    from tileq.dispatch.grouped import choose_config
+    SMs and E=8 x 32 column tiles x 56 K steps balance already (no split), but not on 200 SMs.
+    The sm_90 table caps the split at 1 (GROUPED_SPLIT_MAX: measured slower at every decode shape),
+    so the planner never splits there; prefill never splits; the choice is explained."""
+    from tileq.dispatch import thresholds
+    from tileq.dispatch.grouped import choose_config, choose_split
+
+    t = thresholds.Table("test", {**thresholds.SM90, **thresholds.SM90_INT4}, "test")
+    t.GROUPED_SPLIT_MAX = 8  # the rule as designed, before the measured cap
+
+    def split(spec, sms=132):
+        cfg = choose_config(spec, "sm_90", sms)[0]
+        return choose_split(spec, cfg, sms, t)
 
     one_token = _spec("contiguous", 128, 8, 1536, 2048)
-    cfg, why = choose_config(one_token, "sm_90", 132)
-    assert (cfg.split_k, cfg.swap_ab, cfg.block_m) == (2, True, 16), why
-    assert "~192 tiles with rows x 16 K steps on 132 SMs: split_k=2" in why
-    assert choose_config(_spec("masked", 128, 1, 1536, 2048), "sm_90", 132)[0].split_k == 2  # C x 8 rows
-    assert choose_config(_spec("contiguous", 128, 128, 1536, 2048), "sm_90", 132)[0].split_k == 1
-    assert choose_config(_spec("contiguous", 8, 8, 2048, 7168), "sm_90", 132)[0].split_k == 1
-    assert choose_config(_spec("contiguous", 8, 8, 2048, 7168, "rowcol"), "sm_90", 132)[0].split_k == 1
-    assert choose_config(_spec("contiguous", 8, 8, 2048, 7168), "sm_90", 200)[0].split_k > 1  # 1.28 waves
-    prefill, why = choose_config(_spec("contiguous", 128, 32768, 1536, 2048), "sm_90", 132)
-    assert (prefill.split_k, prefill.group_m, prefill.block_m) == (1, 8, 128), why
+    best, why = split(one_token)
+    assert best == 2 and "~192 tiles with rows x 16 K steps on 132 SMs: split_k=2" in why
+    assert split(_spec("masked", 128, 1, 1536, 2048))[0] == 2  # C x 8 rows
+    assert split(_spec("contiguous", 128, 128, 1536, 2048))[0] == 1
+    assert split(_spec("contiguous", 8, 8, 2048, 7168))[0] == 1
+    assert split(_spec("contiguous", 8, 8, 2048, 7168), 200)[0] > 1  # 1.28 waves
     # the split's partials stay within the workspace budget: a huge masked grid is not split
-    assert choose_config(_spec("masked", 4096, 16, 4096, 2048), "sm_90", 132)[0].split_k == 1
+    assert split(_spec("masked", 4096, 16, 4096, 2048))[0] == 1
+    # the shipped sm_90 table: no split
+    cfg, why = choose_config(one_token, "sm_90", 132)
+    assert (cfg.split_k, cfg.swap_ab, cfg.block_m) == (1, True, 16), why
+    assert choose_config(_spec("masked", 128, 1, 1536, 2048), "sm_90", 132)[0].split_k == 1
+    prefill, why = choose_config(_spec("contiguous", 128, 32768, 1536, 2048), "sm_90", 132)
+    assert (prefill.split_k, prefill.group_m, prefill.block_m, prefill.num_warps) == (1, 8, 64, 4), why  # fp8
+    int8 = choose_config(_spec("contiguous", 128, 32768, 1536, 2048, "rowcol"), "sm_90", 132)[0]
+    assert (int8.split_k, int8.block_m) == (1, 128)  # the arch's prefill tile
 
 
 # ---- cache, explain ------------------------------------------------------------------------

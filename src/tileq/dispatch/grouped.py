@@ -170,6 +170,11 @@ def choose_config(spec: GroupedSpec, arch_name: str, num_sms: int) -> tuple[Grou
                             group_m=int(t.GROUPED_PREFILL_GROUP_M))
         why = (f"{what} > DECODE_MAX_M={t.DECODE_MAX_M}: the arch's prefill tile, launched in groups of "
                f"{cfg.group_m} row tiles")
+        if spec.x_type.is_float8 and spec.w_type.is_float8 and cfg.block_m > t.GROUPED_PREFILL_FP8_BLOCK_M:
+            # Experts' row blocks are short (T x top-k / E rows): a 64-row tile wastes less of the last
+            # one and doubles the programs per expert.
+            cfg = replace(cfg, block_m=int(t.GROUPED_PREFILL_FP8_BLOCK_M), num_warps=4, num_stages=4)
+            why += f"; fp8 x fp8: {cfg.block_m}-row tile, 4 warps, 4 stages (GROUPED_PREFILL_FP8_BLOCK_M)"
     bk = cfg.block_k
     while spec.grouped and spec.group_k % bk and bk > 16:
         bk //= 2  # a K tile must sit inside one scale group
