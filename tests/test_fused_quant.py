@@ -124,9 +124,24 @@ def _choose(**kw):
     return choose_fused_quant(**{**args, **kw})
 
 
-def test_rule(monkeypatch):
+DESIGNED_MAX_M = 16  # the rule's tests run with a positive threshold (sm_90 ships 0: measured slower)
+
+
+@pytest.fixture
+def designed_limit(monkeypatch):
+    monkeypatch.setattr(thresholds.for_arch("sm_90"), "FUSED_QUANT_MAX_M", DESIGNED_MAX_M)
+    return DESIGNED_MAX_M
+
+
+def test_sm90_ships_it_off(monkeypatch):
     monkeypatch.delenv("TILEQ_FUSED_QUANT", raising=False)
-    limit = thresholds.for_arch("sm_90").FUSED_QUANT_MAX_M
+    assert thresholds.for_arch("sm_90").FUSED_QUANT_MAX_M == 0
+    assert not _choose(m=1).fused and "FUSED_QUANT_MAX_M=0" in _choose(m=1).reason
+
+
+def test_rule(monkeypatch, designed_limit):
+    monkeypatch.delenv("TILEQ_FUSED_QUANT", raising=False)
+    limit = designed_limit
     assert _choose(m=limit).fused and not _choose(m=limit + 1).fused
     assert _choose(act_type=OT.FP8, weight_type=OT.FP8).fused
     for bad in (dict(scheme="abquant"), dict(granularity="tensor"), dict(weight_type=OT.FP8),
@@ -161,8 +176,8 @@ def _runner_output(layer, x):
 
 
 @pytest.mark.parametrize("act", ["int8", "fp8"])
-def test_layer_path_takes_it_up_to_the_threshold(triton_backend, monkeypatch, act):
-    limit = thresholds.for_arch("sm_90").FUSED_QUANT_MAX_M
+def test_layer_path_takes_it_up_to_the_threshold(triton_backend, monkeypatch, act, designed_limit):
+    limit = designed_limit
     layer = _layer(act, 32, 136)
     for m, fused in ((limit, True), (limit + 1, False)):
         x = (torch.randn(m, 136) * 2).to(torch.bfloat16)

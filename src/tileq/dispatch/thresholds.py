@@ -87,9 +87,9 @@ SM90: dict[str, Threshold] = {
         64, "... about this many elements per thread", _H200 + "act-quant/"),
     # --- activation quantization inside the decode GEMM (dispatch/fused_quant.py) ---
     "FUSED_QUANT_MAX_M": Threshold(
-        16, "rowcol int8/fp8 layers with per-token activation scales quantize inside the GEMM (one "
-            "launch) up to this M (designed, not yet measured: docs/performance.md, section 3, says how)",
-        "docs/performance.md"),
+        0, "rowcol int8/fp8 layers with per-token activation scales quantize inside the GEMM (one launch) up "
+           "to this M; 0 = never (1.7-3x slower than quantize + GEMM at M 1-16 on every Qwen3-14B shape)",
+        "bench/results/h200/decode-fusion/fused_quant.md"),
     "GLUON_EPI_PRELOAD": Threshold(
         1, "schemes without group scales load the epilogue's vectors at each tile's start (1.02-1.10x)",
         _H200 + "gluon/preload/"),
