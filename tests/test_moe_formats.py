@@ -89,13 +89,22 @@ def test_round_trip_compressed_tensors(tmp_path, family, name):
     _assert_same_model(model, back)
 
 
+@pytest.mark.parametrize("config", [tnn.FP8RowConfig(), tnn.W8A16Config()], ids=lambda c: c.name)
+def test_round_trip_other_configs(tmp_path, config):
+    model = _model("qwen3_moe")
+    tnn.quantize_(model, config)
+    assert tileq.save_pretrained(model, tmp_path) == "compressed-tensors"
+    _assert_same_model(model, tileq.from_pretrained(tmp_path))
+
+
 def test_round_trip_tileq_format(tmp_path):
-    # int4 groups of 48 do not divide K = 128: no compressed-tensors equivalent, tileq's format
     model = _model("mixtral")
-    tnn.quantize_(model, tnn.W4A16Config(group_size=48))
-    assert tileq.save_pretrained(model, tmp_path) == "tileq"
-    keys = _keys(tmp_path)
-    assert "model.layers.0.block_sparse_moe.experts.gate_up_proj" in keys
+    tnn.quantize_(model, tnn.A8W8Config())
+    assert tileq.save_pretrained(model, tmp_path, format="tileq") == "tileq"
+    keys = _keys(tmp_path)  # QuantExperts' buffers as they are, under Mixtral's names
+    assert "model.layers.0.block_sparse_moe.experts.gate_up_proj_scale" in keys
+    qc = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert qc["layers"]["model.layers.0.mlp.experts"]["experts"]["num_experts"] == 4
     _assert_same_model(model, tileq.from_pretrained(tmp_path))
 
 
