@@ -108,6 +108,9 @@ SM90: dict[str, Threshold] = {
         1, "grouped decode: the largest split over K; 1 = never split (split 2 and 4 were slower at every decode "
            "shape measured: 1, 4, 16 tokens, E=128 N=1536 K=2048 and E=8 N=2048 K=7168, fp8 / int8 / int4)",
         "bench/results/h200/moe/grouped_variants.md"),
+    "MOE_MASKED_MAX_ROWS": Threshold(
+        4096, "fused_moe: the masked grouped form while E x T rows stay at most this (decode), the contiguous "
+              "form above (designed, not yet measured; tileq moebench --forms measures both)", "docs/moe.md"),
     "GROUPED_PREFILL_FP8_BLOCK_M": Threshold(
         64, "grouped fp8 x fp8 prefill: the row tile (with 4 warps, 4 stages) instead of the arch's 128-row "
             "prefill tile (faster at all 4 prefill shapes measured: 1.12-1.36x the 128-row tile)",

@@ -30,6 +30,7 @@ from ..api_grouped import grouped_linear
 from ..dtypes import PackedInt4
 from ..errors import DTypeError, ShapeError, UnsupportedError, expect
 from .align import align, check_topk
+from ..dispatch import thresholds
 from .routing import Routing, route
 from .spec import ExpertsSpec, spec_of_key
 
@@ -37,8 +38,8 @@ FORMS = ("auto", "contiguous", "masked")
 
 # The masked form's buffers and grid scale with E x C rows (C = T), the contiguous form's with
 # T*k rows plus one tile per expert: the masked form only while E x T stays this small (decode
-# batches: T <= 32 at E = 128, T <= 16 at E = 256). Designed, not yet measured on the H200.
-MASKED_MAX_ROWS = 4096
+# batches: T <= 32 at E = 128, T <= 16 at E = 256). The value lives in the thresholds table.
+MASKED_MAX_ROWS = int(thresholds.for_arch(None).MOE_MASKED_MAX_ROWS)
 
 
 def choose_form(tokens: int, num_experts: int) -> tuple[str, str]:
