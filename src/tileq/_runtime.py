@@ -26,6 +26,17 @@ def bounded_put(table: dict, key, value, cap: int) -> None:
     table[key] = value
 
 
+def cache_get(table: dict, key):
+    """``table.get(key)``, None for a None key or an unhashable one (a call cache misses and the
+    full path, which validates, reports the bad argument)."""
+    if key is None:
+        return None
+    try:
+        return table.get(key)
+    except TypeError:
+        return None
+
+
 def env_raw(name: str):
     """The stored value of environment variable ``name`` (None when unset), as a cache key:
     compared for equality only, never parsed (it is bytes on POSIX)."""

@@ -322,12 +322,17 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- quantize_activation
 
 
+def _check_options(dtype, granularity, allowed, group_k, preshuffled):
+    """(output type, granularity, group size, preshuffled) of a quantizing call, each checked."""
+    otype = _out_type(dtype)
+    granularity = _check_granularity(granularity, allowed)
+    return otype, granularity, quant._group(group_k, "group_k"), _check_preshuffled(preshuffled, granularity)
+
+
 def _build_quantize(x, dtype, granularity, group_k, scale, preshuffled, out, backend):
     m, k, row_stride = _check_x(x)
-    otype = _out_type(dtype)
-    granularity = _check_granularity(granularity, _aq.GRANULARITIES)
-    gk = quant._group(group_k, "group_k")
-    preshuffled = _check_preshuffled(preshuffled, granularity)
+    otype, granularity, gk, preshuffled = _check_options(dtype, granularity, _aq.GRANULARITIES, group_k,
+                                                         preshuffled)
     scale_dtype, scale_val = _check_static_scale(scale, granularity, x.device)
     s_shape, s_strides = _scale_layout(m, k, granularity, gk, preshuffled)
     if out is not None:
@@ -407,10 +412,8 @@ def _build_fused(x, residual, weight, eps, dtype, granularity, group_k, preshuff
         raise LayoutError(expect("weight", "unit stride", f"strides {weight.stride()}"))
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
         raise ScaleError(expect("eps", "a finite number >= 0", repr(eps)))
-    otype = _out_type(dtype)
-    granularity = _check_granularity(granularity, _aq.FUSED_GRANULARITIES)
-    gk = quant._group(group_k, "group_k")
-    preshuffled = _check_preshuffled(preshuffled, granularity)
+    otype, granularity, gk, preshuffled = _check_options(dtype, granularity, _aq.FUSED_GRANULARITIES, group_k,
+                                                         preshuffled)
     s_shape, s_strides = _scale_layout(m, k, granularity, gk, preshuffled)
     executor, interpreted = resolve_backend(backend, x.device)
     if executor == "reference" or m == 0 or k == 0:
@@ -451,10 +454,8 @@ def _build_silu(x, dtype, granularity, group_k, preshuffled, backend):
         raise ShapeError(expect("gate_up", "an even last dimension 2I (gate and up halves)",
                                 f"shape {tuple(x.shape)}"))
     i = k2 // 2
-    otype = _out_type(dtype)
-    granularity = _check_granularity(granularity, _sq.GRANULARITIES)
-    gk = quant._group(group_k, "group_k")
-    preshuffled = _check_preshuffled(preshuffled, granularity)
+    otype, granularity, gk, preshuffled = _check_options(dtype, granularity, _sq.GRANULARITIES, group_k,
+                                                         preshuffled)
     s_shape, s_strides = _scale_layout(m, i, granularity, gk, preshuffled)
     executor, interpreted = resolve_backend(backend, x.device)
     if executor == "reference" or m == 0 or i == 0:

@@ -20,7 +20,7 @@ import torch
 
 from .dispatch import plan as _plan
 from . import settings
-from ._runtime import bounded_put
+from ._runtime import bounded_put, cache_get
 from .dtypes import PackedInt4
 from .prepacked import PrepackedInt4
 from .errors import DTypeError, ShapeError, TileqError, expect
@@ -75,13 +75,8 @@ def _call_key(op, a, b, a_scale, b_scale, bias, acc, out, scheme, out_dtype, gro
         return None
 
 
-def _lookup(key) -> "_Call | None":
-    if key is None:
-        return None
-    try:
-        return _CALLS.get(key)
-    except TypeError:  # an unhashable option: the full path reports it
-        return None
+def _lookup(key):
+    return cache_get(_CALLS, key)
 
 
 def _remember(key, problem: Problem, plan: _plan.Plan, **extra) -> None:

@@ -24,7 +24,7 @@ import math
 import torch
 
 from . import settings
-from ._runtime import bounded_put
+from ._runtime import bounded_put, cache_get
 from .api import _arg_key
 from .dispatch import grouped as _grouped
 from .dtypes import OUT_DTYPES, OperandType, check_pair, operand_type
@@ -247,12 +247,7 @@ def _call_key(x, w, x_scale, w_scale, offsets, counts, row_scale, out, scheme, o
 
 
 def _lookup(key):
-    if key is None:
-        return None
-    try:
-        return _CALLS.get(key)
-    except TypeError:  # an unhashable option: the full path reports it
-        return None
+    return cache_get(_CALLS, key)
 
 
 def _up(s):

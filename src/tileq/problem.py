@@ -120,8 +120,21 @@ GEMM_NAMES = ArgNames()
 LINEAR_NAMES = ArgNames("x", "w", "x_scale", "w_scale", weight=True)
 
 
+class GroupCounts:
+    """``gk`` / ``gn``: the scale groups along K and N of a spec with k, n, group_k, group_n
+    (a dense problem's, one expert's of a grouped call)."""
+
+    @property
+    def gk(self) -> int:
+        return math.ceil(self.k / self.group_k) if self.k else 0
+
+    @property
+    def gn(self) -> int:
+        return math.ceil(self.n / self.group_n) if self.n else 0
+
+
 @dataclass(frozen=True)
-class ProblemSpec:
+class ProblemSpec(GroupCounts):
     """Everything a kernel specializes on; hashable, tensor-free (``tileq explain`` builds one)."""
 
     m: int
@@ -142,14 +155,6 @@ class ProblemSpec:
     # fp8/bf8 pairs only: let sm_90's reduced-precision wgmma accumulator run over the whole K
     # loop (torch._scaled_mm's use_fast_accum) instead of promoting to fp32 after every K tile.
     fast_accum: bool = False
-
-    @property
-    def gk(self) -> int:
-        return math.ceil(self.k / self.group_k) if self.k else 0
-
-    @property
-    def gn(self) -> int:
-        return math.ceil(self.n / self.group_n) if self.n else 0
 
     @property
     def integer_mainloop(self) -> bool:

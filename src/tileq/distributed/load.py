@@ -22,6 +22,7 @@ from ..errors import ShapeError, UnsupportedError, expect
 from ..formats import compressed_tensors as ct
 from ..formats import deepseek_fp8 as dsf
 from ..formats import tileq_format as tqf
+from ..formats.layer import load_layer
 from ..formats.safetensors_io import CheckpointReader, TensorInfo
 from ..nn.linear import QuantLinear
 from .shard import ShardSpec, chunk, ranges, refusal, stored_range
@@ -165,12 +166,7 @@ def load_sharded_layer(tp: TensorParallel, reader: ShardedReader, method: str, n
         config = plan[0]
     n_loc, k_loc = reader.shard_layer(method, name, config, plan, spec, n, k)
     stand_in = nn.Linear(k_loc, n_loc, bias=linear.bias is not None, device="meta")
-    if method == ct.QUANT_METHOD:
-        layer, used = ct.load_layer(reader, name, stand_in, plan, device=device, dtype=dtype)
-    elif method == dsf.QUANT_METHOD:
-        layer, used = dsf.load_layer(reader, name, stand_in, parsed, device=device, dtype=dtype)
-    else:
-        layer, used = tqf.load_layer(reader, name, stand_in, *plan, device=device, dtype=dtype)
+    layer, used = load_layer(method, reader, name, stand_in, plan, parsed, device=device, dtype=dtype)
     if spec.axis == "k":  # row-wise: the bias is added once, after the sum of the partial outputs
         bias = layer.bias
         if bias is not None:

@@ -26,6 +26,7 @@ from . import compressed_tensors as ct
 from . import deepseek_fp8 as dsf
 from . import moe as moe_fmt
 from . import tileq_format as tqf
+from .layer import load_layer
 from .safetensors_io import CheckpointReader, dtype_name, read_json, write_checkpoint, write_json
 
 FORMATS = (ct.QUANT_METHOD, dsf.QUANT_METHOD, tqf.QUANT_METHOD)
@@ -155,12 +156,9 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
                     if style is not None:  # this rank's slice, with the tp_plan's forward transforms
                         layer, used = tp_load.load_sharded_layer(tp, reader, method, name, linear, plan, parsed,
                                                                  style, device=device, dtype=dtype)
-                    elif method == ct.QUANT_METHOD:
-                        layer, used = ct.load_layer(reader, name, linear, plan, device=device, dtype=dtype)
-                    elif method == dsf.QUANT_METHOD:
-                        layer, used = dsf.load_layer(reader, name, linear, parsed, device=device, dtype=dtype)
                     else:
-                        layer, used = tqf.load_layer(reader, name, linear, *plan, device=device, dtype=dtype)
+                        layer, used = load_layer(method, reader, name, linear, plan, parsed, device=device,
+                                                 dtype=dtype)
                 except TileqError as e:
                     if name in str(e):
                         raise

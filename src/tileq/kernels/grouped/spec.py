@@ -7,19 +7,18 @@ Imports no Triton.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from ...dtypes import OperandType, integer_mainloop, mma_types
-from ...problem import ProblemSpec, ScaleKind, Scheme
+from ...problem import GroupCounts, ProblemSpec, ScaleKind, Scheme
 
 FORMS = ("contiguous", "masked")
 
 
 @dataclass(frozen=True)
-class GroupedSpec:
+class GroupedSpec(GroupCounts):
     """One grouped call. ``rows``: T (contiguous form, x [T, K]) or C (masked form, x [E, C, K]).
 
     Scales: ``x_scale`` 'none', 'vector' (per row) or 'group' ([rows, Gk]); ``w_scale`` 'vector'
@@ -39,14 +38,6 @@ class GroupedSpec:
     group_k: int = 128
     group_n: int = 1
     has_row_scale: bool = False
-
-    @property
-    def gk(self) -> int:
-        return math.ceil(self.k / self.group_k) if self.k else 0
-
-    @property
-    def gn(self) -> int:
-        return math.ceil(self.n / self.group_n) if self.n else 0
 
     @property
     def integer_mainloop(self) -> bool:
