@@ -132,7 +132,6 @@ gemm("gemm_i4_pdl", "bquant_fp8xi4_rcr_decode", pdl=True)
 gemm("gemm_rrr_pdl", "rowcol_fp8xfp8_rrr_decode", pdl=True)
 gemm("gemm_split", "rowcol_i8xi8_rcr_decode", split=2)
 gemm("gemm_split_pdl", "rowcol_i8xi8_rcr_decode", split=2, pdl=True)
-gemm("fused_i8_swap_pdl", "rowcol_i8xi8_rcr_decode", swap=True, pdl=True, fused_x="bf16")
 for name, fn in (("reduce", _splitk_reduce_kernel), ("reduce_pdl", _splitk_reduce_pdl_kernel)):
     sig = {"w_ptr": "*fp32", "c_ptr": "*bf16", "total": "i32", "N": "i32", "ldc": "i32",
            "SPLIT_K": "constexpr", "BLOCK": "constexpr", "SWAPPED": "constexpr"}

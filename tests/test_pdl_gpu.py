@@ -2,8 +2,8 @@
 activation quantization -> GEMM ...) captured in CUDA graphs give the same bits with and without
 PDL over many replays, with layers of one signature sharing one runner and its scratch (the
 custom op's runners: each quantization overwrites the scratch the previous GEMM read, the hazard
-PDL's wait must order). Plus a timing table (printed, run with -s): per layer, two launches
-against the fused quantization, with and without PDL, under CUDA graphs.
+PDL's wait must order). Plus a timing table (printed, run with -s): per layer, the two launches
+with and without PDL, under CUDA graphs.
 
     TILEQ_TEST_GPU=1 python -m pytest -m gpu tests/test_pdl_gpu.py -s
 """
@@ -39,9 +39,8 @@ def _chain(layers, x):
     return x
 
 
-def _graph_outputs(monkeypatch, layers, inputs, pdl: str, fused: str):
+def _graph_outputs(monkeypatch, layers, inputs, pdl: str):
     monkeypatch.setenv("TILEQ_PDL", pdl)
-    monkeypatch.setenv("TILEQ_FUSED_QUANT", fused)
     ql._OP_RUNNERS.clear()
     static = inputs[0].clone()
     stream = torch.cuda.Stream()
@@ -66,19 +65,17 @@ def _graph_outputs(monkeypatch, layers, inputs, pdl: str, fused: str):
 
 @pytest.mark.parametrize("config", ["A8W8", "FP8Row", "FP8Block"])
 @pytest.mark.parametrize("m", [1, 16])
-@pytest.mark.parametrize("fused", ["0", "auto"])
-def test_graph_chain_is_bit_identical_with_pdl(monkeypatch, config, m, fused):
+def test_graph_chain_is_bit_identical_with_pdl(monkeypatch, config, m):
     layers = _layers(config, LAYERS, K, K)
     gen = torch.Generator(device="cuda").manual_seed(m)
     inputs = [torch.randn(m, K, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(REPLAYS)]
-    with_pdl, runners = _graph_outputs(monkeypatch, layers, inputs, "1", fused)
-    gemm = runners[0].fused if runners[0].fused is not None else runners[0].gemm.launch
-    assert gemm.main.kwargs.get("launch_pdl") is True  # the launches really carried PDL
-    without, runners0 = _graph_outputs(monkeypatch, layers, inputs, "0", fused)
-    assert "launch_pdl" not in (runners0[0].fused or runners0[0].gemm.launch).main.kwargs
+    with_pdl, runners = _graph_outputs(monkeypatch, layers, inputs, "1")
+    assert runners[0].gemm.launch.main.kwargs.get("launch_pdl") is True  # the launches really carried PDL
+    without, runners0 = _graph_outputs(monkeypatch, layers, inputs, "0")
+    assert "launch_pdl" not in runners0[0].gemm.launch.main.kwargs
     for i, (a, b) in enumerate(zip(with_pdl, without)):
         assert torch.isfinite(b).all() and b.abs().max() > 0, i
-        assert torch.equal(a, b), (config, m, fused, i)
+        assert torch.equal(a, b), (config, m, i)
     # and the graphs compute what eager calls compute
     monkeypatch.setenv("TILEQ_PDL", "0")
     assert torch.equal(_chain(layers, inputs[-1]), without[-1])
@@ -112,8 +109,8 @@ def _time_graph(fn, reps: int = 50) -> float:
 
 def test_timing_table(monkeypatch, capsys):
     """Per layer of an 8-layer graph (8 distinct weights: more bytes than L2), microseconds, for
-    two launches vs the fused quantization, with and without PDL. Printed; asserts nothing about
-    speed (a measurement, for docs/performance.md)."""
+    the two launches with and without PDL. Printed; asserts nothing about speed (a measurement,
+    for docs/performance.md)."""
     rows = []
     for config in ("A8W8", "FP8Row"):
         for name, k, n in (("qo", 5120, 5120), ("gate_up", 5120, 17408), ("down", 17408, 5120)):
@@ -122,17 +119,14 @@ def test_timing_table(monkeypatch, capsys):
                 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
                 times = {}
                 for pdl in ("0", "1"):
-                    for fused in ("0", "1"):
-                        monkeypatch.setenv("TILEQ_PDL", pdl)
-                        monkeypatch.setenv("TILEQ_FUSED_QUANT", fused)
-                        ql._OP_RUNNERS.clear()
-                        times[(pdl, fused)] = _time_graph(lambda x=x, layers=layers: [
-                            ql.quant_linear_cached(la.spec, x, la.weight, la.weight_scale, la.bias, None)
-                            for la in layers]) / len(layers)
+                    monkeypatch.setenv("TILEQ_PDL", pdl)
+                    ql._OP_RUNNERS.clear()
+                    times[pdl] = _time_graph(lambda x=x, layers=layers: [
+                        ql.quant_linear_cached(la.spec, x, la.weight, la.weight_scale, la.bias, None)
+                        for la in layers]) / len(layers)
                 rows.append((config, name, m, times))
     with capsys.disabled():
-        print("\nconfig  shape    M   2 launches  fused   2 launches+PDL  fused+PDL   (us per layer, CUDA graph)")
+        print("\nconfig  shape    M   2 launches  2 launches+PDL   (us per layer, CUDA graph)")
         for config, name, m, t in rows:
-            print(f"{config:7} {name:8} {m:3} {t[('0', '0')]:10.2f} {t[('0', '1')]:7.2f} {t[('1', '0')]:14.2f} "
-                  f"{t[('1', '1')]:10.2f}")
+            print(f"{config:7} {name:8} {m:3} {t['0']:10.2f} {t['1']:14.2f}")
     assert all(v > 0 for *_, t in rows for v in t.values())

@@ -117,11 +117,10 @@ def runner_key(x: torch.Tensor, has_input_scale: bool):
 
 class LayerRunner:
     """One QuantLinear call signature (CUDA), bound to its two launches: the activation
-    quantization (into scratch for decode sizes) and the GEMM's cached launch (``linear_call``),
-    or where ``dispatch.fused_quant`` says so one launch quantizing inside the GEMM (``fused``).
+    quantization (into scratch for decode sizes) and the GEMM's cached launch (``linear_call``).
     Computes exactly ``quant_linear_forward``; built after a first call through it."""
 
-    __slots__ = ("aq", "scratch", "m", "k", "out_shape", "gemm", "weight_only", "fused")
+    __slots__ = ("aq", "scratch", "m", "k", "out_shape", "gemm", "weight_only")
 
     @classmethod
     def build(cls, spec: LayerSpec, x, weight, weight_scale, bias, input_scale):
@@ -155,22 +154,9 @@ class LayerRunner:
             a = q.view(r.m, r.k)
         r.gemm = linear_call(a, weight, a_scale, weight_scale, scheme=spec.scheme_for(input_scale is not None),
                              out_dtype=x.dtype, bias=bias, group_k=spec.group_k, group_n=spec.group_n)
-        if r.gemm is None:
-            return None
-        r.fused = None
-        if r.aq is not None:
-            from .dispatch.fused_quant import fused_quant_launch
-
-            r.fused = fused_quant_launch(getattr(r.gemm, "launch", None), x.reshape(r.m, r.k),
-                                         scheme=spec.scheme_for(input_scale is not None), act_dtype=spec.act_dtype,
-                                         granularity=gran, weight_dtype=getattr(weight, "dtype", None))
-            if r.fused is not None:  # one launch: no quantization launch, no scratch
-                r.aq, r.scratch = None, None
-        return r
+        return r if r.gemm is not None else None
 
     def __call__(self, x, weight_storage, weight_scale, bias, input_scale):
-        if self.fused is not None:
-            return self.fused(x.reshape(self.m, self.k), weight_storage, weight_scale, bias).view(self.out_shape)
         if self.weight_only:
             a, a_scale = x.reshape(self.m, self.k), None
         else:

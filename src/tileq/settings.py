@@ -25,7 +25,6 @@ SWITCHES = {
     "TILEQ_CHECK_FINITE": "1: activation quantization raises ScaleError on non-finite input (synchronizes)",
     "TILEQ_TUNED_TABLES": "os.pathsep-separated tuned-table files read besides the shipped ones",
     "TILEQ_PDL": "unset: programmatic dependent launch of the decode kernels on sm_90+ GPUs; 0: off; 1: on (sm_90+)",
-    "TILEQ_FUSED_QUANT": "auto (default) | 0 | 1: per-token quantization inside the rowcol decode GEMM (auto: small M)",
     "TRITON_INTERPRET": "1 (set before tileq and triton are imported): Triton's interpreter runs the kernels on CPU tensors",
 }
 _KEYED = tuple(SWITCHES)
@@ -48,7 +47,6 @@ class Settings:
     tuned_tables: tuple[str, ...]
     interpreted: bool
     pdl: bool | None = None  # None: on where the GPU has it (sm_90+); True / False: forced
-    fused_quant: str = "auto"  # one of FUSED_QUANT
 
 
 def _text(raw) -> str:
@@ -79,17 +77,6 @@ def parse_pdl(raw) -> bool | None:
     return value == "1"
 
 
-FUSED_QUANT = ("auto", "0", "1")
-
-
-def parse_fused_quant(raw) -> str:
-    """TILEQ_FUSED_QUANT's value: 'auto' (unset), '0' (never) or '1' (wherever it applies)."""
-    value = "auto" if raw is None else _text(raw).lower()
-    if value not in FUSED_QUANT:
-        raise UnsupportedError(expect("TILEQ_FUSED_QUANT", "auto, 0 or 1", repr(value)))
-    return value
-
-
 def parse_backend(raw, source: str = "TILEQ_BACKEND") -> str:
     value = "auto" if raw is None else _text(raw).lower()
     if value not in BACKENDS:
@@ -116,7 +103,6 @@ def current() -> Settings:
             tuned_tables=tuple(p for p in tables.split(os.pathsep) if p),
             interpreted=interpreter_active(),
             pdl=parse_pdl(raw["TILEQ_PDL"]),
-            fused_quant=parse_fused_quant(raw["TILEQ_FUSED_QUANT"]),
         )
         if len(_PARSED) > 64:
             _PARSED.clear()

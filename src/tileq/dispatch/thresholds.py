@@ -85,11 +85,6 @@ SM90: dict[str, Threshold] = {
              "at once; with 16 warps the kernel ran at 2.1-2.5x its byte floor at M = 4096)", _H200 + "act-quant/"),
     "ACT_QUANT_LARGE_M_ELEMS_PER_THREAD": Threshold(
         64, "... about this many elements per thread", _H200 + "act-quant/"),
-    # --- activation quantization inside the decode GEMM (dispatch/fused_quant.py) ---
-    "FUSED_QUANT_MAX_M": Threshold(
-        0, "rowcol int8/fp8 layers with per-token activation scales quantize inside the GEMM (one launch) up "
-           "to this M; 0 = never (1.7-3x slower than quantize + GEMM at M 1-16 on every Qwen3-14B shape)",
-        "bench/results/h200/decode-fusion/fused_quant.md"),
     "GLUON_EPI_PRELOAD": Threshold(
         1, "schemes without group scales load the epilogue's vectors at each tile's start (1.02-1.10x)",
         _H200 + "gluon/preload/"),

@@ -16,8 +16,6 @@ Modes are constexpr strings, never integers:
   A_LAYOUT:        'r' (K contiguous) or 'c' (M contiguous); B_LAYOUT 'r' (N contig.) or 'c' (K)
   A_SCALE:         'none' 'scalar' 'vector' (rows) 'group' ([M, Gk]); B_SCALE likewise (columns,
                    [Gk, Gn])
-  QUANT_X:         'none', or the kernel operand ('a' or 'b') that holds 16-bit activations to
-                   quantize per token inside the kernel (rowcol; see ``_token_scales``)
   PDL:             programmatic dependent launch: the weight's first K tile is prefetched to L2,
                    then the kernel waits for the previous kernel before reading anything
                    (kernels/pdl.py)
@@ -26,7 +24,6 @@ Modes are constexpr strings, never integers:
 import triton
 import triton.language as tl
 
-from .act_quant_kernel import _abs_max, _divide, _encode, _max_nan, _nan_like, _scale_of, _to_f32
 from .pdl import prefetch_tile, wait_upstream
 
 
@@ -108,43 +105,6 @@ def _dot(a, b, acc, OUT_DTYPE: tl.constexpr, INTERPRETED: tl.constexpr, CT: tl.c
 
 
 @triton.jit
-def _token_scales(ptr, ld, rt64, t_ok, K, T: tl.constexpr, K_CONTIG: tl.constexpr, BK: tl.constexpr,
-                  QMAX: tl.constexpr, EPS: tl.constexpr, INTERPRETED: tl.constexpr):
-    """Per-token scales of T activation rows (``rt64``, valid where ``t_ok``) read over the whole
-    K, with their non-finite flags: the activation-quantization kernel's ``_scale_of`` on the same
-    NaN-propagating max |x| (a max is exact in any order), so the scales equal
-    ``quantize_activation``'s bit for bit. Every program computes its tokens' scales itself (T x K
-    16-bit reads, from L2 after the first program)."""
-    rk = tl.arange(0, BK)
-    amax = tl.zeros([T], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        kk = k0 + rk
-        if K_CONTIG:
-            p = ptr + rt64[:, None] * ld + kk[None, :]
-        else:
-            p = ptr + kk[None, :].to(tl.int64) * ld + rt64[:, None]
-        v = tl.load(p, mask=t_ok[:, None] & (kk < K)[None, :], other=0.0)
-        if INTERPRETED:
-            # The interpreter runs a custom reduction element by element (seconds per tile): its
-            # own max (numpy's, which skips NaN) and a NaN count give the same NaN-propagating max.
-            a = tl.abs(_to_f32(v, INTERPRETED))
-            part = tl.where(tl.sum((a != a).to(tl.int32), 1) > 0, _nan_like(amax), tl.max(a, 1))
-        else:
-            part = _abs_max(v, INTERPRETED)
-        amax = _max_nan(amax, part)
-    return _scale_of(amax, QMAX, EPS)
-
-
-@triton.jit
-def _quantize_tile(v, s, bad, CT: tl.constexpr, QMAX: tl.constexpr, INTERPRETED: tl.constexpr):
-    """A loaded 16-bit tile quantized with its tokens' scales ``s`` (broadcast along K): the
-    activation-quantization kernel's division, flag and rounding, so q is bit for bit its q."""
-    y = _divide(_to_f32(v, INTERPRETED), s, INTERPRETED)
-    y = tl.where(bad, 0.0, y)
-    return _encode(y, CT, QMAX, INTERPRETED)
-
-
-@triton.jit
 def _mask(rows_ok, k_ok, EVEN_K: tl.constexpr):
     """Mask of a [rows, K] tile: rows only when every K tile is full."""
     if EVEN_K:
@@ -193,7 +153,6 @@ def _gemm_kernel(
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, INTERPRETED: tl.constexpr,
     FAST_ACCUM: tl.constexpr, SWAPPED: tl.constexpr, SA_ROW_GROUP: tl.constexpr,
     EVEN_K: tl.constexpr, I4_WORDS: tl.constexpr, PDL: tl.constexpr = False,
-    QUANT_X: tl.constexpr = "none", X_QMAX: tl.constexpr = 1.0, X_EPS: tl.constexpr = 1.0,
 ):
     pid_k = tl.program_id(1)
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
@@ -284,13 +243,6 @@ def _gemm_kernel(
             prefetch_tile(b_ptr, ldb, B_TYPE, B_LAYOUT == "c", pid_n * BN, BN, N, k_first, BK, K)
         wait_upstream()  # before the first read of the activations and the first store
 
-    if QUANT_X == "a":  # activation rows are the kernel's rows
-        xs, x_bad = _token_scales(a_ptr, lda, rm64, m_ok, K, BM, A_LAYOUT == "r", BK, X_QMAX, X_EPS,
-                                  INTERPRETED)
-    elif QUANT_X == "b":  # swapped: activation rows are the kernel's columns
-        xs, x_bad = _token_scales(b_ptr, ldb, rn64, n_ok, K, BN, B_LAYOUT == "c", BK, X_QMAX, X_EPS,
-                                  INTERPRETED)
-
     if INT_DOT and not GROUPED:
         acc = tl.zeros((BM, BN), dtype=tl.int32)
     else:
@@ -367,13 +319,7 @@ def _gemm_kernel(
             b = tl.load(b_ptrs, mask=_mask_t(k_ok, n_ok, EVEN_K), other=0.0)
         else:
             b = tl.load(b_ptrs, mask=_mask_t(k_ok, n_ok, EVEN_K), other=0)
-        if QUANT_X == "a":
-            a = _quantize_tile(a, xs[:, None], x_bad[:, None], A_CT, X_QMAX, INTERPRETED)
-            b = _convert(b, B_CT, INTERPRETED)
-        elif QUANT_X == "b":
-            a = _convert(a, A_CT, INTERPRETED)
-            b = _quantize_tile(b, xs[None, :], x_bad[None, :], B_CT, X_QMAX, INTERPRETED)
-        elif not I4_WORDS:
+        if not I4_WORDS:
             a = _convert(a, A_CT, INTERPRETED)
             b = _convert(b, B_CT, INTERPRETED)
 
@@ -418,16 +364,12 @@ def _gemm_kernel(
                 acc_in = tl.load(acc_ptr + rm64[:, None] * ld_acc + rn[None, :], mask=c_mask, other=0)
             acc += acc_in
     y = acc.to(tl.float32)
-    if QUANT_X == "a":
-        y = y * xs[:, None]
-    elif A_SCALE == "scalar":
+    if A_SCALE == "scalar":
         y = y * tl.load(sa_ptr)
     elif A_SCALE == "vector":
         sa_row = tl.load(sa_ptr + rm * stride_sa_m, mask=m_ok, other=0.0)
         y = y * sa_row[:, None]
-    if QUANT_X == "b":
-        y = y * xs[None, :]
-    elif B_SCALE == "scalar":
+    if B_SCALE == "scalar":
         y = y * tl.load(sb_ptr)
     elif B_SCALE == "vector":
         sb_col = tl.load(sb_ptr + rn * stride_sb_n, mask=n_ok, other=0.0)

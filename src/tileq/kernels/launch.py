@@ -7,13 +7,11 @@ constexprs: the launcher and ``tileq build`` both use it, so what is built is wh
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
 import torch
 
-from .. import quant
 from ..dtypes import OperandType, PackedInt4
-from ..problem import Problem, ProblemSpec, Scheme, ScaleKind, ScaleLayout
+from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
 from . import buffers
 from .config import TileConfig
 from .direct import KernelCall, direct_launch_enabled, pdl_enabled
@@ -31,8 +29,7 @@ def i4_storage_word_aligned(storage: torch.Tensor, leading_dim: int) -> bool:
 
 
 def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False,
-                   b_scale_unit_n: bool = True, i4_word_aligned: bool = True, *, pdl: bool = False,
-                   fused_x: str | None = None) -> dict:
+                   b_scale_unit_n: bool = True, i4_word_aligned: bool = True, *, pdl: bool = False) -> dict:
     """The constexpr arguments of ``_gemm_kernel`` for this problem and config.
 
     With ``cfg.swap_ab`` the kernel computes C^T = B^T A^T: B plays the kernel's A (so an int4
@@ -42,19 +39,9 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
     kernel's K-group-major A scale); contiguous [Gk, Gn] scales do. ``i4_word_aligned``: whether
     an int4 operand's storage allows the 16-bit word path (``i4_storage_word_aligned``).
     ``pdl``: the kernel prefetches and waits for the previous kernel (``kernels/pdl.py``).
-    ``fused_x`` ('bf16' / 'fp16'): the logical A arrives as 16-bit activations of that type,
-    quantized per token inside the kernel (rowcol 8-bit problems, A row-major; ``fused_quant``).
     """
     tk = triton_kernel(spec, cfg)
     o = tk.orientation
-    quant_x, x_qmax, x_eps = "none", 1.0, 1.0  # constant when unused (no recompiles)
-    a_type, b_type = o.a_type.value, o.b_type.value
-    if fused_x is not None:
-        quant_x, x_qmax, x_eps = ("b" if o.swapped else "a"), quant.QMAX[spec.a_type], quant._EPS
-        if o.swapped:
-            b_type = fused_x
-        else:
-            a_type = fused_x
     common = dict(
         # Constant when unused so unrelated values never cause a recompile.
         GROUP_K=spec.group_k if spec.scheme.grouped else 1,
@@ -65,9 +52,9 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
         # Every K tile full: no K masks (the loads become plain async copies).
         EVEN_K=tk.even_k,
         I4_WORDS=tk.i4_words and i4_word_aligned,
-        A_TYPE=a_type, B_TYPE=b_type, A_CT=o.a_ct.value, B_CT=o.b_ct.value,
+        A_TYPE=o.a_type.value, B_TYPE=o.b_type.value, A_CT=o.a_ct.value, B_CT=o.b_ct.value,
         A_LAYOUT=o.a_layout, B_LAYOUT=o.b_layout, A_SCALE=o.a_scale.value, B_SCALE=o.b_scale.value,
-        PDL=pdl, QUANT_X=quant_x, X_QMAX=x_qmax, X_EPS=x_eps,
+        PDL=pdl,
     )
     a_group = spec.a_scale_kind is ScaleKind.GROUP
     b_group = spec.b_scale_kind is ScaleKind.GROUP
@@ -89,21 +76,16 @@ _PTR = {
 _OUT_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 
 
-def signature(spec: ProblemSpec, cfg: TileConfig, *, pdl: bool = False,
-              fused_x: str | None = None) -> tuple[dict, dict, dict]:
+def signature(spec: ProblemSpec, cfg: TileConfig, *, pdl: bool = False) -> tuple[dict, dict, dict]:
     """(signature, constexprs, attrs) for ``triton.compile`` of this specialization (AOT).
 
     attrs mark pointers and N, K and the leading dimensions as multiples of 16, as the JIT does
     for aligned tensors: without them loads are not vectorized and the K loop is not pipelined.
-    ``pdl`` and ``fused_x`` as in ``specialization`` (the activations' scale is then no argument).
+    ``pdl`` as in ``specialization``.
     """
-    consts = specialization(spec, cfg, pdl=pdl, fused_x=fused_x)
+    consts = specialization(spec, cfg, pdl=pdl)
     o = triton_kernel(spec, cfg).orientation
     a_t, b_t, sa_k, sb_k = o.a_type, o.b_type, o.a_scale, o.b_scale
-    if fused_x is not None:
-        x16 = OperandType(fused_x)
-        a_t, b_t = (a_t, x16) if o.swapped else (x16, b_t)
-        sa_k, sb_k = (sa_k, ScaleKind.NONE) if o.swapped else (ScaleKind.NONE, sb_k)
     sig = {
         "a_ptr": _PTR[a_t], "b_ptr": _PTR[b_t],
         "c_ptr": "*fp32" if cfg.split_k > 1 else _OUT_PTR[spec.out_dtype],
@@ -181,7 +163,7 @@ class GemmLaunch:
     """
 
     __slots__ = ("m", "n", "out_dtype", "device", "swapped", "split_k", "ws_shape", "direct",
-                 "main", "main_bytes", "i4_arg", "i4_ld", "reduce", "fusable")
+                 "main", "main_bytes", "i4_arg", "i4_ld", "reduce")
 
     def __init__(self, problem: Problem, plan):
         spec, cfg = problem.spec, plan.config
@@ -238,17 +220,6 @@ class GemmLaunch:
         self.reduce = None
         if cfg.split_k > 1:
             self.reduce = splitk_reduce_call(km, kn, ldc, cfg.split_k, spec.out_dtype, swapped, pdl=pdl)
-        # What quantizing the activations inside this launch needs (``fused_quant.py``), where it
-        # can: rowcol, 8-bit operands of one type, per-token scales (one value at M = 1), no
-        # acc_in, the activations row-major (K contiguous). None elsewhere.
-        x_k_contig = consts["B_LAYOUT"] == "c" if swapped else consts["A_LAYOUT"] == "r"
-        per_token = (spec.a_scale_kind is ScaleKind.VECTOR
-                     or (spec.a_scale_kind is ScaleKind.SCALAR and m == 1))
-        self.fusable = None
-        if (spec.scheme is Scheme.ROWCOL and spec.a_type is spec.b_type and per_token
-                and spec.a_type in (OperandType.I8, OperandType.FP8) and not spec.has_acc and x_k_contig
-                and self.i4_arg is None):
-            self.fusable = FusableGemm(spec, cfg, plan.interpreted, unit_n, pdl, grid, ints, options, dtypes)
 
     def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
         if out is None:
@@ -272,22 +243,6 @@ class GemmLaunch:
         if self.reduce is not None:
             self.reduce((target, out), direct)
         return out
-
-
-@dataclass(frozen=True)
-class FusableGemm:
-    """A GemmLaunch's specialization inputs, grid, integer arguments, options and pointer dtypes:
-    enough to build the same launch on 16-bit activations quantized in the kernel."""
-
-    spec: ProblemSpec
-    cfg: TileConfig
-    interpreted: bool
-    b_scale_unit_n: bool
-    pdl: bool
-    grid: tuple
-    ints: tuple
-    options: dict
-    dtypes: tuple
 
 
 def _dtype(t):
