@@ -2,21 +2,28 @@
 CUDA graph and traceable by ``torch.compile(fullgraph=True)`` (the ``tileq::fused_moe`` custom op):
 
 1. route (``routing.py``; or take the model's (topk_ids, topk_weights));
-2. sort the T*k (token, expert) slots by expert (``align.py``: torch ops, static shapes);
-3. quantize each token ONCE (not once per slot) and gather the quantized rows and scales in expert
-   order; one grouped GEMM (``tileq.grouped_linear``) computes every expert's gate_up;
+2. quantize each token ONCE (not once per slot);
+3. place the T*k (token, expert) slots in expert order with their quantized rows, scales and routing
+   weights: masked form on the kernels, ONE launch (``kernels/moe_align.py``: the slots' positions,
+   counts, the row / scale / weight copies); otherwise torch ops with static shapes (``align.py``'s
+   sort, then gathers and scatters); one grouped GEMM (``tileq.grouped_linear``) computes every
+   expert's gate_up;
 4. SiLU·mul, fused with the down projection's activation quantization (``silu_mul_quantize``) for
    configs that quantize activations; one grouped GEMM computes every expert's down projection with
    the routing weights multiplied in its fp32 epilogue (``row_scale``), output in the model's dtype
    (half the bytes of fp32 for the T*k rows; transformers' grouped_mm rounds there too);
-5. combine: each token gathers its k rows (the inverse permutation) and sums them over k in fp32,
-   then one cast: deterministic, no atomics.
+5. combine: each token gathers its k rows (the inverse permutation) and sums them over k in fp32 in
+   j order, then one cast: deterministic, no atomics (masked form on the kernels: one launch).
+
+At decode (masked form, Triton backend) the routed experts thus take six launches: quantize, align,
+gate_up, SiLU·mul·quantize, down, combine (W4A16/W8A16: no quantization; SiLU and mul in torch).
 
 The grouped GEMMs take one of two forms (``choose_form``): the contiguous form (rows sorted by
 expert, ``offsets``) or the masked form (an [E, C, K] buffer with ``counts``, C = T).
 
-Rows of the grouped buffers that belong to no slot are never read by the combine, so their
-contents (the kernels leave them unwritten) do not matter.
+Rows of the grouped buffers that belong to no slot are never used: the grouped GEMMs mask every
+row at or past counts[e], SiLU·mul works row by row (its rows there are masked off again by the
+down GEMM) and the combine reads only slot rows; so their contents (left unwritten) do not matter.
 """
 
 from __future__ import annotations
@@ -24,13 +31,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import settings
+from .._runtime import bounded_put
 from ..activation import quantize_activation, silu_mul_quantize
 from ..api import linear
 from ..api_grouped import grouped_linear
+from ..dispatch import thresholds
+from ..dispatch.plan import resolve_backend
 from ..dtypes import PackedInt4
 from ..errors import DTypeError, ShapeError, UnsupportedError, expect
+from ..kernels import moe_align as _ma
 from .align import align, check_topk
-from ..dispatch import thresholds
 from .routing import Routing, route
 from .spec import ExpertsSpec, spec_of_key
 
@@ -102,23 +113,31 @@ def moe_forward(hidden, topk_ids, topk_weights, w13, s13, w2, s2, spec: ExpertsS
         return hidden.new_empty((0, h))
     if form == "auto":
         form = choose_form(t, spec.e)[0]
-    al = align(topk_ids, topk_weights, spec.e, form=form)
     gemm = {"scheme": spec.scheme, "group_k": spec.group_k, "group_n": spec.group_n, "backend": backend}
-    # 3. each token quantized once, its rows and scales gathered in expert order
+    # 2. each token quantized once
     if spec.act_dtype is None:
         xq, xs = hidden, None
     else:
         xq, xs = quantize_activation(hidden, spec.act_dtype, granularity=spec.act_granularity,
                                      group_k=spec.group_k, backend=backend)
-    xg = _gather(xq, al.tokens)
-    sg = None if xs is None else xs[al.tokens]
-    if form == "masked":
-        rows, index = (spec.e, al.capacity), {"counts": al.counts}
-        xg, sg = _scatter(xg, al.dest, rows), None if sg is None else _scatter(sg, al.dest, rows)
-        rs = _scatter(al.weights, al.dest, rows)
+    # 3. the slots in expert order, with their rows, scales and routing weights
+    kernels = _masked_kernels(hidden, topk_ids, topk_weights, xq, xs, spec, backend) if form == "masked" else None
+    if kernels:
+        align_launch, combine_launch = kernels
+        xg, sg, rs, counts, slot_rows = align_launch(topk_ids, topk_weights, _unit_columns(xq), xs)
+        rows, index = (spec.e, t), {"counts": counts}
     else:
-        rows, index = (xg.shape[0],), {"offsets": al.offsets}
-        rs = al.weights
+        al = align(topk_ids, topk_weights, spec.e, form=form)
+        slot_rows = al.slot_rows
+        xg = _gather(xq, al.tokens)
+        sg = None if xs is None else xs[al.tokens]
+        if form == "masked":
+            rows, index = (spec.e, al.capacity), {"counts": al.counts}
+            xg, sg = _scatter(xg, al.dest, rows), None if sg is None else _scatter(sg, al.dest, rows)
+            rs = _scatter(al.weights, al.dest, rows)
+        else:
+            rows, index = (xg.shape[0],), {"offsets": al.offsets}
+            rs = al.weights
     gate_up = grouped_linear(xg, w13, sg, s13, out_dtype=hidden.dtype, **index, **gemm)
     # 4. SiLU·mul (+ the down projection's activation quantization), the down GEMM with row_scale
     if spec.act_dtype is None:
@@ -129,8 +148,53 @@ def moe_forward(hidden, topk_ids, topk_weights, w13, s13, w2, s2, spec: ExpertsS
                                    group_k=spec.group_k, backend=backend)
         a_s = a_s.view(*rows, *a_s.shape[1:])
     y = grouped_linear(a, w2, a_s, s2, out_dtype=hidden.dtype, row_scale=rs, **index, **gemm)
-    # 5. combine: gather each token's k rows, sum over k in fp32, one cast
-    return y.reshape(-1, h)[al.slot_rows].view(t, k, h).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+    # 5. combine: gather each token's k rows, sum over k in fp32 (in j order), one cast
+    if kernels:
+        return combine_launch(y if y.is_contiguous() else y.contiguous(), slot_rows)
+    return y.reshape(-1, h)[slot_rows].view(t, k, h).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+
+
+# (align launch, combine launch) of the masked form's kernels per call signature, or False where
+# the torch ops run; bounded like the other call caches.
+_KERNELS: dict = {}
+_KERNELS_CAP = 256
+
+
+def _masked_kernels(hidden, topk_ids, topk_weights, xq, xs, spec: ExpertsSpec, backend):
+    """The masked form's align and combine launches for this call, or False for the torch ops
+    (``align`` + gathers / scatters): the reference backend, or more than ``MAX_SLOTS`` slots."""
+    key = (hidden.shape, hidden.stride(), hidden.dtype, hidden.device, topk_ids.shape, topk_ids.stride(),
+           topk_ids.dtype, topk_weights.stride(), topk_weights.dtype, spec, backend, settings.key())
+    hit = _KERNELS.get(key)
+    if hit is None:
+        hit = _build_masked_kernels(hidden, topk_ids, topk_weights, xq, xs, spec, backend)
+        bounded_put(_KERNELS, key, hit, _KERNELS_CAP)
+    return hit
+
+
+def _build_masked_kernels(hidden, topk_ids, topk_weights, xq, xs, spec: ExpertsSpec, backend):
+    t, k = topk_ids.shape
+    executor, interpreted = resolve_backend(backend, hidden.device)
+    # A size route, not a fallback: choose_form's masked form always fits (E x T <= MASKED_MAX_ROWS
+    # and k <= E give T*k <= 4096 = MAX_SLOTS); only a caller-forced masked form at more slots
+    # takes the torch ops, which handle any size.
+    if executor != "triton" or t * k > _ma.MAX_SLOTS:
+        return False
+    x = _unit_columns(xq)
+    align_launch = _ma.MoeAlignLaunch(
+        t=t, topk=k, e=spec.e, c=t, k_dim=x.shape[1], device=hidden.device, ids_dtype=topk_ids.dtype,
+        ids_strides=topk_ids.stride(), w_dtype=topk_weights.dtype, w_strides=topk_weights.stride(),
+        x_dtype=x.dtype, x_stride=x.stride(0), xs_shape=None if xs is None else tuple(xs.shape),
+        xs_strides=None if xs is None else xs.stride(), interpreted=interpreted)
+    combine_launch = _ma.MoeCombineLaunch(
+        t=t, topk=k, rows=spec.e * t, h=spec.h, y_stride=spec.h, y_dtype=hidden.dtype, out_dtype=hidden.dtype,
+        device=hidden.device, interpreted=interpreted)
+    return align_launch, combine_launch
+
+
+def _unit_columns(x: Tensor) -> Tensor:
+    """x itself when its columns are contiguous (the kernel reads rows of any stride), else a copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
