@@ -187,47 +187,15 @@ def test_kernel_matches_reference(case, masked, cfg):
     _check(y, ref, kw, args[0])
 
 
-SPLITS = {
-    "swapped_split3": GroupedConfig(16, 64, 64, 4, 2, swap_ab=True, split_k=3),  # K tiles 2, 2, 0 (an empty range)
-    "direct_split2_g1": GroupedConfig(16, 32, 64, 4, 2, split_k=2, group_m=1),
-}
-
-
-@needs_interpreter
-@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[3]], ids=["fp8_block", "int8_rowcol", "w4a16"])
-@pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
-@pytest.mark.parametrize("cfg", list(SPLITS.values()), ids=list(SPLITS))
-def test_split_k_matches_reference_and_is_deterministic(case, masked, cfg, monkeypatch):
-    """Split over K (partials summed by the tile's last program): the reference's result, bit for
-    bit the same on a second call, unwritten rows kept, every tile counter back to zero."""
-    from tileq.kernels.grouped import launch as grouped_launch
-
-    counters = torch.zeros(64, dtype=torch.int32)
-    seen = []
-
-    def buffers(device, numel, direct, count):
-        seen.append((numel, count))
-        return torch.full((numel,), float("nan")), counters[:count]  # stale partials must not leak in
-
-    monkeypatch.setattr(grouped_launch, "split_buffers", buffers)
-    args, kw = make_case(case, masked=masked, row_scale=True, rows=(4, 0, 18))
-    ref = grouped_linear_ref(*args, **kw)
-    y = _kernel(args, kw, cfg, _out(args[0], 40))
-    _check(y, ref, kw, args[0])
-    assert torch.equal(y, _kernel(args, kw, cfg, _out(args[0], 40)))
-    assert seen and seen[0][1] <= 64 and not counters.any()
-
-
-def test_split_and_group_configs_are_checked():
+def test_group_configs_are_checked():
     args, kw = make_case(CASES[2])
     spec = api_grouped.validate(*args, out_dtype=torch.bfloat16, group_n=None, row_scale=None, out=None,
                                 counts=None, **kw)[0]
     from tileq.kernels.grouped.spec import config_problem
 
-    assert config_problem(spec, GroupedConfig(16, 64, 64, 4, 2, split_k=4)) is None  # 4 K tiles of 64 in K=200
-    assert "split_k=5: expected 1 to the 4 K tiles" in config_problem(spec, GroupedConfig(16, 64, 64, 4, 2, split_k=5))
+    assert config_problem(spec, GroupedConfig(16, 64, 64, 4, 2, group_m=1)) is None
     assert "group_m=0" in config_problem(spec, GroupedConfig(16, 64, 64, 4, 2, group_m=0))
-    assert GroupedConfig(16, 64, 128, 4, 4, True, 2, 1).tag == "m16n64k128_w4_s4_g1_sk2_swap"
+    assert GroupedConfig(16, 64, 128, 4, 4, True, 1).tag == "m16n64k128_w4_s4_g1_swap"
 
 
 ROUTINGS = {
@@ -292,39 +260,21 @@ def _spec(form, e, rows, n, k, scheme="abquant"):
                        ScaleKind.VECTOR)
 
 
-def test_decode_split_rule():
-    """The split over K follows the wave model over the tiles with rows: 1 token's 8 experts x 24
-    column tiles (192 programs on 132 SMs, 1.45 waves) split in 2; 16 tokens' 128 experts fill the
-    SMs and E=8 x 32 column tiles x 56 K steps balance already (no split), but not on 200 SMs.
-    The sm_90 table caps the split at 1 (GROUPED_SPLIT_MAX: measured slower at every decode shape),
-    so the planner never splits there; prefill never splits; the choice is explained."""
-    from tileq.dispatch import thresholds
-    from tileq.dispatch.grouped import choose_config, choose_split
-
-    t = thresholds.Table("test", {**thresholds.SM90, **thresholds.SM90_INT4}, "test")
-    t.GROUPED_SPLIT_MAX = 8  # the rule as designed, before the measured cap
-
-    def split(spec, sms=132):
-        cfg = choose_config(spec, "sm_90", sms)[0]
-        return choose_split(spec, cfg, sms, t)
+def test_planned_configs_on_sm90():
+    """The sm_90 plan at MoE shapes: one token's T/E of 1 and the masked form's C = 1 take the
+    swapped 16-token tile, unsplit (the grid has one program per tile); prefill takes the 64-row
+    fp8 tile with 4 warps, or the arch's 128-row prefill tile for int8, in groups of 8 row tiles."""
+    from tileq.dispatch.grouped import choose_config
 
     one_token = _spec("contiguous", 128, 8, 1536, 2048)
-    best, why = split(one_token)
-    assert best == 2 and "~192 tiles with rows x 16 K steps on 132 SMs: split_k=2" in why
-    assert split(_spec("masked", 128, 1, 1536, 2048))[0] == 2  # C x 8 rows
-    assert split(_spec("contiguous", 128, 128, 1536, 2048))[0] == 1
-    assert split(_spec("contiguous", 8, 8, 2048, 7168))[0] == 1
-    assert split(_spec("contiguous", 8, 8, 2048, 7168), 200)[0] > 1  # 1.28 waves
-    # the split's partials stay within the workspace budget: a huge masked grid is not split
-    assert split(_spec("masked", 4096, 16, 4096, 2048))[0] == 1
-    # the shipped sm_90 table: no split
-    cfg, why = choose_config(one_token, "sm_90", 132)
-    assert (cfg.split_k, cfg.swap_ab, cfg.block_m) == (1, True, 16), why
-    assert choose_config(_spec("masked", 128, 1, 1536, 2048), "sm_90", 132)[0].split_k == 1
-    prefill, why = choose_config(_spec("contiguous", 128, 32768, 1536, 2048), "sm_90", 132)
-    assert (prefill.split_k, prefill.group_m, prefill.block_m, prefill.num_warps) == (1, 8, 64, 4), why  # fp8
-    int8 = choose_config(_spec("contiguous", 128, 32768, 1536, 2048, "rowcol"), "sm_90", 132)[0]
-    assert (int8.split_k, int8.block_m) == (1, 128)  # the arch's prefill tile
+    cfg, why = choose_config(one_token, "sm_90")
+    assert (cfg.swap_ab, cfg.block_m, cfg.group_m) == (True, 16, 8), why
+    assert "GROUPED_SWAP_MAX_M=32" in why and "split" not in why
+    assert choose_config(_spec("masked", 128, 1, 1536, 2048), "sm_90")[0] == cfg
+    prefill, why = choose_config(_spec("contiguous", 128, 32768, 1536, 2048), "sm_90")
+    assert (prefill.group_m, prefill.block_m, prefill.num_warps) == (8, 64, 4), why  # fp8
+    int8 = choose_config(_spec("contiguous", 128, 32768, 1536, 2048, "rowcol"), "sm_90")[0]
+    assert int8.block_m == 128  # the arch's prefill tile
 
 
 # ---- cache, explain ------------------------------------------------------------------------
@@ -433,8 +383,8 @@ cases = [
                                    S.GROUP, group_n=128), GroupedConfig(128, 128, 128, 8, 3)),
  ("w4a16_decode", GroupedSpec("contiguous", 8, 16, 1536, 2048, O.BF16, O.I4, Scheme.BQUANT, S.NONE, S.GROUP),
                   GroupedConfig(16, 64, 128, 4, 4, True)),
- ("int8_decode_split", GroupedSpec("contiguous", 128, 8, 1536, 2048, O.I8, O.I8, Scheme.ROWCOL, S.VECTOR, S.VECTOR),
-                       GroupedConfig(16, 64, 256, 4, 4, True, split_k=2)),
+ ("int8_decode", GroupedSpec("contiguous", 128, 8, 1536, 2048, O.I8, O.I8, Scheme.ROWCOL, S.VECTOR, S.VECTOR),
+                 GroupedConfig(16, 64, 256, 4, 4, True)),
 ]
 res = {}
 for name, spec, cfg in cases:
@@ -458,10 +408,10 @@ def test_sm90_build_uses_wgmma_and_pipelines():
     assert res["fp8_block_decode"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3"]
     assert res["fp8_block_prefill"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"]
     assert res["w4a16_decode"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16"]
-    assert res["int8_decode_split"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8"]
-    assert res["int8_decode_split"]["atom"] >= 2 and res["fp8_block_decode"]["atom"] == 0  # the split's counters
+    assert res["int8_decode"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8"]
     for name, r in res.items():
         assert r["cp_async"] > 0, f"{name}: the K loop's loads are not asynchronous copies (not pipelined)"
+        assert r["atom"] == 0, f"{name}: a program stores its own tile (no atomics)"
 
 
 def test_cli_explain_grouped(capsys):

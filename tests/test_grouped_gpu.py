@@ -1,9 +1,8 @@
 """tileq.grouped_linear on a GPU: every scheme at MoE sizes against the reference, both forms,
-uniform and skewed routing, a CUDA-graph capture replayed with new offsets / counts, splits over
-K (against the reference, bit for bit repeatable, replayed in a graph), and a bandwidth report
-(``-s`` prints it): TB/s of the touched experts' weight bytes at decode sizes, and fp8
-block-scaled against bf16 ``torch._grouped_mm`` at prefill sizes; each shape's planned config
-('plan') and the variants around it ('variant'), so one run shows which tile / split wins:
+uniform and skewed routing, a CUDA-graph capture replayed with new offsets / counts, and a
+bandwidth report (``-s`` prints it): TB/s of the touched experts' weight bytes at decode sizes,
+and fp8 block-scaled against bf16 ``torch._grouped_mm`` at prefill sizes; each shape's planned
+config ('plan') and the variants around it ('variant'), so one run shows which tile wins:
 
     pytest -m gpu -s -q tests/test_grouped_gpu.py -k "report"
 """
@@ -164,47 +163,6 @@ def _planned(args, kw, out):
     return make_grouped_plan(spec, out.device)
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[3]], ids=["fp8_block", "int8_rowcol", "w4a16"])
-@pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
-@pytest.mark.parametrize("split", [2, 3, 4])
-def test_split_k_matches_reference_repeats_and_replays(case, masked, split):
-    """A split over K at a decode size: the reference's result, the same bits on a second launch,
-    and a CUDA graph replayed with new routing (the tile counters are back to zero each time)."""
-    e, n, k, tokens = 128, 1536, 2048, 4
-    gen = torch.Generator(DEV).manual_seed(split)
-    counts = _counts(tokens, e, 8, False, gen)
-    args, kw = make(case, e, n, k, counts, masked, gen)
-    if masked:  # a fixed capacity: every routing of the tokens fits
-        x, w, xs, ws = args
-        args = (_values(case[1], (e, tokens, k), gen), w,
-                None if xs is None else torch.rand(e, tokens, *xs.shape[2:], generator=gen, device=DEV) + 0.5, ws)
-        kw["row_scale"] = torch.rand(e, tokens, generator=gen, device=DEV)
-    out = torch.empty(*args[0].shape[:-1], n, dtype=torch.bfloat16, device=DEV)
-    base = _planned(args, kw, out).config
-    cfg = GroupedConfig(base.block_m, base.block_n, base.block_k, base.num_warps, base.num_stages, base.swap_ab,
-                        split_k=split)
-    run = _forced(args, kw, cfg, out)
-    run()
-    first = out.clone()
-    run()
-    valid = _valid(kw, out.shape[:-1])
-    assert torch.equal(out[valid], first[valid])
-    check_close(out[valid], grouped_linear_ref(*args, **kw)[valid])
-    replay = _graphed(run)
-    index = kw["counts"] if masked else kw["offsets"]
-    for seed in range(3):
-        new = _counts(tokens, e, 8, seed == 1, torch.Generator(DEV).manual_seed(200 + seed))
-        if masked:
-            index.copy_(new)
-        else:
-            index[1:] = new.cumsum(0)
-        out.fill_(0)
-        replay()
-        torch.cuda.synchronize()
-        valid = _valid(kw, out.shape[:-1])
-        check_close(out[valid], grouped_linear_ref(*args, **kw)[valid])
-
-
 # ---- bandwidth report ------------------------------------------------------------------------
 
 
@@ -238,15 +196,11 @@ def _graphed(fn):
 
 
 def _decode_variants(spec, plan_cfg):
-    """The planned decode tile with every split of 1, 2, 4 (and the other swapped token width)."""
+    """The planned decode tile's other swapped token width (16 or 32)."""
     out = []
-    for split in (1, 2, 4):
-        out.append(GroupedConfig(plan_cfg.block_m, plan_cfg.block_n, plan_cfg.block_k, plan_cfg.num_warps,
-                                 plan_cfg.num_stages, plan_cfg.swap_ab, split_k=split))
     if plan_cfg.swap_ab:
         bm = 32 if plan_cfg.block_m == 16 else 16
-        out.append(GroupedConfig(bm, 64, plan_cfg.block_k, plan_cfg.num_warps, plan_cfg.num_stages, True,
-                                 split_k=plan_cfg.split_k))
+        out.append(GroupedConfig(bm, 64, plan_cfg.block_k, plan_cfg.num_warps, plan_cfg.num_stages, True))
     return [c for c in out if c != plan_cfg and config_problem(spec, c) is None]
 
 

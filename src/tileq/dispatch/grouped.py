@@ -10,11 +10,6 @@ bound). The bands are ``GROUPED_SWAP_MAX_M`` and the dense GEMM's ``DECODE_MAX_M
   on sm_90); weight bytes dominate, so the K tile is the arch's long decode one;
 - up to DECODE_MAX_M: the decode tile unswapped (64 rows);
 - above: the arch's prefill tile, launched in groups of GROUPED_PREFILL_GROUP_M row tiles.
-
-A decode tile is split over K where the tiles with rows would leave SMs idle or unevenly loaded:
-the split minimizing ``waves.split_cost`` (K steps the busiest SM runs), each split program
-paying GROUPED_SPLIT_FIXED_STEPS more, over the tiles that have rows by the shapes' estimate
-(``active_row_tiles``), each K range at least DECODE_SPLIT_MIN_K_TILES K tiles.
 """
 
 from __future__ import annotations
@@ -31,7 +26,6 @@ from ..kernels.grouped.launch import grid
 from ..kernels.grouped.spec import GroupedConfig, GroupedSpec, config_problem
 from . import thresholds
 from .heuristic import base_config
-from .waves import cdiv, split_cost, waves
 from .plan import resolve_backend
 
 
@@ -58,7 +52,7 @@ class GroupedPlan:
         if self.config is not None:
             c = self.config
             lines.append(f"config    : BM={c.block_m} BN={c.block_n} BK={c.block_k} warps={c.num_warps} "
-                         f"stages={c.num_stages} group_m={c.group_m}{' split_k=%d' % c.split_k if c.split_k > 1 else ''}"
+                         f"stages={c.num_stages} group_m={c.group_m}"
                          f"{' swapped' if c.swap_ab else ''}  [{self.arch}]")
             lines.append(f"grid      : {grid_text(s, c)}")
         else:
@@ -70,11 +64,6 @@ class GroupedPlan:
 
 def grid_text(spec: GroupedSpec, cfg: GroupedConfig) -> str:
     tiles_n = -(-spec.n // cfg.block_n)
-    split = f" x split_k {cfg.split_k} (the tile's last program sums the partials)" if cfg.split_k > 1 else ""
-    return _grid_text(spec, cfg, tiles_n) + split
-
-
-def _grid_text(spec: GroupedSpec, cfg: GroupedConfig, tiles_n: int) -> str:
     if spec.form == "masked":
         m = grid(spec, cfg)[0]
         return (f"{m} x {tiles_n} programs (E x ceil(C/BM) row tiles; those past counts[e] exit at once)")
@@ -111,40 +100,8 @@ def lowering(spec: GroupedSpec) -> list[str]:
     return st
 
 
-def active_row_tiles(spec: GroupedSpec, block_m: int, t) -> int:
-    """Row tiles with rows, as the shapes suggest: the contiguous form's T rows (a few experts at
-    decode, each at least one tile), the masked form's C x GROUPED_MASKED_ROWS_PER_C routed rows
-    (top-k of C tokens); never more than the grid's row tiles."""
-    if spec.form == "masked":
-        rows = min(spec.e * spec.rows, int(spec.rows * t.GROUPED_MASKED_ROWS_PER_C))
-    else:
-        rows = spec.rows
-    return min(max(cdiv(rows, block_m), min(spec.e, rows)), grid(spec, GroupedConfig(block_m, 16, 16, 4, 1))[0])
-
-
-def choose_split(spec: GroupedSpec, cfg: GroupedConfig, num_sms: int, t) -> tuple[int, str]:
-    """The decode split over K and why: ``waves.split_cost`` over the tiles with rows on
-    ``num_sms`` SMs, each program of a split paying GROUPED_SPLIT_FIXED_STEPS more (its partial's
-    store, the count, the last one's sum); the smallest split of the least cost."""
-    tiles = active_row_tiles(spec, cfg.block_m, t) * cdiv(spec.n, cfg.block_n)
-    k_steps = max(cdiv(spec.k, cfg.block_k), 1)
-    most = max(1, min(int(t.GROUPED_SPLIT_MAX), k_steps // int(t.DECODE_SPLIT_MIN_K_TILES)))
-    budget = t.GROUPED_SPLIT_MAX_WORKSPACE_MB * 2 ** 20 / 4  # fp32 values
-    slot = grid(spec, cfg)[0] * cdiv(spec.n, cfg.block_n) * cfg.block_m * cfg.block_n
-    best, best_cost = 1, split_cost(tiles, k_steps, 1, num_sms)
-    for s in range(2, most + 1):
-        if slot * s > budget:
-            break
-        cost = split_cost(tiles, k_steps, s, num_sms) + waves(tiles * s, num_sms) * t.GROUPED_SPLIT_FIXED_STEPS
-        if cost < best_cost:
-            best, best_cost = s, cost
-    why = (f"~{tiles} tiles with rows x {k_steps} K steps on {num_sms} SMs: split_k={best} "
-           f"({best_cost:g} K steps on the busiest SM)")
-    return best, why
-
-
 @lru_cache(maxsize=1024)
-def choose_config(spec: GroupedSpec, arch_name: str, num_sms: int) -> tuple[GroupedConfig, str]:
+def choose_config(spec: GroupedSpec, arch_name: str) -> tuple[GroupedConfig, str]:
     """The tile config and the reason, from the rows an expert can have (shapes only)."""
     arch = ARCHS[arch_name]
     check_types(arch, spec.x_type, spec.w_type)
@@ -185,10 +142,6 @@ def choose_config(spec: GroupedSpec, arch_name: str, num_sms: int) -> tuple[Grou
     if problem is not None:
         raise UnsupportedError(expect("group_k", "a multiple of 16 (32 for 8-bit operands): the grouped "
                                       "kernel's K tile must divide it", f"{spec.group_k} ({problem})"))
-    if decode and spec.rows and spec.n:
-        split, split_why = choose_split(spec, cfg, num_sms, t)
-        cfg = replace(cfg, split_k=split)
-        why += "; " + split_why
     return cfg, why
 
 
@@ -202,5 +155,5 @@ def make_grouped_plan(spec: GroupedSpec, device: torch.device, *, backend=None,
         return GroupedPlan(spec, executor, False, None, None, "the reference backend (per-expert torch loop)")
     facts = (_device.for_arch(arch) if arch is not None
              else _device.facts(device if not interpreted else torch.device("cpu")))
-    cfg, why = choose_config(spec, facts.arch.name, facts.num_sms)
+    cfg, why = choose_config(spec, facts.arch.name)
     return GroupedPlan(spec, executor, interpreted, facts.arch.name, cfg, why)

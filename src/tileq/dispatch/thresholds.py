@@ -93,16 +93,6 @@ SM90: dict[str, Threshold] = {
     "GROUPED_SWAP_MAX_M": Threshold(
         32, "grouped decode: the swapped tile (16 or 32 tokens on the mma's narrow side) up to this many rows "
             "per expert (designed, not yet measured)", "docs/grouped.md"),
-    "GROUPED_MASKED_ROWS_PER_C": Threshold(
-        8, "grouped masked form: plan for C x this many routed rows (top-k of C tokens) when counting the "
-           "tiles with rows (designed, not yet measured)", "docs/grouped.md"),
-    "GROUPED_SPLIT_FIXED_STEPS": Threshold(
-        1.0, "grouped decode split over K: what it adds to each program, in K steps (its partial's store, the "
-             "count, the last program's sum) (designed, not yet measured)", "docs/grouped.md"),
-    "GROUPED_SPLIT_MAX": Threshold(
-        1, "grouped decode: the largest split over K; 1 = never split (split 2 and 4 were slower at every decode "
-           "shape measured: 1, 4, 16 tokens, E=128 N=1536 K=2048 and E=8 N=2048 K=7168, fp8 / int8 / int4)",
-        "bench/results/h200/moe/grouped_variants.md"),
     "MOE_MASKED_MAX_ROWS": Threshold(
         4096, "fused_moe: the masked grouped form while E x T rows stay at most this (decode), the contiguous "
               "form above (designed, not yet measured; tileq moebench --forms measures both)", "docs/moe.md"),
@@ -110,9 +100,6 @@ SM90: dict[str, Threshold] = {
         64, "grouped fp8 x fp8 prefill: the row tile (with 4 warps, 4 stages) instead of the arch's 128-row "
             "prefill tile (faster at all 4 prefill shapes measured: 1.12-1.36x the 128-row tile)",
         "bench/results/h200/moe/grouped_variants.md"),
-    "GROUPED_SPLIT_MAX_WORKSPACE_MB": Threshold(
-        64, "grouped split over K: the largest fp32 partials workspace (a slot per tile of the grid), MiB "
-            "(a memory budget)", "docs/grouped.md"),
     "GROUPED_PREFILL_GROUP_M": Threshold(
         8, "grouped prefill: row tiles per group of the launch order (L2 reuse of x rows and weight tiles) "
            "(designed, not yet measured)", "docs/grouped.md"),

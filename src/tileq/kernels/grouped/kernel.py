@@ -18,13 +18,6 @@ Tiles are numbered along grid axis 0 in groups of GROUP_M row tiles (``_tile_of`
 programs running at once share a few row tiles and every column tile, so x rows and weight tiles
 are read from HBM about once (L2 reuse) at prefill sizes.
 
-SPLIT_K > 1 (grid axis 1): each program sums one contiguous range of K tiles, scales its partial
-(every epilogue stage is linear) and stores it as fp32 into its tile's slot of ``ws_ptr``
-([tiles, SPLIT_K, BM, BN]); it then counts itself in on the tile's counter (``sem_ptr``, zero
-between calls), and the last of the tile's SPLIT_K programs sums the partials in split order
-(deterministic), casts, stores, and puts the counter back to zero. One launch: at decode sizes a
-few experts' weights are spread over every SM without a second reduction kernel.
-
 SWAPPED computes the tile transposed (w rows x tokens: the weight on the matrix instruction's
 64-row side, a decode tile's few tokens on its narrow side, int4 fed from registers without a
 transpose); the accumulator is transposed back before the epilogue.
@@ -75,7 +68,7 @@ def _tile_rows(idx_ptr, pid, E, ROWS, FORM: tl.constexpr, BM: tl.constexpr, E_PO
 
 @triton.jit
 def _grouped_kernel(
-    x_ptr, w_ptr, y_ptr, sx_ptr, sw_ptr, rs_ptr, idx_ptr, ws_ptr, sem_ptr,
+    x_ptr, w_ptr, y_ptr, sx_ptr, sw_ptr, rs_ptr, idx_ptr,
     E, ROWS, N, K,
     stride_xe, stride_xm, stride_we, stride_wn, stride_ye, stride_ym,
     stride_sxe, stride_sxm, stride_sxg, stride_swe, stride_swn, stride_swg, stride_rse, stride_rsm,
@@ -84,7 +77,7 @@ def _grouped_kernel(
     X_SCALE: tl.constexpr, W_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     INT_DOT: tl.constexpr, GROUPED: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAPPED: tl.constexpr,
-    EVEN_K: tl.constexpr, INTERPRETED: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr, INTERPRETED: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if FORM == "masked":
@@ -110,13 +103,7 @@ def _grouped_kernel(
         acc = tl.zeros((BN, BM) if SWAPPED else (BM, BN), dtype=tl.float32)
     # 0x88 unpacks to two zeros: a partial K tile's masked int4 bytes add nothing.
     I4_PAD: tl.constexpr = 0 if EVEN_K else 136
-    k_lo = 0
-    k_hi = K
-    if SPLIT_K > 1:
-        per = tl.cdiv(tl.cdiv(K, BK), SPLIT_K) * BK  # K of one split (whole K tiles; the last may be short)
-        k_lo = tl.program_id(1) * per
-        k_hi = tl.minimum(k_lo + per, K)
-    for k0 in range(k_lo, k_hi, BK):
+    for k0 in range(0, K, BK):
         rk = k0 + tl.arange(0, BK)
         x = tl.load(x_rows[:, None] + rk[None, :], mask=_mask(m_ok, rk < K, EVEN_K),
                     other=0 if X_TYPE == "i8" else 0.0)
@@ -161,22 +148,4 @@ def _grouped_kernel(
     if HAS_ROW_SCALE:
         y = y * tl.load(rs_ptr + e64 * stride_rse + rm64 * stride_rsm, mask=m_ok, other=0.0)[:, None]
     y_ptrs = y_ptr + e64 * stride_ye + rm64[:, None] * stride_ym + rn64[None, :]
-    mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        # This tile's slot: [SPLIT_K, BM, BN] fp32 (rows and columns local to the tile).
-        slot = ws_ptr + pid.to(tl.int64) * (SPLIT_K * BM * BN) + tl.arange(0, BM)[:, None] * BN \
-            + tl.arange(0, BN)[None, :]
-        tl.store(slot + tl.program_id(1) * (BM * BN), y, mask=mask)
-        # Every thread's partial is stored before one thread counts the program in (a CTA barrier,
-        # then a gpu-scope release); the count's acquire orders the last program's loads after
-        # the other programs' stores.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(sem_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros((BM, BN), dtype=tl.float32)
-            for i in tl.static_range(SPLIT_K):  # split order: deterministic (L2 only: other SMs wrote them)
-                total += tl.load(slot + i * (BM * BN), mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(sem_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next call
+    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

@@ -13,7 +13,6 @@ import sys
 import torch
 
 from ...problem import ScaleKind
-from ..buffers import split_buffers
 from ..direct import KernelCall, direct_launch_enabled
 from .kernel import _grouped_kernel
 from .spec import GroupedConfig, GroupedSpec
@@ -55,24 +54,14 @@ def constexprs(spec: GroupedSpec, cfg: GroupedConfig, interpreted: bool = False)
         "INT_DOT": spec.integer_mainloop, "GROUPED": spec.grouped, "HAS_ROW_SCALE": spec.has_row_scale,
         "BM": cfg.block_m, "BN": cfg.block_n, "BK": cfg.block_k, "SWAPPED": cfg.swap_ab,
         "EVEN_K": spec.k % cfg.block_k == 0, "INTERPRETED": interpreted,
-        "GROUP_M": cfg.group_m, "SPLIT_K": cfg.split_k,
+        "GROUP_M": cfg.group_m,
     }
 
 
-def launch_grid(spec: GroupedSpec, cfg: GroupedConfig) -> tuple[int, int]:
-    """(tiles, split_k): the kernel numbers the row x column tiles along axis 0 (grouped launch
-    order), the K ranges of a split along axis 1."""
+def launch_grid(spec: GroupedSpec, cfg: GroupedConfig) -> tuple[int]:
+    """(tiles,): the kernel numbers the row x column tiles along one axis (grouped launch order)."""
     m, n = grid(spec, cfg)
-    return m * n, cfg.split_k
-
-
-def split_numels(spec: GroupedSpec, cfg: GroupedConfig) -> tuple[int, int]:
-    """(fp32 workspace values, tile counters) a split launch needs: a [split_k, BM, BN] slot and a
-    counter per tile of the grid (any tile may have rows); (0, 0) unsplit."""
-    if cfg.split_k == 1:
-        return 0, 0
-    tiles = launch_grid(spec, cfg)[0]
-    return tiles * cfg.split_k * cfg.block_m * cfg.block_n, tiles
+    return (m * n,)
 
 
 def _rows_strides(t, masked: bool) -> tuple[int, int]:
@@ -89,7 +78,7 @@ class GroupedLaunch:
     """One call signature's launch: ``launch(x, w, x_scale, w_scale, row_scale, index, out)``
     with fp32 scales (or None) and tensors of the validated shapes, strides and dtypes."""
 
-    __slots__ = ("call", "counters", "device", "direct", "empty", "out_dtype", "out_shape", "partials")
+    __slots__ = ("call", "device", "direct", "empty", "out_dtype", "out_shape")
 
     def __init__(self, spec: GroupedSpec, cfg: GroupedConfig, args, interpreted: bool):
         masked = spec.form == "masked"
@@ -99,7 +88,6 @@ class GroupedLaunch:
         self.empty = spec.rows == 0 or spec.n == 0
         self.direct = x.device.type == "cuda" and not interpreted
         self.call = None
-        self.partials, self.counters = split_numels(spec, cfg)
         if self.empty:
             return
         if out is not None:
@@ -116,10 +104,8 @@ class GroupedLaunch:
             sx_e, sx_m, sx_g, sw.stride(0), sw.stride(1), sw_g, *_rows_strides(args.row_scale, masked),
         )
         consts = constexprs(spec, cfg, interpreted)
-        split = self.partials > 0
         dtypes = (x.dtype, w.dtype, spec.out_dtype, _dtype(args.x_scale), torch.float32,
-                  _dtype(args.row_scale), torch.int32, torch.float32 if split else None,
-                  torch.int32 if split else None)
+                  _dtype(args.row_scale), torch.int32)
         options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         self.call = KernelCall(_THIS, "_grouped_kernel", launch_grid(spec, cfg), ints, dict(options, **consts),
                                dtypes)
@@ -128,11 +114,7 @@ class GroupedLaunch:
         if out is None:
             out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
         if self.call is not None:
-            direct = self.direct and direct_launch_enabled()
-            ws = counters = None
-            if self.partials:
-                ws, counters = split_buffers(self.device, self.partials, direct, self.counters)
-            self.call((x, w, out, x_scale, w_scale, row_scale, index, ws, counters), direct)
+            self.call((x, w, out, x_scale, w_scale, row_scale, index), self.direct and direct_launch_enabled())
         return out
 
 
@@ -157,14 +139,13 @@ def compile_sm90(spec: GroupedSpec, cfg: GroupedConfig):
         "x_ptr": _PTR[x_dtype], "w_ptr": _PTR[spec.w_type.torch_dtype], "y_ptr": _PTR[spec.out_dtype],
         "sx_ptr": "*fp32" if spec.x_scale is not ScaleKind.NONE else "constexpr",
         "sw_ptr": "*fp32", "rs_ptr": "*fp32" if spec.has_row_scale else "constexpr", "idx_ptr": "*i32",
-        "ws_ptr": "*fp32" if cfg.split_k > 1 else "constexpr", "sem_ptr": "*i32" if cfg.split_k > 1 else "constexpr",
     }
     ints = ("E", "ROWS", "N", "K", "stride_xe", "stride_xm", "stride_we", "stride_wn", "stride_ye",
             "stride_ym", "stride_sxe", "stride_sxm", "stride_sxg", "stride_swe", "stride_swn", "stride_swg",
             "stride_rse", "stride_rsm")
     sig.update((name, "i32") for name in ints)
     sig.update((name, "constexpr") for name in consts)
-    for name in ("sx_ptr", "rs_ptr", "ws_ptr", "sem_ptr"):
+    for name in ("sx_ptr", "rs_ptr"):
         if sig[name] == "constexpr":
             consts[name] = None
     aligned = [n for n, t in sig.items() if t.startswith("*")] + ["N", "K", "stride_xe", "stride_xm", "stride_we", "stride_wn", "stride_ye", "stride_ym"]

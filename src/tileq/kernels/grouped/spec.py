@@ -73,9 +73,7 @@ class GroupedConfig:
     """A tile of the grouped kernel: ``block_m`` rows of one expert x ``block_n`` output columns,
     ``block_k`` deep. ``swap_ab``: the kernel computes the tile transposed (weight rows on the
     matrix instruction's M side, the few tokens on its N side), the decode orientation.
-    ``split_k``: programs per tile, each a contiguous range of K tiles, summed in the kernel
-    (in split order: deterministic). ``group_m``: row tiles per group of the launch order (L2
-    reuse)."""
+    ``group_m``: row tiles per group of the launch order (L2 reuse)."""
 
     block_m: int
     block_n: int
@@ -83,15 +81,13 @@ class GroupedConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool = False
-    split_k: int = 1
     group_m: int = 8
 
     @property
     def tag(self) -> str:
-        """m128n128k128_w8_s3 (+ _g<group_m> unless 8, _sk<split> when split, _swap when swapped)."""
+        """m128n128k128_w8_s3 (+ _g<group_m> unless 8, _swap when swapped)."""
         t = f"m{self.block_m}n{self.block_n}k{self.block_k}_w{self.num_warps}_s{self.num_stages}"
         t += f"_g{self.group_m}" if self.group_m != 8 else ""
-        t += f"_sk{self.split_k}" if self.split_k > 1 else ""
         return t + ("_swap" if self.swap_ab else "")
 
 
@@ -110,7 +106,4 @@ def config_problem(spec: GroupedSpec, cfg: GroupedConfig) -> str | None:
         return f"num_warps={cfg.num_warps}, num_stages={cfg.num_stages}: expected 1-8 warps, 1-8 stages"
     if cfg.group_m < 1:
         return f"group_m={cfg.group_m}: expected >= 1"
-    k_tiles = -(-spec.k // cfg.block_k)
-    if cfg.split_k < 1 or (cfg.split_k > 1 and cfg.split_k > k_tiles):
-        return f"split_k={cfg.split_k}: expected 1 to the {k_tiles} K tiles"
     return None
