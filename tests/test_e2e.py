@@ -101,3 +101,84 @@ def test_make_checkpoint_writes_one_folder_per_config(tmp_path, capsys):
         assert isinstance(model.model.layers[0].mlp.down_proj, QuantLinear)
     assert tileq.cli.main(["e2e", "--make-checkpoint", str(tmp_path), "--configs", "A8W8:fused"]) == 2
     assert "without ':fused'" in capsys.readouterr().err
+
+
+def test_parser_accepts_profile_host():
+    from tileq.bench.cli import add_e2e
+
+    parser = argparse.ArgumentParser()
+    add_e2e(parser.add_subparsers(dest="cmd"))
+    assert parser.parse_args(["e2e", "--profile-host"]).profile_host is True
+    assert parser.parse_args(["e2e"]).profile_host is False  # off by default
+
+
+def _breakdown(config, prefix, ms):
+    rows = [dict(config=config, layers=2, metric=f"{prefix}_kernel_ms_{cat}", batch=1, value=ms, setup="s")
+            for cat in [c for c, _ in e2e.KERNEL_CATEGORIES] + ["other"]]
+    return rows + [dict(config=config, layers=2, metric=f"{prefix}_kernels", batch=1, value=10, setup="s")]
+
+
+def test_report_prints_the_compiled_prefill_table_only_with_its_rows(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "no GPU")
+    args = argparse.Namespace(layers=2, small=False, prompt=512, tokens=128, eager_tokens=32, fuse=False,
+                              configs=["bf16"], batches=[1], modes=["eager", "compile"])
+    rows = [dict(config="bf16", layers=2, metric="tpot_eager_ms", batch=1, value=60.0, setup="bf16"),
+            *_breakdown("bf16", "decode", 1.0), *_breakdown("bf16", "prefill", 2.0)]
+    md = e2e.report(rows, args)
+    assert "GPU kernel time of one eager prefill (512-token prompt)" in md
+    assert "compiled prefill" not in md and "--profile-host" not in md
+    args.profile_host = True
+    md = e2e.report(rows + _breakdown("bf16", "prefill_compile", 0.5), args)
+    assert "GPU kernel time of one compiled prefill (512-token prompt, --profile-host) at batch 1" in md
+    assert "--profile-host`" in md
+    table = md.split("compiled prefill")[1]
+    assert "| bf16 | 0.50 | 0.50 | 0.50 | 0.50 | 0.50 | 2.50 |" in table
+    assert md.count("| config | act_quant |") == 3
+
+
+def test_write_host_profile_on_a_python_callable(tmp_path):
+    calls = []
+
+    def work():
+        for _ in range(4):
+            calls.append(sum(i * i for i in range(1000)))
+
+    path = tmp_path / "host_profile" / "A8W8-fused_decode_eager.txt"
+    ms = e2e.write_host_profile(work, path, "A8W8:fused: decode_eager", calls=4)
+    assert ms > 0 and len(calls) == 8  # once timed, once under cProfile
+    text = path.read_text()
+    assert text.startswith("A8W8:fused: decode_eager\nwall ms per call (without the profiler): ")
+    assert "over 4 calls" in text
+    assert "Ordered by: internal time" in text and "Ordered by: cumulative time" in text
+    assert "work" in text and "tottime" in text
+
+
+def test_host_diagnostics_on_cpu(tmp_path, capsys):
+    """--profile-host on a 1-layer 1/8-width model on the CPU: the compiled prefill's kernel breakdown
+    needs CUDA and is reported missing; the host profiles (eager decode, and the compiled decode and
+    prefill of a forward compiled with the eager backend) are written with their rows."""
+    model = e2e.build_model(1, torch.device("cpu"), seed=0, small=True)
+    prompt = torch.randint(0, 4096, (1, 8))
+    base = dict(config="A8W8:fused", layers=1, setup="s")
+    rows = e2e._host_diagnostics("A8W8:fused", model, prompt, None, base, tmp_path)
+    assert [r["metric"] for r in rows] == ["host_profile_decode_eager_ms"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["A8W8-fused_decode_eager.txt"]
+    compiled = torch.compile(model.forward, fullgraph=True, dynamic=False, backend="eager")
+    rows = e2e._host_diagnostics("A8W8:fused", model, prompt, compiled, base, tmp_path)
+    assert [r["metric"] for r in rows] == ["host_profile_decode_compile_ms", "host_profile_decode_eager_ms",
+                                           "host_profile_prefill_compile_ms"]
+    assert all(r["value"] > 0 and r["batch"] == 1 for r in rows)
+    for what in ("decode_compile", "decode_eager", "prefill_compile"):
+        assert "wall ms per call (without the profiler)" in (tmp_path / f"A8W8-fused_{what}.txt").read_text()
+    out = capsys.readouterr().out
+    assert "[A8W8:fused] compiled prefill breakdown not measured" in out
+    torch._dynamo.reset()
+
+
+def test_host_profile_failure_is_reported(tmp_path, capsys, monkeypatch):
+    def fail(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(e2e, "profile_host", fail)
+    assert e2e._host_diagnostics("bf16", None, None, None, dict(config="bf16"), tmp_path) == []
+    assert "[bf16] host profile not measured: boom" in capsys.readouterr().out

@@ -13,6 +13,10 @@ activation quantization, tileq GEMMs, other matmuls, attention, the rest) with t
 kernels. Every config decodes the same weights
 (same seed) and is checked against bf16 on the first step's logits before it is timed.
 
+``--profile-host`` (a diagnostic) adds, per config, the same kernel breakdown of one compiled
+prefill and cProfile reports of compiled and eager decode steps and compiled prefills, one text
+file each in OUT/host_profile/ (``profile_host``, ``write_host_profile``).
+
 ``--checkpoint DIR`` times a quantized checkpoint (``tileq.from_pretrained``) against bf16 with its
 shapes; ``--make-checkpoint DIR`` writes such checkpoints (the model above, random weights, each
 config quantized and saved into DIR/<config> by ``tileq.save_pretrained``: compressed-tensors
@@ -21,9 +25,12 @@ where it has an equivalent, else tileq's format), on the GPU when there is one, 
 
 from __future__ import annotations
 
+import cProfile
 import csv
 import gc
+import io
 import math
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -293,21 +300,26 @@ def _category(name: str) -> str:
 
 @torch.inference_mode()
 def kernel_breakdown(model, prompt, what: str, forward=None) -> dict:
-    """GPU kernel time (ms) by category over one prefill ('prefill', eager) or decode step
-    ('decode', through ``forward``: the compiled step where one is measured), from the torch
+    """GPU kernel time (ms) by category over one prefill ('prefill') or decode step ('decode'),
+    through ``forward`` (default: the eager ``model.forward``; the compiled step where one is
+    measured, or the compiled forward for ``--profile-host``'s compiled prefill), from the torch
     profiler: where a step's device time goes."""
     from torch.profiler import ProfilerActivity, profile
 
+    eager = forward is None
     forward = forward or model.forward
     cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
     if what == "decode":  # a prefill and two steps first: the profiled step is a steady one
         tok = _step(forward, cache, _step(forward, cache, _prefill(model.forward, cache, prompt)))
+    elif not eager:  # a compiled prefill on this fresh cache once first: the profiled one is steady
+        _prefill(forward, cache, prompt)
+        cache.reset()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         if what == "decode":
             _step(forward, cache, tok)
         else:
-            _prefill(model.forward, cache, prompt)
+            _prefill(forward, cache, prompt)
         torch.cuda.synchronize()
     out = {cat: 0.0 for cat, _ in KERNEL_CATEGORIES}
     out["other"] = 0.0
@@ -321,6 +333,96 @@ def kernel_breakdown(model, prompt, what: str, forward=None) -> dict:
         out[_category(evt.key)] += t / 1e3
         kernels += evt.count
     out["launches"] = kernels
+    return out
+
+
+def _breakdown_rows(base: dict, prefix: str, parts: dict) -> list[dict]:
+    """Rows ``<prefix>_kernel_ms_<category>`` and ``<prefix>_kernels`` (its "launches") of a
+    ``kernel_breakdown``'s ``parts``."""
+    rows = [dict(base, metric=f"{prefix}_kernel_ms_{cat}", batch=1, value=ms)
+            for cat, ms in parts.items() if cat != "launches"]
+    rows.append(dict(base, metric=f"{prefix}_kernels", batch=1, value=parts["launches"]))
+    return rows
+
+
+HOST_PROFILE_STEPS = 8  # decode steps per --profile-host report (after HOST_PROFILE_WARM warm-up steps)
+HOST_PROFILE_WARM = 3
+HOST_PROFILE_PREFILLS = 3  # compiled prefills per report
+
+
+def _cuda_sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def write_host_profile(fn, path, label: str, calls: int = 1, sync=_cuda_sync) -> float:
+    """Run ``fn`` (``calls`` calls of something, in one loop) twice: timed on the wall clock
+    (``sync`` before and after), then under cProfile (``sync`` before the profiler stops). Writes
+    ``path``: ``label``, the wall ms per call, pstats' top 35 functions by tottime and top 25 by
+    cumulative time. Returns the wall ms per call (measured without the profiler)."""
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    wall = (time.perf_counter() - t0) * 1e3 / calls
+    prof = cProfile.Profile()
+    sync()
+    prof.enable()
+    try:
+        fn()
+        sync()
+    finally:
+        prof.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("tottime").print_stats(35)
+    stats.sort_stats("cumulative").print_stats(25)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{label}\nwall ms per call (without the profiler): {wall:.3f} over {calls} calls\n\n"
+                    f"cProfile, top 35 by tottime, then top 25 by cumulative:\n{text.getvalue()}")
+    return wall
+
+
+@torch.inference_mode()
+def profile_host(model, prompt, compiled, folder, config: str) -> dict:
+    """``--profile-host``: cProfile of HOST_PROFILE_STEPS decode steps (compiled: ``decode_compile``,
+    eager: ``decode_eager``; each on its own static cache after a prefill and HOST_PROFILE_WARM
+    steps) and of HOST_PROFILE_PREFILLS compiled prefills of ``prompt`` (``prefill_compile``, the
+    cache reset before each, after one warm prefill); without ``compiled`` only ``decode_eager``.
+    One file per report, ``folder/<config>_<what>.txt`` (':' as '-'); returns {what: wall ms per call}."""
+    out = {}
+    stem = config.replace(":", "-")
+    length = prompt.shape[1] + HOST_PROFILE_WARM + 2 * HOST_PROFILE_STEPS + 8
+    decodes = ([("decode_compile", compiled)] if compiled is not None else []) + [("decode_eager", model.forward)]
+    for what, forward in decodes:
+        cache = _cache(model, prompt.shape[0], length)
+        state = [_prefill(model.forward, cache, prompt)]
+        for _ in range(HOST_PROFILE_WARM):
+            state[0] = _step(forward, cache, state[0])
+
+        def steps(forward=forward, cache=cache, state=state):
+            tok = state[0]
+            for _ in range(HOST_PROFILE_STEPS):
+                tok = _step(forward, cache, tok)
+            state[0] = tok
+
+        out[what] = write_host_profile(steps, Path(folder) / f"{stem}_{what}.txt",
+                                       f"{config}: {what}, {HOST_PROFILE_STEPS} decode steps at batch "
+                                       f"{prompt.shape[0]}", calls=HOST_PROFILE_STEPS)
+    if compiled is not None:
+        cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
+        _prefill(compiled, cache, prompt)  # a fresh cache object: the profiled prefills are steady ones
+
+        def prefills():
+            for _ in range(HOST_PROFILE_PREFILLS):
+                cache.reset()
+                _prefill(compiled, cache, prompt)
+
+        out["prefill_compile"] = write_host_profile(
+            prefills, Path(folder) / f"{stem}_prefill_compile.txt",
+            f"{config}: prefill_compile, {HOST_PROFILE_PREFILLS} compiled prefills of a {prompt.shape[1]}-token "
+            f"prompt at batch {prompt.shape[0]}", calls=HOST_PROFILE_PREFILLS)
     return out
 
 
@@ -373,11 +475,9 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
     try:
         for what in ("decode", "prefill"):
             parts = kernel_breakdown(model, prompts[1], what, compiled if what == "decode" else None)
-            launches = parts.pop("launches")
+            rows += _breakdown_rows(base, what, parts)
+            parts.pop("launches")
             total = sum(parts.values())
-            for cat, ms in parts.items():
-                rows.append(dict(base, metric=f"{what}_kernel_ms_{cat}", batch=1, value=ms))
-            rows.append(dict(base, metric=f"{what}_kernels", batch=1, value=launches))
             if what == "decode":
                 rows.append(dict(base, metric="quant_share", batch=1,
                                  value=parts["act_quant"] / total if total else float("nan")))
@@ -386,11 +486,32 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
     rows.append(dict(base, metric="peak_mem_gb", batch=max(args.batches),
                      value=torch.cuda.max_memory_allocated() / 1e9))
     rows.append(dict(base, metric="setup_s", batch=0, value=setup_s))
+    if getattr(args, "profile_host", False):  # diagnostics, after the peak memory is read
+        rows += _host_diagnostics(name, model, prompts[1], compiled, base, Path(args.out) / "host_profile")
     keep = logits if name == "bf16" else None
     del model
     gc.collect()
     torch.cuda.empty_cache()
     return rows, keep
+
+
+def _host_diagnostics(name: str, model, prompt, compiled, base: dict, folder: Path) -> list[dict]:
+    """``--profile-host``'s rows: the kernel breakdown of one compiled prefill (where a compiled
+    forward exists) and the wall ms per call of each ``profile_host`` report; a failure is printed
+    and leaves its rows out."""
+    rows = []
+    if compiled is not None:
+        try:
+            rows += _breakdown_rows(base, "prefill_compile", kernel_breakdown(model, prompt, "prefill", compiled))
+        except Exception as e:  # noqa: BLE001 - a diagnostic: say why it is missing
+            print(f"  [{name}] compiled prefill breakdown not measured: {e}")
+    try:
+        for what, ms in profile_host(model, prompt, compiled, folder, name).items():
+            rows.append(dict(base, metric=f"host_profile_{what}_ms", batch=1, value=ms))
+        print(f"  [{name}] host profiles in {folder}")
+    except Exception as e:  # noqa: BLE001 - a diagnostic: say why it is missing
+        print(f"  [{name}] host profile not measured: {e}")
+    return rows
 
 
 FIELDS = ["config", "layers", "metric", "batch", "value", "logits_rel_err", "logits_cos", "top1_match", "setup"]
@@ -451,7 +572,7 @@ def report(rows: list[dict], args) -> str:
         "timeline (host gaps count), the median round; TTFT median of 5; static KV cache; greedy",
         f"- command: `tileq e2e --model {getattr(args, 'model', 'qwen3-14b')} --layers {args.layers} --configs {','.join(args.configs)} "
         f"--batches {','.join(map(str, args.batches))} --modes {','.join(modes)} --prompt {args.prompt}"
-        f"{' --fuse' if args.fuse else ''}`",
+        f"{' --fuse' if args.fuse else ''}{' --profile-host' if getattr(args, 'profile_host', False) else ''}`",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -473,11 +594,12 @@ def report(rows: list[dict], args) -> str:
         cells += [_fmt(agree.get("logits_cos"), 4), _fmt(agree.get("top1_match"), 2)]
         lines.append("| " + " | ".join(cells) + " |")
     cats = [c for c, _ in KERNEL_CATEGORIES] + ["other"]
-    for what in ("decode", "prefill"):
+    tables = (("decode", "decode step (the compiled step where compile or graph is measured, else eager)"),
+              ("prefill", f"eager prefill ({args.prompt}-token prompt)"),
+              ("prefill_compile", f"compiled prefill ({args.prompt}-token prompt, --profile-host)"))
+    for what, how in tables:
         if not any(r["metric"].startswith(f"{what}_kernel_ms_") for r in rows):
             continue
-        how = ("decode step (the compiled step where compile or graph is measured, else eager)"
-               if what == "decode" else f"eager prefill ({args.prompt}-token prompt)")
         lines += ["", f"GPU kernel time of one {how} at batch 1, ms (torch profiler):", "",
                   "| config | " + " | ".join(cats) + " | total |", "|---" * (len(cats) + 2) + "|"]
         for c in configs:
