@@ -199,7 +199,7 @@ def test_signature_changes_miss(recorder):
         assert len(api._CALLS) == i, v
         call(**v)
         assert len(api._CALLS) == i, v
-    lda = [c[1][10] for c in recorder.calls]  # klda: the padded a has leading dim 80
+    lda = [c[1][12] for c in recorder.calls]  # klda (after 9 pointers, M, N, K): the padded a has leading dim 80
     assert 80 in lda and 64 in lda
 
 
@@ -446,13 +446,14 @@ def test_direct_launch_split_k_and_swapped(fake_triton, monkeypatch):
     monkeypatch.setattr(launch, "_splitk_reduce_kernel", reduce_fake)
     ws = torch.empty(1 << 16)
     monkeypatch.setattr(buffers, "_stream_workspace", lambda device, numel: ws)
-    spec = family_spec(parse_family("bquant_fp8xi4_rcr_decode"), 4, 64, 512)
+    # (a prefill split: a decode split sums in the kernel, test_decode_split_sums_in_the_kernel)
+    spec = family_spec(parse_family("bquant_fp8xi4_rcr_prefill"), 80, 64, 512)
     problem = make_args(spec, seed=5).call(build_problem)
     base = make_plan(problem.spec, problem.device, backend="triton")
     cfg = replace(base.config, swap_ab=True, split_k=2, block_m=64, block_n=16, num_warps=4)
     gl = launch.GemmLaunch(problem, with_config(base, cfg))
     gl.direct = True
-    out = torch.empty(4, 64, dtype=spec.out_dtype)
+    out = torch.empty(80, 64, dtype=spec.out_dtype)
     tensors = (problem.a, problem.b.data, problem.a_scale, problem.b_scale, None, None, out)
     gl(*tensors)
     gl(*tensors)

@@ -190,7 +190,10 @@ def test_direct_launch_matches_jit_launch(family, swap, split_k, monkeypatch):
         cfg = replace(cfg, block_m=64, block_n=16, num_warps=4)
     plan = with_config(base, cfg)
     runs = _count_jit_runs(monkeypatch, launch._gemm_kernel)
+    # (either reduction kernel: the PDL one where PDL is on; none where the kernel sums its split)
     reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_kernel)
+    pdl_reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_pdl_kernel)
+    reduced = split_k > 1 and not plan.in_kernel_sum
 
     def run():
         problem.out = torch.full((m, n), float("nan"), dtype=spec.out_dtype, device="cuda")
@@ -198,12 +201,12 @@ def test_direct_launch_matches_jit_launch(family, swap, split_k, monkeypatch):
 
     monkeypatch.setenv("TILEQ_DIRECT_LAUNCH", "0")
     via_jit = [run() for _ in range(2)]
-    assert len(runs) == 2 and len(reduce_runs) == (2 if split_k > 1 else 0)
+    assert len(runs) == 2 and len(reduce_runs) + len(pdl_reduce_runs) == (2 if reduced else 0)
     monkeypatch.delenv("TILEQ_DIRECT_LAUNCH")
     run()  # the first direct-mode launch of this specialization keeps the compiled kernel
-    before = (len(runs), len(reduce_runs))
+    before = (len(runs), len(reduce_runs), len(pdl_reduce_runs))
     direct = [run() for _ in range(3)]
-    assert (len(runs), len(reduce_runs)) == before  # not through JITFunction.run
+    assert (len(runs), len(reduce_runs), len(pdl_reduce_runs)) == before  # not through JITFunction.run
     torch.cuda.synchronize()
     for got in via_jit[1:] + direct:
         assert torch.equal(got, via_jit[0])
@@ -239,7 +242,10 @@ def test_direct_launch_under_cuda_graph_capture(monkeypatch):
         step()
     torch.cuda.synchronize()
     runs = _count_jit_runs(monkeypatch, launch._gemm_kernel)
+    # (either reduction kernel: the PDL one where PDL is on; none where the kernel sums its split)
     reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_kernel)
+    pdl_reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_pdl_kernel)
+    reduced = split_k > 1 and not plan.in_kernel_sum
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
@@ -256,3 +262,52 @@ def test_direct_launch_under_cuda_graph_capture(monkeypatch):
     step()
     torch.cuda.synchronize()
     assert torch.equal(out1, got1) and torch.equal(problem2.out, got2)
+
+
+@pytest.mark.parametrize("family,m,n,k,split", [
+    ("rowcol_i8xi8_rcr_decode", 1, 5120, 5120, 3),
+    ("rowcol_fp8xfp8_rcr_decode", 16, 7168, 5120, 2),
+    ("abquant_fp8xfp8_rcr_decode", 4, 5120, 17408, 4),
+])
+def test_decode_split_sums_in_the_kernel(family, m, n, k, split, monkeypatch):
+    """A decode split summed by the kernel (one launch) gives the reduction kernel's bits, and
+    replays in a CUDA graph on new data (its tile counters back at zero after every call)."""
+    from dataclasses import replace
+
+    from tileq.dispatch import plan as plan_mod
+    from tileq.kernels import buffers
+    from tileq.problem import build_problem
+
+    fam = parse_family(family)
+    spec = family_spec(fam, m, n, k)
+    args = make_args(spec, seed=6, device="cuda", bias=True)
+    problem = args.call(build_problem)
+    base = plan_mod.make_plan(problem.spec, torch.device("cuda"))
+    cfg = replace(base.config, split_k=split)
+    plan = plan_mod.with_config(base, cfg)
+    assert plan.in_kernel_sum
+
+    def run(p):
+        problem.out = torch.full((m, n), float("nan"), dtype=spec.out_dtype, device="cuda")
+        return plan_mod.execute(p, problem)
+
+    fixed = run(plan)
+    with monkeypatch.context() as mp:
+        mp.setattr(plan_mod, "sums_in_kernel", lambda pipeline, cfg: False)
+        two_launches = run(plan_mod.with_config(base, cfg))
+    torch.cuda.synchronize()
+    assert torch.equal(fixed, two_launches)
+    check_close(fixed, args.call(tileq.gemm, backend="reference"), spec.out_dtype)
+    out = torch.empty(m, n, dtype=spec.out_dtype, device="cuda")
+    problem.out = out
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan_mod.execute(plan, problem)
+    for seed in (7, 8):
+        fresh = make_args(spec, seed=seed, device="cuda", bias=True)
+        _refill(args, fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_close(out, fresh.call(tileq.gemm, backend="reference", bias=args.kwargs["bias"]), spec.out_dtype)
+    counters = buffers.tile_counters(torch.device("cuda"), 1)
+    assert int(counters.abs().sum()) == 0

@@ -59,7 +59,7 @@ def test_switch_values_and_cache_key(monkeypatch):
     assert settings.current().pdl is True and settings.key() != off
 
 
-def _split_launch(monkeypatch, pdl: bool):
+def _split_launch(monkeypatch, pdl: bool, m: int = 4):
     from tileq.catalog.families import family_spec
     from tileq.catalog.names import parse_family
     from tileq.dispatch.plan import make_plan, with_config
@@ -67,26 +67,30 @@ def _split_launch(monkeypatch, pdl: bool):
     from tileq.testing import make_args
 
     monkeypatch.setattr(gl, "pdl_enabled", lambda device, interpreted: pdl)
-    spec = family_spec(parse_family("rowcol_i8xi8_rcr_decode"), 4, 64, 512)
+    fam = "rowcol_i8xi8_rcr_decode" if m <= 64 else "rowcol_i8xi8_rcr_prefill"
+    spec = family_spec(parse_family(fam), m, 64, 512)
     problem = make_args(spec, seed=1).call(build_problem)
     base = make_plan(problem.spec, problem.device, backend="triton")
     return gl.GemmLaunch(problem, with_config(base, replace(base.config, split_k=2)))
 
 
 def test_gemm_launch_carries_pdl(monkeypatch):
-    """With PDL the GEMM and its split-K reduction launch with Triton's launch_pdl option and
-    their waiting variants; without it neither (the interpreter's launches never have it)."""
-    on = _split_launch(monkeypatch, True)
+    """With PDL the GEMM and its split-K reduction (a prefill split's) launch with Triton's
+    launch_pdl option and their waiting variants; without it neither (the interpreter's launches
+    never have it). A decode split sums in the kernel: one launch, PDL or not."""
+    on = _split_launch(monkeypatch, True, m=100)
     assert on.main.kwargs["PDL"] is True and on.main.kwargs["launch_pdl"] is True
     assert on.reduce.name == "_splitk_reduce_pdl_kernel" and on.reduce.kwargs["launch_pdl"] is True
-    off = _split_launch(monkeypatch, False)
+    off = _split_launch(monkeypatch, False, m=100)
     assert off.main.kwargs["PDL"] is False and "launch_pdl" not in off.main.kwargs
     assert off.reduce.name == "_splitk_reduce_kernel" and "launch_pdl" not in off.reduce.kwargs
+    decode = _split_launch(monkeypatch, True)
+    assert decode.reduce is None and decode.main.kwargs["FIXUP"] and decode.main.kwargs["launch_pdl"] is True
     # launch_pdl is an option, not a parameter: the direct launch still binds the constexprs
     from triton.runtime.jit import JITFunction
 
     fn = JITFunction(gl._gemm_kernel.fn)
-    assert direct._constexpr_tail(fn, 7 + len(on.main.ints), on.main.kwargs) is not None
+    assert direct._constexpr_tail(fn, 9 + len(on.main.ints), on.main.kwargs) is not None
 
 
 _COMPILE = r'''
@@ -105,7 +109,7 @@ from tileq.dispatch.act_quant import act_quant_config
 from tileq.dtypes import OperandType as OT
 
 T = GPUTarget("cuda", 90, 32)
-MARKS = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "prefetch.global.L2", "wgmma", "mma.sync",
+MARKS = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "prefetch.global.L2", "wgmma", "mma.sync", "atom.",
          "0f4B400000", "cvt.rn.satfinite.e4m3x2.f32", "max.NaN.f32", "div.rn.f32")
 def counts(ptx):
     c = {p: len(re.findall(re.escape(p), ptx)) for p in MARKS}
@@ -132,6 +136,8 @@ gemm("gemm_i4_pdl", "bquant_fp8xi4_rcr_decode", pdl=True)
 gemm("gemm_rrr_pdl", "rowcol_fp8xfp8_rrr_decode", pdl=True)
 gemm("gemm_split", "rowcol_i8xi8_rcr_decode", split=2)
 gemm("gemm_split_pdl", "rowcol_i8xi8_rcr_decode", split=2, pdl=True)
+gemm("gemm_split_fixup", "rowcol_i8xi8_rcr_decode", swap=True, split=3, fixup=True)
+gemm("gemm_split_fixup_pdl", "rowcol_i8xi8_rcr_decode", swap=True, split=3, fixup=True, pdl=True)
 for name, fn in (("reduce", _splitk_reduce_kernel), ("reduce_pdl", _splitk_reduce_pdl_kernel)):
     sig = {"w_ptr": "*fp32", "c_ptr": "*bf16", "total": "i32", "N": "i32", "ldc": "i32",
            "SPLIT_K": "constexpr", "BLOCK": "constexpr", "SWAPPED": "constexpr"}
@@ -192,3 +198,11 @@ def test_sm90_builds_keep_their_instructions(builds):
         if base is not None:
             assert c["wgmma"] == base["wgmma"], name
     assert builds["gemm_i8_swap_pdl"]["wgmma"] > 0 and builds["int4p_stk_pdl"]["wgmma"] > 0
+
+
+def test_sm90_split_sum_in_the_kernel(builds):
+    """A decode split summed in the kernel counts its programs in with atomics (after the wait
+    under PDL, checked above); the split that a reduction kernel sums has none."""
+    assert builds["gemm_split_fixup"]["atom."] >= 2 and builds["gemm_split_fixup_pdl"]["atom."] >= 2
+    assert builds["gemm_split"]["atom."] == 0 and builds["gemm_split_pdl"]["atom."] == 0
+    assert builds["gemm_split_fixup"]["wgmma"] > 0

@@ -29,6 +29,7 @@ from .catalog.families import catalog, family_spec
 from .dispatch import thresholds
 from .dispatch.gluon import GLUON_ARCH, gluon_config, gluon_serves
 from .dispatch.heuristic import choose_pipeline, heuristic_config
+from .dispatch.plan import sums_in_kernel
 from .catalog.names import KernelFamily, KernelInstance, parse_family
 
 # Representative shapes: a Qwen3-14B projection (N = K = 5120) at prefill and decode sizes.
@@ -241,7 +242,7 @@ def compile_one(family_name: str, arch_name: str, out_dir: str | None, swap: boo
     except Exception as e:  # an illegal family for this arch is a build failure, said loudly
         return BuildResult(f"{family_name}__?_{arch.tag}", family_name, "?", False, 0.0,
                            error=f"{type(e).__name__}: {e}")
-    sig, consts, attrs = signature(spec, inst.config)
+    sig, consts, attrs = signature(spec, inst.config, fixup=sums_in_kernel(fam.pipeline, inst.config))
     major, minor = arch.capability
     res, compiled = _attempt(
         inst.name, family_name, inst.config.tag, t0,

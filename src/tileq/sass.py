@@ -40,6 +40,7 @@ def _family_source(family: str, m: int, n: int, k: int, config: str):
     from .errors import ShapeError, expect
     from .kernels.config import TileConfig
     from .kernels.gemm_kernel import _gemm_kernel
+    from .dispatch.plan import sums_in_kernel
     from .kernels.launch import signature
 
     fam = catalog_family(family, "family")
@@ -49,7 +50,7 @@ def _family_source(family: str, m: int, n: int, k: int, config: str):
         raise ShapeError(expect("config", "a config tag m<BM>n<BN>k<BK>_w<W>_s<S>[_sk<SK>][_swap], e.g. "
                                 "m64n16k256_w4_s4_swap", repr(config))) from e
     spec = family_spec(fam, m, n, k)
-    sig, consts, attrs = signature(spec, cfg)
+    sig, consts, attrs = signature(spec, cfg, fixup=sums_in_kernel(fam.pipeline, cfg))
     src = triton.compiler.ASTSource(fn=_gemm_kernel, signature=sig, constexprs=consts, attrs=attrs)
     return src, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 

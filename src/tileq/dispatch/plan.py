@@ -82,6 +82,11 @@ class Plan:
         return self.family.pipeline
 
     @property
+    def in_kernel_sum(self) -> bool:
+        """Whether the portable kernel sums its split over K itself (``sums_in_kernel``)."""
+        return self.executor == "triton" and self.config is not None and sums_in_kernel(self.pipeline, self.config)
+
+    @property
     def instance(self) -> KernelInstance | None:
         if self.config is None or self.arch is None:
             return None
@@ -118,9 +123,21 @@ class Plan:
             lines.append("kernel    : " + "; ".join(kernel_notes(s, c)))
         else:
             lines.append("config    : n/a (the reference runs the same lowering in torch)")
-        lines.append("reduction : fixed order, no atomics (bit-identical run to run)")
+        if self.in_kernel_sum:
+            lines.append("reduction : split over K summed in the kernel by each tile's last program, in split order "
+                         "(one launch; bit-identical run to run)")
+        else:
+            lines.append("reduction : fixed order, no atomics (bit-identical run to run)")
         lines.append("lowering  : " + " -> ".join(self.stages()))
         return "\n".join(lines)
+
+
+def sums_in_kernel(pipeline: str, cfg: TileConfig) -> bool:
+    """A decode split over K is summed by the kernel itself (each tile's last program adds the
+    partials in split order), saving the reduction kernel's launch; its tiles are small ([64, 16]
+    fp32: the last program's extra reads are a few KB). Prefill splits keep the reduction kernel,
+    which spreads the sum of large tiles over the whole GPU."""
+    return pipeline == "decode" and cfg.split_k > 1
 
 
 def lowering(spec: ProblemSpec) -> list[str]:

@@ -8,7 +8,10 @@ promoted inside the K loop, and the epilogue follows the epilogue order of docs/
 With SPLIT_K > 1 each program reduces a strided share of the K tiles and writes its fp32 partial
 (already scaled: every stage after the sum is linear except bias, which split 0 adds) to a
 workspace [SPLIT_K, M, N]; ``_splitk_reduce_kernel`` sums the splits in a fixed order, so the
-result is bit-identical run to run (no atomics).
+result is bit-identical run to run. With FIXUP the kernel sums them itself (no second launch):
+each program counts itself in on its tile's counter once its partial is stored, and the last of
+the tile's SPLIT_K programs sums the partials in split order (the reduction kernel's order: the
+same bits), stores the tile to ``out_ptr`` and puts the counter back to zero.
 
 Modes are constexpr strings, never integers:
   A_TYPE / B_TYPE: storage type 'i8' 'fp8' 'bf8' 'i4' 'bf16' 'fp16'
@@ -140,7 +143,7 @@ def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _gemm_kernel(
-    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr,
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr, out_ptr, sem_ptr,
     M, N, K,
     lda, ldb, ldc, ld_acc,
     stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
@@ -152,7 +155,7 @@ def _gemm_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, INTERPRETED: tl.constexpr,
     FAST_ACCUM: tl.constexpr, SWAPPED: tl.constexpr, SA_ROW_GROUP: tl.constexpr,
-    EVEN_K: tl.constexpr, I4_WORDS: tl.constexpr, PDL: tl.constexpr = False,
+    EVEN_K: tl.constexpr, I4_WORDS: tl.constexpr, PDL: tl.constexpr = False, FIXUP: tl.constexpr = False,
 ):
     pid_k = tl.program_id(1)
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
@@ -389,9 +392,26 @@ def _gemm_kernel(
             c_ptrs = c_ptr + rm64[:, None] * ldc + rn[None, :]
         tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty), mask=c_mask)
     else:
-        # Workspace [SPLIT_K, M, N] fp32, contiguous; ldc is N here.
-        w_ptrs = c_ptr + pid_k.to(tl.int64) * M * N + rm64[:, None] * N + rn[None, :]
-        tl.store(w_ptrs, y, mask=c_mask)
+        # Workspace [SPLIT_K, M, N] fp32, contiguous; ldc is N here (FIXUP: the output's).
+        slab = rm64[:, None] * N + rn[None, :]
+        tl.store(c_ptr + pid_k.to(tl.int64) * M * N + slab, y, mask=c_mask)
+        if FIXUP:
+            # Every thread's partial is stored before one thread counts the program in (a CTA
+            # barrier, then a gpu-scope release); the count's acquire and Triton's broadcast of it
+            # (a barrier) order the last program's loads after the other programs' stores.
+            tl.debug_barrier()
+            tile = tl.program_id(0)
+            arrived = tl.atomic_add(sem_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros((BM, BN), dtype=tl.float32)
+                for i in tl.static_range(SPLIT_K):  # (L2 only: other SMs wrote them)
+                    total += tl.load(c_ptr + i * M * N + slab, mask=c_mask, other=0.0, cache_modifier=".cg")
+                if SWAPPED:
+                    o_ptrs = out_ptr + rn64[None, :] * ldc + rm[:, None]
+                else:
+                    o_ptrs = out_ptr + rm64[:, None] * ldc + rn[None, :]
+                tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=c_mask)
+                tl.atomic_xchg(sem_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
 
 @triton.jit

@@ -29,7 +29,8 @@ def i4_storage_word_aligned(storage: torch.Tensor, leading_dim: int) -> bool:
 
 
 def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False,
-                   b_scale_unit_n: bool = True, i4_word_aligned: bool = True, *, pdl: bool = False) -> dict:
+                   b_scale_unit_n: bool = True, i4_word_aligned: bool = True, *, pdl: bool = False,
+                   fixup: bool = False) -> dict:
     """The constexpr arguments of ``_gemm_kernel`` for this problem and config.
 
     With ``cfg.swap_ab`` the kernel computes C^T = B^T A^T: B plays the kernel's A (so an int4
@@ -39,6 +40,7 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
     kernel's K-group-major A scale); contiguous [Gk, Gn] scales do. ``i4_word_aligned``: whether
     an int4 operand's storage allows the 16-bit word path (``i4_storage_word_aligned``).
     ``pdl``: the kernel prefetches and waits for the previous kernel (``kernels/pdl.py``).
+    ``fixup``: a split over K summed by the kernel itself (the plan's ``in_kernel_sum``).
     """
     tk = triton_kernel(spec, cfg)
     o = tk.orientation
@@ -54,7 +56,7 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
         I4_WORDS=tk.i4_words and i4_word_aligned,
         A_TYPE=o.a_type.value, B_TYPE=o.b_type.value, A_CT=o.a_ct.value, B_CT=o.b_ct.value,
         A_LAYOUT=o.a_layout, B_LAYOUT=o.b_layout, A_SCALE=o.a_scale.value, B_SCALE=o.b_scale.value,
-        PDL=pdl,
+        PDL=pdl, FIXUP=fixup and cfg.split_k > 1,
     )
     a_group = spec.a_scale_kind is ScaleKind.GROUP
     b_group = spec.b_scale_kind is ScaleKind.GROUP
@@ -76,14 +78,15 @@ _PTR = {
 _OUT_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
 
 
-def signature(spec: ProblemSpec, cfg: TileConfig, *, pdl: bool = False) -> tuple[dict, dict, dict]:
+def signature(spec: ProblemSpec, cfg: TileConfig, *, pdl: bool = False, fixup: bool = False
+              ) -> tuple[dict, dict, dict]:
     """(signature, constexprs, attrs) for ``triton.compile`` of this specialization (AOT).
 
     attrs mark pointers and N, K and the leading dimensions as multiples of 16, as the JIT does
     for aligned tensors: without them loads are not vectorized and the K loop is not pipelined.
-    ``pdl`` as in ``specialization``.
+    ``pdl`` and ``fixup`` as in ``specialization``.
     """
-    consts = specialization(spec, cfg, pdl=pdl)
+    consts = specialization(spec, cfg, pdl=pdl, fixup=fixup)
     o = triton_kernel(spec, cfg).orientation
     a_t, b_t, sa_k, sb_k = o.a_type, o.b_type, o.a_scale, o.b_scale
     sig = {
@@ -93,13 +96,15 @@ def signature(spec: ProblemSpec, cfg: TileConfig, *, pdl: bool = False) -> tuple
         "sb_ptr": "*fp32" if sb_k is not ScaleKind.NONE else "constexpr",
         "bias_ptr": "*fp32" if spec.has_bias else "constexpr",
         "acc_ptr": ("*i32" if spec.acc_dtype == torch.int32 else "*fp32") if spec.has_acc else "constexpr",
+        "out_ptr": _OUT_PTR[spec.out_dtype] if consts["FIXUP"] else "constexpr",
+        "sem_ptr": "*i32" if consts["FIXUP"] else "constexpr",
     }
     for name in ("M", "N", "K", "lda", "ldb", "ldc", "ld_acc",
                  "stride_sa_m", "stride_sa_g", "stride_sb_g", "stride_sb_n"):
         sig[name] = "i32"
     for name in consts:
         sig[name] = "constexpr"
-    for name in ("sa_ptr", "sb_ptr", "bias_ptr", "acc_ptr"):
+    for name in ("sa_ptr", "sb_ptr", "bias_ptr", "acc_ptr", "out_ptr", "sem_ptr"):
         if sig[name] == "constexpr":
             consts[name] = None
     aligned = [name for name, ty in sig.items() if ty.startswith("*")]
@@ -163,7 +168,7 @@ class GemmLaunch:
     """
 
     __slots__ = ("m", "n", "out_dtype", "device", "swapped", "split_k", "ws_shape", "direct",
-                 "main", "main_bytes", "i4_arg", "i4_ld", "reduce")
+                 "main", "main_bytes", "i4_arg", "i4_ld", "reduce", "counters")
 
     def __init__(self, problem: Problem, plan):
         spec, cfg = problem.spec, plan.config
@@ -178,13 +183,14 @@ class GemmLaunch:
         ld_acc = problem.acc.stride(0) if problem.acc is not None else 0
         unit_n = not (spec.b_scale_kind is ScaleKind.GROUP and sb.shape[1] > 1 and sb.stride(1) != 1)
         pdl = pdl_enabled(problem.device, plan.interpreted)
-        consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n, pdl=pdl)
+        fixup = plan.in_kernel_sum
+        consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n, pdl=pdl, fixup=fixup)
         # The int4 word path also needs an even storage address: a pointer property, so it is
         # decided on every call (__call__), between these constexprs and the byte-path ones.
         self.i4_arg, self.i4_ld, bytes_consts = None, 0, None
         if OperandType.I4 in (spec.a_type, spec.b_type):
             bytes_consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n,
-                                          i4_word_aligned=False, pdl=pdl)
+                                          i4_word_aligned=False, pdl=pdl, fixup=fixup)
             if bytes_consts != consts:
                 self.i4_arg = 0 if spec.a_type is OperandType.I4 else 1
                 self.i4_ld = lda if self.i4_arg == 0 else ldb
@@ -210,15 +216,18 @@ class GemmLaunch:
         # The pointer arguments' dtypes, as the kernel sees them (a call passes the same ones).
         target_dtype = torch.float32 if cfg.split_k > 1 else spec.out_dtype
         ka, kb, ksa, ksb = (b, a, sb, sa) if swapped else (a, b, sa, sb)
+        fixed = consts["FIXUP"]
         dtypes = (ka.dtype, kb.dtype, target_dtype, _dtype(ksa), _dtype(ksb), _dtype(problem.bias),
-                  _dtype(problem.acc))
+                  _dtype(problem.acc), spec.out_dtype if fixed else None, torch.int32 if fixed else None)
+        # The kernel's own sum counts on one counter per output tile (the grid's first axis).
+        self.counters = grid[0] if fixed else 0
         self.main = KernelCall(_THIS, "_gemm_kernel", grid, ints, dict(options, **consts), dtypes)
         self.main_bytes = None
         if self.i4_arg is not None:
             self.main_bytes = KernelCall(_THIS, "_gemm_kernel", grid, ints, dict(options, **bytes_consts),
                                           dtypes)
         self.reduce = None
-        if cfg.split_k > 1:
+        if cfg.split_k > 1 and not fixed:
             self.reduce = splitk_reduce_call(km, kn, ldc, cfg.split_k, spec.out_dtype, swapped, pdl=pdl)
 
     def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
@@ -236,10 +245,13 @@ class GemmLaunch:
         main = self.main
         if self.i4_arg is not None and not i4_storage_word_aligned(b if self.i4_arg else a, self.i4_ld):
             main = self.main_bytes
+        fix_out = sem = None
+        if self.counters:
+            fix_out, sem = out, buffers.tile_counters(self.device, self.counters)
         if self.swapped:
-            main((b, a, target, sb, sa, bias, acc), direct)
+            main((b, a, target, sb, sa, bias, acc, fix_out, sem), direct)
         else:
-            main((a, b, target, sa, sb, bias, acc), direct)
+            main((a, b, target, sa, sb, bias, acc, fix_out, sem), direct)
         if self.reduce is not None:
             self.reduce((target, out), direct)
         return out
