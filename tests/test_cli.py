@@ -114,6 +114,7 @@ def test_value_lists_spelled_out_for_the_parsers_are_the_librarys():
     assert e2e.ALL_CONFIGS == ("bf16", *bench_cli.NN_CONFIGS)
     assert bench_cli.E2E_CHECKPOINT_CONFIGS == e2e.CHECKPOINT_CONFIGS
     assert bench_cli.E2E_MODES == e2e.MODES
+    assert bench_cli.E2E_PEERS == tuple(e2e.TORCHAO_PEERS)
     assert bench_cli.LAYERBENCH_CONFIGS == layers.CONFIGS
     assert bench_cli.REPLAY_RULES == tuple(replay.RULES)
     assert bench_cli.REPLAY_TOLERANCE == replay.TOLERANCE

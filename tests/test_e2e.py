@@ -182,3 +182,37 @@ def test_host_profile_failure_is_reported(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(e2e, "profile_host", fail)
     assert e2e._host_diagnostics("bf16", None, None, None, dict(config="bf16"), tmp_path) == []
     assert "[bf16] host profile not measured: boom" in capsys.readouterr().out
+
+
+def test_torchao_peer_unavailable_is_said_not_failed(monkeypatch, capsys):
+    """A peer config where torchao does not import: PeerUnavailable before any model is built,
+    and the run records it as unavailable (not an error row)."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torchao(name, *args, **kwargs):
+        if name == "torchao" or name.startswith("torchao."):
+            raise ImportError("No module named 'torchao'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torchao)
+    with pytest.raises(e2e.PeerUnavailable, match=r"torchao is not importable here .*pip install torchao"):
+        e2e.torchao_config("torchao.FP8Row")
+    called = []
+    monkeypatch.setattr(e2e, "build_model", lambda *a, **k: called.append(1))
+    args = argparse.Namespace(checkpoint=None, layers=1, small=True, seed=0, fuse=False, modes=["graph"])
+    with pytest.raises(e2e.PeerUnavailable):
+        e2e.run_config("torchao.A8W8", args, {}, None)
+    assert not called
+
+
+def test_peer_names_pass_the_config_check(monkeypatch):
+    """--configs accepts the peers by name and refuses unknown ones, naming the peers."""
+    from tileq.errors import UnsupportedError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    args = argparse.Namespace(model="qwen3-14b", layers=1, make_checkpoint=None, checkpoint=None,
+                              configs=["torchao.nope"])
+    with pytest.raises(UnsupportedError, match="torchao.FP8Row"):
+        e2e.run(args)

@@ -33,6 +33,7 @@ NN_CONFIGS = ("A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8")  # tileq.n
 E2E_CHECKPOINT_CONFIGS = ("A8W8", "W4A16")  # tileq.bench.e2e.CHECKPOINT_CONFIGS
 E2E_MODES = ("eager", "compile", "graph")  # tileq.bench.e2e.MODES
 E2E_MODELS = ("qwen3-14b", "qwen3-moe")  # tileq.bench.e2e.MODELS
+E2E_PEERS = ("torchao.FP8Row", "torchao.A8W8", "torchao.W4A16")  # tileq.bench.e2e.TORCHAO_PEERS
 LAYERBENCH_CONFIGS = ("A8W8", "FP8Row", "FP8Block", "W4A16", "W4A8")  # tileq.bench.layers.CONFIGS
 REPLAY_RULES = ("gluon-tiles", "int4-decode", "int4-prefill", "int4-streamk", "int4-w4a8")  # replay.RULES
 REPLAY_TOLERANCE = 0.03  # tileq.bench.replay.TOLERANCE
@@ -199,7 +200,8 @@ def add_e2e(subparsers) -> argparse.ArgumentParser:
                    help="decoder layers (default: the model's, 40 for qwen3-14b, 48 for qwen3-moe)")
     p.add_argument("--configs", type=_names, default=None,
                    help=f"comma list from {','.join(('bf16', *NN_CONFIGS))} (default: all); NAME:fused adds the "
-                   f"fused decoder path; with --make-checkpoint the configs to write (default: "
+                   f"fused decoder path; peers where importable: {','.join(E2E_PEERS)} (torchao's quantize_ on "
+                   f"the same layers); with --make-checkpoint the configs to write (default: "
                    f"{','.join(E2E_CHECKPOINT_CONFIGS)})")
     p.add_argument("--batches", type=positive_ints, default=[1, 16],
                    help="batch sizes of the TPOT measurements (default: 1,16)")

@@ -55,6 +55,47 @@ MODELS = {"qwen3-14b": ("Qwen3-14B", QWEN3_14B), "qwen3-moe": ("Qwen3-30B-A3B", 
 EAGER_ROUNDS = 4
 ALL_CONFIGS = ("bf16", *CONFIGS)  # the baseline and every tileq config, by name
 
+# Peers timed in the same run and modes where importable (--configs torchao.<name>): torchao's
+# quantize_ with the config of the same scheme, on every nn.Linear but lm_head (as tileq's).
+TORCHAO_PEERS = {
+    "torchao.FP8Row": "Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()): fp8 e4m3 per token x "
+                      "per channel (torch._scaled_mm)",
+    "torchao.A8W8": "Int8DynamicActivationInt8WeightConfig(): int8 per token x per channel (torch._int_mm)",
+    "torchao.W4A16": "Int4WeightOnlyConfig(group_size=128, int4_packing_format='tile_packed_to_4d'): int4 groups "
+                     "of 128, bf16 activations (tinygemm)",
+}
+
+
+class PeerUnavailable(Exception):
+    """A peer library that cannot run here (not importable, or too old for the config)."""
+
+
+def torchao_config(name: str):
+    """The torchao config object of peer ``name`` (TORCHAO_PEERS); PeerUnavailable without torchao."""
+    try:
+        import torchao  # noqa: F401
+        from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Int4WeightOnlyConfig,
+                                          Int8DynamicActivationInt8WeightConfig, PerRow)
+    except Exception as e:  # noqa: BLE001 - ImportError, or a torchao built for another torch
+        raise PeerUnavailable(f"torchao is not importable here ({type(e).__name__}: {e}); pip install torchao") from e
+    if name == "torchao.FP8Row":
+        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    if name == "torchao.A8W8":
+        return Int8DynamicActivationInt8WeightConfig()
+    return Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d")
+
+
+def quantize_torchao(model, name: str) -> str:
+    """torchao.quantization.quantize_ with peer ``name``'s config on every nn.Linear but lm_head."""
+    from torchao.quantization import quantize_ as ao_quantize_
+
+    linears = [fqn for fqn, mod in model.named_modules() if isinstance(mod, torch.nn.Linear) and "lm_head" not in fqn]
+    ao_quantize_(model, torchao_config(name),
+                 filter_fn=lambda mod, fqn: isinstance(mod, torch.nn.Linear) and "lm_head" not in fqn)
+    import torchao
+
+    return f"torchao {torchao.__version__} {TORCHAO_PEERS[name]}; {len(linears)} layers quantized, lm_head kept"
+
 
 def build_model(layers: int, device, seed: int, small: bool = False, model: str = "qwen3-14b"):
     """Qwen3ForCausalLM with QWEN3_14B's shapes (or a 1/8-width model with ``small``), random
@@ -107,6 +148,8 @@ def quantize_model(model, name: str, fuse: bool):
     base, _, variant = name.partition(":")
     if base == "bf16":
         return "bf16 (unquantized)"
+    if base in TORCHAO_PEERS:
+        return quantize_torchao(model, base)
     from ..nn import config_from_name, quantize_
 
     summary = quantize_(model, config_from_name(base))
@@ -444,6 +487,8 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
     elif checkpoint:  # bf16 with the checkpoint's shapes (random weights), as the baseline
         model, how = dense_like(checkpoint, dev, args.seed), "bf16 (unquantized), the checkpoint's shapes"
     else:
+        if name in TORCHAO_PEERS:
+            torchao_config(name)  # PeerUnavailable before any work
         model = build_model(args.layers, dev, args.seed, small=args.small, model=getattr(args, "model", "qwen3-14b"))
         how = quantize_model(model, name, args.fuse)
     setup_s = time.time() - t0
@@ -722,11 +767,12 @@ def run(args) -> int:
         from transformers import AutoConfig
 
         args.vocab = AutoConfig.from_pretrained(args.checkpoint).vocab_size
-    bad = [c for c in args.configs if c.partition(":")[0] not in (*ALL_CONFIGS, "checkpoint")
-           or c.partition(":")[2] not in ("", "fused")]
+    bad = [c for c in args.configs if c not in TORCHAO_PEERS and (c.partition(":")[0] not in (*ALL_CONFIGS, "checkpoint")
+           or c.partition(":")[2] not in ("", "fused"))]
     if bad:
         raise UnsupportedError(expect("--configs", f"names from {', '.join(ALL_CONFIGS)}, each optionally "
-                                                   "with ':fused'", ",".join(bad)))
+                                                   f"with ':fused', or peers {', '.join(TORCHAO_PEERS)}",
+                                      ",".join(bad)))
     if "bf16" not in args.configs:
         args.configs.insert(0, "bf16")
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
@@ -739,6 +785,11 @@ def run(args) -> int:
         print(f"[e2e] {name}: building and measuring ...", flush=True)
         try:
             got, keep = run_config(name, args, prompts, ref)
+        except PeerUnavailable as e:  # a peer is measured where importable: said, not failed
+            print(f"[e2e] {name}: not measured: {e}", flush=True)
+            rows.append(dict(config=name, layers=args.layers, metric="unavailable", batch=0, value=float("nan"),
+                             setup=str(e)))
+            continue
         except Exception as e:  # noqa: BLE001 - one config failing must not hide the others
             print(f"[e2e] {name}: FAILED: {type(e).__name__}: {e}", flush=True)
             rows.append(dict(config=name, layers=args.layers, metric="error", batch=0, value=float("nan"),
