@@ -242,14 +242,12 @@ def test_direct_launch_under_cuda_graph_capture(monkeypatch):
         step()
     torch.cuda.synchronize()
     runs = _count_jit_runs(monkeypatch, launch._gemm_kernel)
-    # (either reduction kernel: the PDL one where PDL is on; none where the kernel sums its split)
     reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_kernel)
     pdl_reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_pdl_kernel)
-    reduced = split_k > 1 and not plan.in_kernel_sum
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    assert not runs and not reduce_runs  # captured through the direct launcher
+    assert not runs and not reduce_runs and not pdl_reduce_runs  # captured through the direct launcher
     _refill(rowcol, make_args(family_spec(parse_family("rowcol_fp8xfp8_rcr_decode"), 4, 4096, 4096),
                               seed=2, device="cuda", bias=True))
     _refill(args2, make_args(spec2, seed=2, device="cuda"))
