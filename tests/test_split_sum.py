@@ -25,6 +25,7 @@ CASES = [
     ("rowcol_fp8xfp8_rcr_decode", 3, 80, 1024, 4, True, dict()),
     ("abquant_fp8xfp8_rcr_decode", 2, 136, 640, 2, False, dict(bias=True)),
     ("bquant_bf16xi4_rcr_decode", 4, 64, 512, 2, True, dict()),
+    ("abquant_fp8xfp8_rcr_decode", 1, 72, 3072, 8, True, dict(bias=True)),  # the rule's largest split
 ]
 
 

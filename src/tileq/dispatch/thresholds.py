@@ -31,6 +31,7 @@ class Table:
 
 
 _H200 = "bench/results/h200/"
+_H100 = "bench/results/h100/"  # an H100 (same SMs, 3.35 TB/s): where the H200 was not available
 
 # ----------------------------------------------------------------------------- sm_90 (H200)
 _TUNE_DECODE = _H200 + "tuned_decode_readflush_2026-11-29.candidates.csv"
@@ -53,9 +54,9 @@ SM90: dict[str, Threshold] = {
     "DECODE_SWAP_MIN_TILES_PER_SM": Threshold(
         0.6, "... when N gives at least this many 64-row tiles per SM", _TUNE_DECODE),
     "DECODE_SWAP_SPLIT_PROGRAMS_PER_SM": Threshold(
-        1.2, "swapped grouped decode: split over K until the grid has this many programs per SM",
-        _TUNE_DECODE),
-    "DECODE_SWAP_SPLIT_MAX": Threshold(4, "swapped grouped decode: the largest split over K", _TUNE_DECODE),
+        2.5, "swapped grouped decode: split over K (summed in the kernel) until the grid has this many "
+             "programs per SM", _H100 + "decode-split/"),
+    "DECODE_SWAP_SPLIT_MAX": Threshold(8, "swapped grouped decode: the largest split over K", _H100 + "decode-split/"),
     "DECODE_SINGLE_PASS_PROGRAMS_PER_SM": Threshold(
         1.2, "non-grouped decode (one pass over K): the widest N tile giving this many programs per SM",
         _TUNE_DECODE),
