@@ -4,10 +4,12 @@
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
 #                          [tests-model] [layerbench] [e2e] [e2e-small] [tests-gluon] [bench-gluon]
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
+#                          [e2e-moe] [moebench] [pack]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
 #              GLUON_CASES, GLUON_ARGS (bench-gluon), INT4_CASES, INT4_ARGS (bench-int4),
 #              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench),
+#              MOE_E2E_ARGS (of tileq e2e --model qwen3-moe), MOE_ARGS (of tileq moebench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
 #              CKPT_ARGS (extra arguments of tileq e2e --make-checkpoint), CKPT_E2E_ARGS (of its tileq e2e runs).
 # tests-formats installs the wheels in .whl/ (compressed-tensors and what it needs, made by pip download in
@@ -18,6 +20,8 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TILEQ_TEST_GPU=1
 unset TRITON_INTERPRET
 OUT="${OUT:-/tmp/tileq-out}"
+# STEP_TIMEOUT (seconds): each step's python is killed after it (e2e and bench write as they go).
+PY="timeout -k 10 ${STEP_TIMEOUT:-0} python3"
 mkdir -p "$OUT"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests)
@@ -31,15 +35,15 @@ for step in "${steps[@]}"; do
   t0=$(date +%s)
   case "$step" in
     tests)
-      python3 -m pytest -q -p no:cacheprovider -n 12 tests/test_gpu.py tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
+      $PY -m pytest -q -p no:cacheprovider -n 12 tests/test_gpu.py tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
     tests-model)
       # The model layer's GPU tests: activation quantization, QuantLinear, custom ops, CUDA graphs,
       # Hugging Face models, checkpoint formats (every test file's gpu-marked tests but the kernels').
-      python3 -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/ --ignore=tests/test_gpu.py \
+      $PY -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/ --ignore=tests/test_gpu.py \
         --ignore=tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$OUT/tests_model.log" | tail -40 ;;
     tests-int4p)
       # Prepacked int4 weights (tileq.prepacked): the layout and the kernel's inline-PTX conversion.
-      python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_int4p.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
+      $PY -m pytest -q -p no:cacheprovider -n 8 tests/test_int4p.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
         | tail -20 | tee "$OUT/tests_int4p.log" ;;
     bench-int4)
       # Prepacked int4 (W4A16, W4A8) against bf16 cuBLAS and tileq int8/fp8 rowcol over the int4 suite's
@@ -48,18 +52,18 @@ for step in "${steps[@]}"; do
       # int4 rules replayed on them ($OUT/int4/replay-<rule>.md). INT4_CASES: the cases (default: the int4
       # set); INT4_ARGS: more tileq bench arguments (--shapes, --m-max, --no-plots, ...; a later --shapes
       # wins over the default). The whole set does not fit one 10-minute call: split it with --shapes / --m-*.
-      python3 -m tileq bench --suite int4 --cases "${INT4_CASES:-int4}" --int4-variants --shapes '^(llm|untuned)\.' \
+      $PY -m tileq bench --suite int4 --cases "${INT4_CASES:-int4}" --int4-variants --shapes '^(llm|untuned)\.' \
         --graphs --warmup 5 --runs 30 --rounds 3 --out "$OUT/int4" --time-budget "${BENCH_SECONDS:-480}" --no-progress \
         ${INT4_ARGS:-} 2>&1 | tail -40 | tee "$OUT/bench_int4.log"
       brc=${PIPESTATUS[0]}
       for rule in int4-decode int4-prefill int4-streamk int4-w4a8; do
-        python3 -m tileq replay "$OUT/int4/results.csv" --rule "$rule" --out "$OUT/int4/replay-$rule.md" 2>&1 \
+        $PY -m tileq replay "$OUT/int4/results.csv" --rule "$rule" --out "$OUT/int4/replay-$rule.md" 2>&1 \
           | grep -E '^(## |\| |tileq replay)' | head -20 | tee -a "$OUT/bench_int4.log"
       done
       (exit "$brc") ;;
     tests-gluon)
       # The sm_90 Gluon prefill kernel (opt-in, TILEQ_GLUON=1 inside the tests) against the reference.
-      python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
+      $PY -m pytest -q -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
         | tail -40 | tee "$OUT/tests_gluon.log" ;;
     bench-gluon)
       # The sm_90 Gluon prefill kernel (tileq_gluon) against the portable Triton kernel (tileq_triton)
@@ -68,19 +72,19 @@ for step in "${steps[@]}"; do
       # report.md, plots), then the wave model replayed on them (tileq replay --rule gluon-tiles,
       # $OUT/gluon/replay.md). GLUON_CASES: the cases (default rowcol:fp8xfp8:rcr; 'gluon' = all five
       # of the kernel's); GLUON_ARGS: more tileq bench arguments (--m-max, --shapes, --no-plots, ...).
-      python3 -m tileq bench --suite gluon-prefill --cases "${GLUON_CASES:-rowcol:fp8xfp8:rcr}" \
+      $PY -m tileq bench --suite gluon-prefill --cases "${GLUON_CASES:-rowcol:fp8xfp8:rcr}" \
         --impls gluon,triton --gluon-tilings --graphs --warmup 10 --runs 30 --rounds 3 --out "$OUT/gluon" \
         --time-budget "${BENCH_SECONDS:-480}" --no-progress ${GLUON_ARGS:-} 2>&1 | tail -40 | tee "$OUT/bench_gluon.log"
       brc=${PIPESTATUS[0]}
-      python3 -m tileq replay "$OUT/gluon/results.csv" --rule gluon-tiles --out "$OUT/gluon/replay.md" 2>&1 \
+      $PY -m tileq replay "$OUT/gluon/results.csv" --rule gluon-tiles --out "$OUT/gluon/replay.md" 2>&1 \
         | tail -30 | tee -a "$OUT/bench_gluon.log"
       (exit "$brc") ;;
     layerbench)
-      python3 -m tileq layerbench --out "$OUT/layers" ${LAYER_ARGS:-} 2>&1 | tail -60 | tee "$OUT/layerbench.log" ;;
+      $PY -m tileq layerbench --out "$OUT/layers" ${LAYER_ARGS:-} 2>&1 | tail -60 | tee "$OUT/layerbench.log" ;;
     e2e)
-      python3 -m tileq e2e --out "$OUT/e2e" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log" | tail -40 ;;
+      $PY -m tileq e2e --out "$OUT/e2e" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log" | tail -40 ;;
     e2e-small)
-      python3 -m tileq e2e --out "$OUT/e2e_small" --layers 2 --tokens 16 --eager-tokens 4 --prompt 64 \
+      $PY -m tileq e2e --out "$OUT/e2e_small" --layers 2 --tokens 16 --eager-tokens 4 --prompt 64 \
         ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_small.log" | tail -40 ;;
     tests-formats)
       # Checkpoint formats (issue #12) on the GPU: test_formats.py's gpu-marked tests make their
@@ -97,7 +101,7 @@ for step in "${steps[@]}"; do
       fi
       { PYTHONPATH=$site python3 -c "import compressed_tensors as c; print('compressed-tensors', c.__version__)" \
           || echo "compressed-tensors is not importable: test_formats.py will be skipped (carry .whl)"
-        PYTHONPATH=$site python3 -m pytest -q -rs -p no:cacheprovider -n 4 -m gpu tests/test_formats.py \
+        PYTHONPATH=$site $PY -m pytest -q -rs -p no:cacheprovider -n 4 -m gpu tests/test_formats.py \
           tests/test_formats_gpu.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1; } | tee "$OUT/tests_formats.log" | tail -40 ;;
     e2e-checkpoint)
       # tileq e2e --checkpoint: Qwen3-14B-shaped checkpoints (CKPT_LAYERS layers, random weights)
@@ -109,13 +113,13 @@ for step in "${steps[@]}"; do
       cfgs=${CKPT_CONFIGS:-A8W8,W4A16}
       erc=0
       rm -rf "$ck"
-      python3 -m tileq e2e --make-checkpoint "$ck" --layers "$layers" --configs "$cfgs" ${CKPT_ARGS:-} 2>&1 \
+      $PY -m tileq e2e --make-checkpoint "$ck" --layers "$layers" --configs "$cfgs" ${CKPT_ARGS:-} 2>&1 \
         | tee "$OUT/make_checkpoint.log"
       [ "${PIPESTATUS[0]}" -ne 0 ] && erc=1
       for c in ${cfgs//,/ }; do
         [ "$erc" -ne 0 ] && [ ! -d "$ck/$c" ] && continue
         log="$OUT/e2e_checkpoint_$c.log"
-        python3 -m tileq e2e --checkpoint "$ck/$c" --out "$OUT/e2e_checkpoint/$c" --layers "$layers" \
+        $PY -m tileq e2e --checkpoint "$ck/$c" --out "$OUT/e2e_checkpoint/$c" --layers "$layers" \
           --tokens 16 --eager-tokens 4 --prompt 64 ${CKPT_E2E_ARGS:-} 2>&1 | tee "$log" | tail -30
         [ "${PIPESTATUS[0]}" -ne 0 ] && erc=1
         grep -q "FAILED" "$log" && erc=1
@@ -123,18 +127,18 @@ for step in "${steps[@]}"; do
       rm -rf "$ck"
       (exit "$erc") ;;
     tune-prefill)
-      python3 -m tileq tune --out "$OUT/tuned_prefill.json" --m 4096 ${TUNE_CASES:+--cases "$TUNE_CASES"} \
+      $PY -m tileq tune --out "$OUT/tuned_prefill.json" --m 4096 ${TUNE_CASES:+--cases "$TUNE_CASES"} \
         --max-seconds "${TUNE_SECONDS:-240}" --jobs 14 2>&1 | tail -5 | tee "$OUT/tune_prefill.log"
       export TILEQ_TUNED_TABLES="$OUT/tuned_prefill.json${TILEQ_TUNED_TABLES:+:$TILEQ_TUNED_TABLES}" ;;
     tune-decode)
-      python3 -m tileq tune --out "$OUT/tuned_decode.json" --m "${TUNE_M:-1,4,16,64}" ${TUNE_CASES:+--cases "$TUNE_CASES"} \
+      $PY -m tileq tune --out "$OUT/tuned_decode.json" --m "${TUNE_M:-1,4,16,64}" ${TUNE_CASES:+--cases "$TUNE_CASES"} \
         --max-seconds "${TUNE_SECONDS:-240}" --jobs 14 2>&1 | tail -5 | tee "$OUT/tune_decode.log"
       export TILEQ_TUNED_TABLES="$OUT/tuned_decode.json${TILEQ_TUNED_TABLES:+:$TILEQ_TUNED_TABLES}" ;;
     bench-prefill)
-      python3 -m tileq bench --suite prefill-targets ${BENCH_CASES:+--cases "$BENCH_CASES"} --out "$OUT/prefill" \
+      $PY -m tileq bench --suite prefill-targets ${BENCH_CASES:+--cases "$BENCH_CASES"} --out "$OUT/prefill" \
         --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 | tail -40 | tee "$OUT/bench_prefill.log" ;;
     bench-decode)
-      python3 -m tileq bench --suite decode-targets ${BENCH_CASES:+--cases "$BENCH_CASES"} --out "$OUT/decode" \
+      $PY -m tileq bench --suite decode-targets ${BENCH_CASES:+--cases "$BENCH_CASES"} --out "$OUT/decode" \
         --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 | tail -40 | tee "$OUT/bench_decode.log" ;;
     compare-*)
       # Before/after on one suite in one call: the suite run on the tree in $BASELINE_SRC (default
@@ -142,20 +146,30 @@ for step in "${steps[@]}"; do
       # earlier commit's src/, carried), then on this tree with --compare against it. COMPARE_CASES
       # narrows both runs (--cases). compare-llm-decode, compare-llm-prefill-a, ...
       suite=${step#compare-}
-      PYTHONPATH=${BASELINE_SRC:-.baseline/src} python3 -m tileq bench --suite "$suite" --out "$OUT/before-$suite" \
+      PYTHONPATH=${BASELINE_SRC:-.baseline/src} $PY -m tileq bench --suite "$suite" --out "$OUT/before-$suite" \
         ${COMPARE_CASES:+--cases "$COMPARE_CASES"} --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 \
         | tail -5 | tee "$OUT/compare_before_$suite.log"
-      python3 -m tileq bench --suite "$suite" --out "$OUT/after-$suite" ${COMPARE_CASES:+--cases "$COMPARE_CASES"} \
+      $PY -m tileq bench --suite "$suite" --out "$OUT/after-$suite" ${COMPARE_CASES:+--cases "$COMPARE_CASES"} \
         --time-budget "${BENCH_SECONDS:-200}" --no-progress --compare "$OUT/before-$suite/results.csv" 2>&1 \
         | tail -40 | tee "$OUT/compare_$suite.log" ;;
     bench-llm-decode|bench-llm-prefill|bench-llm-prefill-a|bench-llm-prefill-b)
       suite=${step#bench-}
-      python3 -m tileq bench --suite "$suite" --out "$OUT/$suite" --time-budget "${BENCH_SECONDS:-200}" \
+      $PY -m tileq bench --suite "$suite" --out "$OUT/$suite" --time-budget "${BENCH_SECONDS:-200}" \
         --no-progress 2>&1 | tail -40 | tee "$OUT/bench_$suite.log" ;;
     overhead)
-      python3 -m tileq overhead --m 1 --n 5120 --k 5120 --csv "$OUT/overhead.csv" 2>&1 | tail -16 | tee "$OUT/overhead.log" ;;
+      $PY -m tileq overhead --m 1 --n 5120 --k 5120 --csv "$OUT/overhead.csv" 2>&1 | tail -16 | tee "$OUT/overhead.log" ;;
     demo)
-      python3 -m tileq demo 2>&1 | tail -40 | tee "$OUT/demo.log" ;;
+      $PY -m tileq demo 2>&1 | tail -40 | tee "$OUT/demo.log" ;;
+    e2e-moe)
+      # tileq e2e --model qwen3-moe: a Qwen3-30B-A3B-shaped MoE model, bf16 grouped_mm experts vs tileq.
+      $PY -m tileq e2e --model qwen3-moe --out "$OUT/e2e_moe" ${MOE_E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_moe.log" | tail -30 ;;
+    moebench)
+      $PY -m tileq moebench --out "$OUT/moe" ${MOE_ARGS:-} 2>&1 | tail -40 | tee "$OUT/moebench.log" ;;
+    pack)
+      # The device tool brings back at most 8 files, 2 folders down: everything else under $OUT goes
+      # into one archive ($OUT/all.tgz); the logs' last lines stay readable in the call's output.
+      (cd "$OUT" && tar czf /tmp/all.tgz . && find . -mindepth 1 -maxdepth 1 ! -name env.txt -exec rm -rf {} + \
+        && mv /tmp/all.tgz all.tgz) ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
   rc=${PIPESTATUS[0]}
