@@ -172,7 +172,7 @@ def test_opcheck_and_fullgraph():
     x, ids, w = _tokens(3, h=128, e=4)
     args = (x, ids, w, ex.gate_up_proj, ex.gate_up_proj_scale, ex.down_proj, ex.down_proj_scale, ex.spec.key,
             "auto", "")
-    torch.library.opcheck(fused_moe_op, args)
+    torch.library.opcheck(fused_moe_op.op, args)  # a tileq.ops.TileqOp: its OpOverload
     torch._dynamo.reset()
     seen = []
 

@@ -41,6 +41,7 @@ from ..dispatch.plan import resolve_backend
 from ..dtypes import PackedInt4
 from ..errors import DTypeError, ShapeError, UnsupportedError, expect
 from ..kernels import moe_align as _ma
+from ..ops import tileq_op
 from .align import align, check_topk
 from .routing import Routing, route
 from .spec import ExpertsSpec, spec_of_key
@@ -216,12 +217,14 @@ def _scatter(src: Tensor, dest: Tensor, rows: tuple) -> Tensor:
     return buf.view(src.dtype).view(*rows, *src.shape[1:])
 
 
-@torch.library.custom_op("tileq::fused_moe", mutates_args=())
+@tileq_op("fused_moe")
 def fused_moe_op(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up_proj: Tensor,
                  gate_up_proj_scale: Tensor, down_proj: Tensor, down_proj_scale: Tensor, spec: str, form: str,
                  backend: str) -> Tensor:
     """``fused_moe`` on (topk_ids, topk_weights); ``spec`` is the experts' ``ExpertsSpec.key``,
-    ``backend`` '' for the default."""
+    ``backend`` '' for the default. Registered at the dispatcher directly (``ops.TileqOp``), as
+    the dense layers' ops: ``torch.library.custom_op``'s Python wrapper cost about half as much
+    host time again as the layer's own launch path (a compiled graph calls it once per layer)."""
     return moe_forward(hidden, topk_ids, topk_weights, gate_up_proj, gate_up_proj_scale, down_proj,
                        down_proj_scale, spec_of_key(spec), form, backend or None)
 
