@@ -376,3 +376,63 @@ def test_fused_checkpoint_says_what_happened(tmp_path):
     write_checkpoint(tensors, tmp_path)
     with pytest.raises(CheckpointError, match=r"self_attn\.qkv_proj.*fuse_decoder_.*Save the model again"):
         from_pretrained(tmp_path)
+
+
+# ----------------------------------------------------------------------------- MoE decoder layers
+
+MOE_TINY = dict(moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                decoder_sparse_step=1, mlp_only_layers=[1])
+
+
+def tiny_moe(config=None, seed=0):
+    """A tiny Qwen3-MoE: layer 0 sparse (experts), layer 1 dense (``mlp_only_layers``)."""
+    torch.manual_seed(seed)
+    model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**TINY, **MOE_TINY))
+    model = model.to(torch.bfloat16).eval()
+    if config is not None:
+        tnn.quantize_(model, config)
+    return model
+
+
+@pytest.mark.parametrize("config", ACT_CONFIGS, ids=lambda c: c.name)
+def test_moe_layers_fuse_their_attention(config):
+    # The sparse layer merges q/k/v and fuses its input norm with their quantization; its MoE block
+    # stays transformers' (the experts run fused_moe); the dense layer fuses as a Qwen3 layer does.
+    model = tiny_moe(config)
+    fused, summary = fused_copy(model)
+    assert summary.fused == ["model.layers.0", "model.layers.1"], str(summary)
+    sparse, dense = fused.model.layers
+    assert "q/k/v GEMMs merged" in summary.how["model.layers.0"]
+    assert "MoE block unchanged" in summary.how["model.layers.0"]
+    assert isinstance(sparse.self_attn.qkv_proj, tnn.QuantLinear)
+    assert type(sparse.mlp) is transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock
+    assert isinstance(dense.mlp.gate_up_proj, tnn.QuantLinear)
+    x = ids()
+    assert_logits_close(logits(fused, x), logits(model, x), exact=config.act_dtype is None)
+    assert_same_greedy(fused, model, x[:1], cache_implementation="static")
+    assert unfuse_decoder_(fused) == ["model.layers.0", "model.layers.1"]
+    assert list(fused.state_dict()) == list(model.state_dict())
+    assert torch.equal(logits(fused, x), logits(model, x))
+
+
+def test_moe_fused_model_saves_the_standard_layout(tmp_path):
+    from tileq.formats import from_pretrained, save_pretrained
+
+    model = tiny_moe(tnn.FP8BlockConfig())
+    fused, _ = fused_copy(model)
+    save_pretrained(fused, tmp_path)
+    save_pretrained(model, tmp_path / "unfused")
+    loaded, want = from_pretrained(tmp_path), from_pretrained(tmp_path / "unfused")
+    got_state, want_state = loaded.state_dict(), want.state_dict()
+    assert got_state.keys() == want_state.keys()
+    assert all(torch.equal(got_state[k], want_state[k]) for k in want_state)
+
+
+def test_moe_fused_compile_fullgraph():
+    torch._dynamo.reset()
+    fused, _ = fused_copy(tiny_moe(tnn.A8W8Config()))
+    seen = []
+    compiled = torch.compile(fused, fullgraph=True, backend=_recording("aot_eager", seen))
+    x = ids()
+    assert torch.equal(logits(compiled, x), logits(fused, x))
+    assert {"tileq.rmsnorm_quantize.default", "tileq.fused_moe.default", "tileq.linear.default"} <= set(seen)

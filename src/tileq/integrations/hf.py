@@ -7,7 +7,7 @@ Why: an eager Hugging Face decode step is dominated by host time, every kernel l
 microseconds (a bf16 Qwen3-14B spends 66 ms per token on GEMMs needing 7.45 ms, docs/schemes.md
 section 6). After ``quantize_`` a decoder layer runs 7 activation quantizations + 7 GEMMs, two RMSNorms of
 about 8 eager ops each and two residual adds. ``fuse_decoder_`` rewrites each Llama / Qwen2 / Qwen3
-/ Mistral decoder layer in place, as vLLM does:
+/ Mistral / Qwen3-MoE decoder layer in place, as vLLM does:
 
 * q/k/v become one ``self_attn.qkv_proj`` and gate/up one ``mlp.gate_up_proj``: a ``QuantLinear``
   whose weight rows, weight scales (along their N axis) and biases are the parts' concatenated
@@ -20,12 +20,16 @@ about 8 eager ops each and two residual adds. ``fuse_decoder_`` rewrites each Ll
   down_proj's quantization as a third (``silu_mul_quantize``). Per layer that is 4 quantizations
   (3 of them fused with the norms or the SiLU·mul) + 4 GEMMs + an add, against 7 + 7 + 2 x 8 norm
   ops + act/mul + 2 adds.
+* A Qwen3-MoE layer whose MLP is a sparse MoE block fuses its attention half only: merged q/k/v
+  and ``input_layernorm`` + quantization in one call; the post-attention norm and the block stay
+  transformers' (the router reads the normalized bf16 hidden state, the experts quantize their
+  routed tokens in ``tileq.moe.fused_moe``). Its dense layers (``mlp_only_layers``) fuse fully.
 * Weight-only configs (W8A16, W4A16) have nothing to quantize, and a layer with a static (calibrated)
   activation scale quantizes per tensor, which ``add_rmsnorm_quantize`` does not take: those run
   the merged GEMMs with the norms as they are (the ``QuantLinear`` forward quantizes).
 
 The rest of the layer is transformers' code, mirrored line for line from the pinned
-``modeling_{llama,qwen2,qwen3,mistral}.py``: q_norm/k_norm (Qwen3), the model module's own
+``modeling_{llama,qwen2,qwen3,mistral,qwen3_moe}.py``: q_norm/k_norm (Qwen3), the model module's own
 ``apply_rotary_pos_emb``, ``past_key_values.update``, ``ALL_ATTENTION_FUNCTIONS`` (falling back to
 the module's ``eager_attention_forward``) with the same arguments (``sliding_window`` as each
 family passes it; ``position_ids``/``use_cache`` reach the attention function through ``**kwargs``
@@ -99,7 +103,12 @@ _FAMILIES = {f.prefix + "DecoderLayer": f for f in (
     _Family("Qwen2", qk_norm=False, sliding="attr"),
     _Family("Qwen3", qk_norm=True, sliding="attr"),
     _Family("Mistral", qk_norm=False, sliding="config"),
+    _Family("Qwen3Moe", qk_norm=True, sliding="attr"),
 )}
+
+# A layer whose MLP is one of these (transformers' class name after the family prefix) fuses its
+# attention half only: the experts run fused_moe, which quantizes the routed tokens itself.
+_SPARSE_MLPS = ("SparseMoeBlock",)
 
 _MODELING_NAMES = ("apply_rotary_pos_emb", "eager_attention_forward", "ALL_ATTENTION_FUNCTIONS")
 
@@ -453,10 +462,11 @@ class _FusedDecoderLayer:
 
     _tileq_fused = True
 
-    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache=False, position_embeddings=None, **kwargs):
-        attn, mlp = self.self_attn, self.mlp
-        residual = hidden_states
+    def attention(self, hidden_states, attention_mask, position_ids, past_key_values, use_cache,
+                  position_embeddings, **kwargs):
+        """input_layernorm (fused with the merged q/k/v GEMM's quantization where it can) and self
+        attention: the attention half of the pinned forward, before its residual add."""
+        attn = self.self_attn
         qkv_proj = attn.qkv_proj
         if _fuses(self.input_layernorm, qkv_proj, hidden_states):
             q, s = rmsnorm_quantize(hidden_states, self.input_layernorm, qkv_proj)
@@ -474,6 +484,14 @@ class _FusedDecoderLayer:
             position_embeddings=position_embeddings,
             **kwargs,
         )
+        return hidden_states
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=False, position_embeddings=None, **kwargs):
+        mlp = self.mlp
+        residual = hidden_states
+        hidden_states = self.attention(hidden_states, attention_mask, position_ids, past_key_values, use_cache,
+                                       position_embeddings, **kwargs)
 
         # Fully Connected
         gate_up_proj = mlp.gate_up_proj
@@ -485,6 +503,26 @@ class _FusedDecoderLayer:
             residual = residual + hidden_states
             gate_up = gate_up_proj(self.post_attention_layernorm(residual))
         hidden_states = mlp.act_down(gate_up)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+
+class _FusedMoeDecoderLayer(_FusedDecoderLayer):
+    """The same for a decoder layer whose MLP is a sparse MoE block: the attention half fused, the
+    post-attention norm and the block as transformers runs them (the router reads the normalized
+    bf16 hidden state; the experts quantize their routed tokens in ``fused_moe``)."""
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=False, position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.attention(hidden_states, attention_mask, position_ids, past_key_values, use_cache,
+                                       position_embeddings, **kwargs)
+        hidden_states = residual + hidden_states
+
+        # Fully Connected
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
         hidden_states = residual + hidden_states
         return hidden_states
 
@@ -512,6 +550,7 @@ def _fused_class(orig: type, mixin: type, **attrs) -> type:
 class _Plan:
     family: _Family
     modeling: object
+    sparse_mlp: bool = False  # an MoE layer: q/k/v merged and the input norm fused, the MLP as it is
 
 
 def _looks_like_decoder_layer(mod: nn.Module) -> bool:
@@ -535,8 +574,13 @@ def _plan_layer(layer: nn.Module) -> tuple[_Plan | None, str]:
         return None, f"{cls.__module__} has no {', '.join(missing)}"
     if "forward" in vars(layer):
         return None, "forward replaced on the instance"
+    mlp_kind = "MLP"
+    for kind in _SPARSE_MLPS:
+        if type(getattr(layer, "mlp", None)) is getattr(modeling, fam.prefix + kind, None):
+            mlp_kind = kind
+    sparse = mlp_kind != "MLP"
     parts = {"self_attn": (getattr(layer, "self_attn", None), "Attention"),
-             "mlp": (getattr(layer, "mlp", None), "MLP"),
+             "mlp": (getattr(layer, "mlp", None), mlp_kind),
              "input_layernorm": (getattr(layer, "input_layernorm", None), "RMSNorm"),
              "post_attention_layernorm": (getattr(layer, "post_attention_layernorm", None), "RMSNorm")}
     if fam.qk_norm:
@@ -559,7 +603,8 @@ def _plan_layer(layer: nn.Module) -> tuple[_Plan | None, str]:
     qkv = [getattr(attn, n.rsplit(".", 1)[1], None) for n in qkv_names]
     gu_names = ["mlp.gate_proj", "mlp.up_proj"]
     gu = [getattr(mlp, n.rsplit(".", 1)[1], None) for n in gu_names]
-    for layers, names in ((qkv, qkv_names), (gu, gu_names)):
+    merges = ((qkv, qkv_names),) if sparse else ((qkv, qkv_names), (gu, gu_names))
+    for layers, names in merges:
         why = merge_refusal(layers, names)
         if why is not None:
             return None, why
@@ -567,9 +612,9 @@ def _plan_layer(layer: nn.Module) -> tuple[_Plan | None, str]:
     for proj, name in zip(qkv, qkv_names):
         if proj.out_features % head_dim:
             return None, f"{name} has N={proj.out_features}, not a multiple of head_dim={head_dim}"
-    if gu[0].out_features != gu[1].out_features:
+    if not sparse and gu[0].out_features != gu[1].out_features:
         return None, f"gate_proj has N={gu[0].out_features}, up_proj {gu[1].out_features}"
-    return _Plan(fam, modeling), ""
+    return _Plan(fam, modeling, sparse), ""
 
 
 def _how(layer: nn.Module) -> str:
@@ -585,6 +630,9 @@ def _how(layer: nn.Module) -> str:
         return f"fused with {spec.act_dtype} {gran} quantization"
 
     a = norm_words(layer.input_layernorm, layer.self_attn.qkv_proj)
+    if isinstance(layer, _FusedMoeDecoderLayer):
+        return (f"q/k/v GEMMs merged; input_layernorm {a}; the MoE block unchanged (its experts quantize "
+                "their routed tokens)")
     b = norm_words(layer.post_attention_layernorm, layer.mlp.gate_up_proj)
     what = "q/k/v and gate/up GEMMs merged"
     if a == b:
@@ -595,21 +643,28 @@ def _how(layer: nn.Module) -> str:
 def _convert(layer: nn.Module, plan: _Plan) -> None:
     attn, mlp = layer.self_attn, layer.mlp
     qkv_parts = [attn.q_proj, attn.k_proj, attn.v_proj]
-    gu_parts = [mlp.gate_proj, mlp.up_proj]
+    gu_parts = [] if plan.sparse_mlp else [mlp.gate_proj, mlp.up_proj]
     # Build both merged layers before touching the modules: a failure leaves the layer as it was.
     qkv = merge_quant_linears(qkv_parts, ["q_proj", "k_proj", "v_proj"])
-    gate_up = merge_quant_linears(gu_parts, ["gate_proj", "up_proj"])
-    for merged, part, leaf in ((qkv, attn.q_proj, "qkv_proj"), (gate_up, mlp.gate_proj, "gate_up_proj")):
+    merges = [(qkv, attn.q_proj, "qkv_proj")]
+    if not plan.sparse_mlp:
+        gate_up = merge_quant_linears(gu_parts, ["gate_proj", "up_proj"])
+        merges.append((gate_up, mlp.gate_proj, "gate_up_proj"))
+    for merged, part, leaf in merges:
         if part.qualified_name:  # the merged layer's name in the model, for its errors
             merged.qualified_name = f"{part.qualified_name.rpartition('.')[0]}.{leaf}".lstrip(".")
     fam = plan.family
     attn_cls = _fused_class(type(attn), _FusedAttention, _tileq_modeling=plan.modeling,
                             _tileq_qk_norm=fam.qk_norm, _tileq_sliding=fam.sliding)
-    mlp_cls = _fused_class(type(mlp), _FusedMLP)
-    layer_cls = _fused_class(type(layer), _FusedDecoderLayer)
-
     attn._tileq_split = tuple(p.out_features for p in qkv_parts)
     attn._tileq_bias = tuple(p.bias is not None for p in qkv_parts)
+    if plan.sparse_mlp:
+        layer_cls = _fused_class(type(layer), _FusedMoeDecoderLayer)
+        _splice(attn, ("q_proj", "k_proj", "v_proj"), [("qkv_proj", qkv)])
+        attn.__class__, layer.__class__ = attn_cls, layer_cls
+        return
+    mlp_cls = _fused_class(type(mlp), _FusedMLP)
+    layer_cls = _fused_class(type(layer), _FusedDecoderLayer)
     _splice(attn, ("q_proj", "k_proj", "v_proj"), [("qkv_proj", qkv)])
     mlp._tileq_split = tuple(p.out_features for p in gu_parts)
     mlp._tileq_bias = tuple(p.bias is not None for p in gu_parts)
@@ -685,13 +740,14 @@ def unfuse_decoder_(model: nn.Module) -> list[str]:
     for name, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, _FusedDecoderLayer)]:
         attn, mlp = layer.self_attn, layer.mlp
         q, k, v = split_quant_linear(attn.qkv_proj, attn._tileq_split, attn._tileq_bias)
-        gate, up = split_quant_linear(mlp.gate_up_proj, mlp._tileq_split, mlp._tileq_bias)
         _splice(attn, ("qkv_proj",), [("q_proj", q), ("k_proj", k), ("v_proj", v)])
-        _splice(mlp, ("gate_up_proj",), [("gate_proj", gate), ("up_proj", up)])
-        for mod in (attn, mlp):
-            del mod._tileq_split, mod._tileq_bias
+        del attn._tileq_split, attn._tileq_bias
         attn.__class__ = type(attn)._tileq_original_class
-        mlp.__class__ = type(mlp)._tileq_original_class
+        if isinstance(mlp, _FusedMLP):  # an MoE layer's block was left as it was
+            gate, up = split_quant_linear(mlp.gate_up_proj, mlp._tileq_split, mlp._tileq_bias)
+            _splice(mlp, ("gate_up_proj",), [("gate_proj", gate), ("up_proj", up)])
+            del mlp._tileq_split, mlp._tileq_bias
+            mlp.__class__ = type(mlp)._tileq_original_class
         layer.__class__ = type(layer)._tileq_original_class
         restored.append(name)
     return restored
