@@ -110,6 +110,19 @@ def test_parser_accepts_profile_host():
     add_e2e(parser.add_subparsers(dest="cmd"))
     assert parser.parse_args(["e2e", "--profile-host"]).profile_host is True
     assert parser.parse_args(["e2e"]).profile_host is False  # off by default
+    assert parser.parse_args(["e2e"]).compile_ttft is True
+    assert parser.parse_args(["e2e", "--no-compile-ttft"]).compile_ttft is False
+
+
+def test_report_without_the_compiled_ttft(monkeypatch):
+    rows = [dict(config="bf16", layers=2, metric="ttft_eager_ms", batch=1, value=40.0, setup="bf16"),
+            dict(config="bf16", layers=2, metric="tpot_graph_ms", batch=1, value=10.0, setup="bf16")]
+    args = argparse.Namespace(layers=2, small=False, prompt=512, tokens=128, eager_tokens=32, fuse=False,
+                              configs=["bf16"], batches=[1], modes=["graph"], compile_ttft=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "no GPU")
+    md = e2e.report(rows, args)
+    assert "| config | TTFT eager b1 ms | x bf16 | TPOT graph b1 ms | x bf16 |" in md
+    assert "--no-compile-ttft`" in md
 
 
 def _breakdown(config, prefix, ms):

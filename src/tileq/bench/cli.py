@@ -213,6 +213,9 @@ def add_e2e(subparsers) -> argparse.ArgumentParser:
                    help="comma list of how decode steps run: eager (transformers' forward), compile "
                    "(torch.compile(model.forward, fullgraph=True), no CUDA graph), graph (that compiled step "
                    "captured in a CUDA graph and replayed); default: eager,graph")
+    p.add_argument("--no-compile-ttft", dest="compile_ttft", action="store_false",
+                   help="skip the compiled TTFT (its prefill graph's compilation takes 40-50 s at 40 layers); "
+                   "the eager TTFT is still measured")
     p.add_argument("--fuse", action="store_true", help="also fuse the decoder layers (integrations.hf)")
     p.add_argument("--small", action="store_true", help="1/8-width model (quick checks)")
     p.add_argument("--seed", type=nonnegative_int, default=0,

@@ -513,7 +513,7 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
     rows.append(dict(base, metric="ttft_eager_ms", batch=1, value=measure_ttft(model.forward, prompts[1], ttft_cache),
                      **agree))
     compiled = compiled_forward(model) if {"compile", "graph"} & set(modes) else None
-    if compiled is not None:
+    if compiled is not None and getattr(args, "compile_ttft", True):
         t_compile = time.perf_counter()
         rows.append(dict(base, metric="ttft_compile_ms", batch=1,
                          value=measure_ttft(compiled, prompts[1], ttft_cache)))
@@ -601,7 +601,8 @@ def _ratio_cells(rows, config, metric, batch) -> list[str]:
 def report(rows: list[dict], args) -> str:
     configs = list(dict.fromkeys(r["config"] for r in rows))
     modes = [m for m in MODES if m in args.modes]
-    ttfts = ["eager"] + (["compile"] if {"compile", "graph"} & set(modes) else [])
+    ttfts = ["eager"] + (["compile"] if {"compile", "graph"} & set(modes) and getattr(args, "compile_ttft", True)
+                         else [])
     head = ["config"]
     for m in ttfts:
         head += [f"TTFT {m} b1 ms", "x bf16"]
@@ -624,7 +625,8 @@ def report(rows: list[dict], args) -> str:
         "timeline (host gaps count), the median round; TTFT median of 5; static KV cache; greedy",
         f"- command: `tileq e2e --model {getattr(args, 'model', 'qwen3-14b')} --layers {args.layers} --configs {','.join(args.configs)} "
         f"--batches {','.join(map(str, args.batches))} --modes {','.join(modes)} --prompt {args.prompt}"
-        f"{' --fuse' if args.fuse else ''}{' --profile-host' if getattr(args, 'profile_host', False) else ''}`",
+        f"{' --fuse' if args.fuse else ''}{' --profile-host' if getattr(args, 'profile_host', False) else ''}"
+        f"{'' if getattr(args, 'compile_ttft', True) else ' --no-compile-ttft'}`",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
