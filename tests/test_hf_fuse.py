@@ -436,3 +436,13 @@ def test_moe_fused_compile_fullgraph():
     x = ids()
     assert torch.equal(logits(compiled, x), logits(fused, x))
     assert {"tileq.rmsnorm_quantize.default", "tileq.fused_moe.default", "tileq.linear.default"} <= set(seen)
+
+
+def test_moe_fused_through_triton_kernels(monkeypatch):
+    # The fused norm + quantization, the merged q/k/v GEMM and fused_moe's kernels (the
+    # interpreter on CPU) against the unfused model through the same kernels.
+    model = tiny_moe(tnn.FP8BlockConfig())
+    fused, _ = fused_copy(model)
+    x = ids(batch=1, seq=5)
+    monkeypatch.setenv("TILEQ_BACKEND", "triton")
+    assert_logits_close(logits(fused, x), logits(model, x))
