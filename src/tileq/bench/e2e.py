@@ -211,6 +211,11 @@ def _events():
 MODES = ("eager", "compile", "graph")
 
 
+def measures_compile_ttft(args, modes) -> bool:
+    """Whether a config's compiled TTFT is measured: a mode compiles, and --no-compile-ttft is off."""
+    return bool({"compile", "graph"} & set(modes)) and getattr(args, "compile_ttft", True)
+
+
 def compiled_forward(model):
     """``model.forward`` compiled as the README shows it (fullgraph; static shapes: one graph per
     batch size and prompt length, no dynamic-shape guards in the step)."""
@@ -513,7 +518,7 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
     rows.append(dict(base, metric="ttft_eager_ms", batch=1, value=measure_ttft(model.forward, prompts[1], ttft_cache),
                      **agree))
     compiled = compiled_forward(model) if {"compile", "graph"} & set(modes) else None
-    if compiled is not None and getattr(args, "compile_ttft", True):
+    if compiled is not None and measures_compile_ttft(args, modes):
         t_compile = time.perf_counter()
         rows.append(dict(base, metric="ttft_compile_ms", batch=1,
                          value=measure_ttft(compiled, prompts[1], ttft_cache)))
@@ -601,8 +606,7 @@ def _ratio_cells(rows, config, metric, batch) -> list[str]:
 def report(rows: list[dict], args) -> str:
     configs = list(dict.fromkeys(r["config"] for r in rows))
     modes = [m for m in MODES if m in args.modes]
-    ttfts = ["eager"] + (["compile"] if {"compile", "graph"} & set(modes) and getattr(args, "compile_ttft", True)
-                         else [])
+    ttfts = ["eager"] + (["compile"] if measures_compile_ttft(args, modes) else [])
     head = ["config"]
     for m in ttfts:
         head += [f"TTFT {m} b1 ms", "x bf16"]

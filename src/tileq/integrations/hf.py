@@ -106,9 +106,9 @@ _FAMILIES = {f.prefix + "DecoderLayer": f for f in (
     _Family("Qwen3Moe", qk_norm=True, sliding="attr"),
 )}
 
-# A layer whose MLP is one of these (transformers' class name after the family prefix) fuses its
-# attention half only: the experts run fused_moe, which quantizes the routed tokens itself.
-_SPARSE_MLPS = ("SparseMoeBlock",)
+# A layer whose MLP is this class (transformers' name after the family prefix) fuses its attention
+# half only: the experts run fused_moe, which quantizes the routed tokens itself.
+_SPARSE_MLP = "SparseMoeBlock"
 
 _MODELING_NAMES = ("apply_rotary_pos_emb", "eager_attention_forward", "ALL_ATTENTION_FUNCTIONS")
 
@@ -574,11 +574,8 @@ def _plan_layer(layer: nn.Module) -> tuple[_Plan | None, str]:
         return None, f"{cls.__module__} has no {', '.join(missing)}"
     if "forward" in vars(layer):
         return None, "forward replaced on the instance"
-    mlp_kind = "MLP"
-    for kind in _SPARSE_MLPS:
-        if type(getattr(layer, "mlp", None)) is getattr(modeling, fam.prefix + kind, None):
-            mlp_kind = kind
-    sparse = mlp_kind != "MLP"
+    sparse = type(getattr(layer, "mlp", None)) is getattr(modeling, fam.prefix + _SPARSE_MLP, None)
+    mlp_kind = _SPARSE_MLP if sparse else "MLP"
     parts = {"self_attn": (getattr(layer, "self_attn", None), "Attention"),
              "mlp": (getattr(layer, "mlp", None), mlp_kind),
              "input_layernorm": (getattr(layer, "input_layernorm", None), "RMSNorm"),
@@ -642,34 +639,27 @@ def _how(layer: nn.Module) -> str:
 
 def _convert(layer: nn.Module, plan: _Plan) -> None:
     attn, mlp = layer.self_attn, layer.mlp
-    qkv_parts = [attn.q_proj, attn.k_proj, attn.v_proj]
-    gu_parts = [] if plan.sparse_mlp else [mlp.gate_proj, mlp.up_proj]
-    # Build both merged layers before touching the modules: a failure leaves the layer as it was.
-    qkv = merge_quant_linears(qkv_parts, ["q_proj", "k_proj", "v_proj"])
-    merges = [(qkv, attn.q_proj, "qkv_proj")]
+    # Each (module, parts, their names, the merged leaf); an MoE layer's block is left as it is.
+    groups = [(attn, [attn.q_proj, attn.k_proj, attn.v_proj], ("q_proj", "k_proj", "v_proj"), "qkv_proj")]
     if not plan.sparse_mlp:
-        gate_up = merge_quant_linears(gu_parts, ["gate_proj", "up_proj"])
-        merges.append((gate_up, mlp.gate_proj, "gate_up_proj"))
-    for merged, part, leaf in merges:
-        if part.qualified_name:  # the merged layer's name in the model, for its errors
-            merged.qualified_name = f"{part.qualified_name.rpartition('.')[0]}.{leaf}".lstrip(".")
+        groups.append((mlp, [mlp.gate_proj, mlp.up_proj], ("gate_proj", "up_proj"), "gate_up_proj"))
+    # Build every merged layer before touching the modules: a failure leaves the layer as it was.
+    merged = [merge_quant_linears(parts, list(names)) for _, parts, names, _ in groups]
+    for m, (_, parts, _, leaf) in zip(merged, groups):
+        if parts[0].qualified_name:  # the merged layer's name in the model, for its errors
+            m.qualified_name = f"{parts[0].qualified_name.rpartition('.')[0]}.{leaf}".lstrip(".")
     fam = plan.family
-    attn_cls = _fused_class(type(attn), _FusedAttention, _tileq_modeling=plan.modeling,
-                            _tileq_qk_norm=fam.qk_norm, _tileq_sliding=fam.sliding)
-    attn._tileq_split = tuple(p.out_features for p in qkv_parts)
-    attn._tileq_bias = tuple(p.bias is not None for p in qkv_parts)
-    if plan.sparse_mlp:
-        layer_cls = _fused_class(type(layer), _FusedMoeDecoderLayer)
-        _splice(attn, ("q_proj", "k_proj", "v_proj"), [("qkv_proj", qkv)])
-        attn.__class__, layer.__class__ = attn_cls, layer_cls
-        return
-    mlp_cls = _fused_class(type(mlp), _FusedMLP)
-    layer_cls = _fused_class(type(layer), _FusedDecoderLayer)
-    _splice(attn, ("q_proj", "k_proj", "v_proj"), [("qkv_proj", qkv)])
-    mlp._tileq_split = tuple(p.out_features for p in gu_parts)
-    mlp._tileq_bias = tuple(p.bias is not None for p in gu_parts)
-    _splice(mlp, ("gate_proj", "up_proj"), [("gate_up_proj", gate_up)])
-    attn.__class__, mlp.__class__, layer.__class__ = attn_cls, mlp_cls, layer_cls
+    classes = [_fused_class(type(attn), _FusedAttention, _tileq_modeling=plan.modeling,
+                            _tileq_qk_norm=fam.qk_norm, _tileq_sliding=fam.sliding)]
+    if not plan.sparse_mlp:
+        classes.append(_fused_class(type(mlp), _FusedMLP))
+    layer_cls = _fused_class(type(layer), _FusedMoeDecoderLayer if plan.sparse_mlp else _FusedDecoderLayer)
+    for m, (mod, parts, names, leaf), cls in zip(merged, groups, classes):
+        mod._tileq_split = tuple(p.out_features for p in parts)
+        mod._tileq_bias = tuple(p.bias is not None for p in parts)
+        _splice(mod, names, [(leaf, m)])
+        mod.__class__ = cls
+    layer.__class__ = layer_cls
 
 
 def _splice(mod: nn.Module, old: tuple, new: list) -> None:
