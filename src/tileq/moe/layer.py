@@ -223,8 +223,8 @@ def fused_moe_op(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up
                  backend: str) -> Tensor:
     """``fused_moe`` on (topk_ids, topk_weights); ``spec`` is the experts' ``ExpertsSpec.key``,
     ``backend`` '' for the default. Registered at the dispatcher directly (``ops.TileqOp``), as
-    the dense layers' ops: ``torch.library.custom_op``'s Python wrapper cost about half as much
-    host time again as the layer's own launch path (a compiled graph calls it once per layer)."""
+    the dense layers' ops: ``torch.library.custom_op``'s Python wrapper adds host time to every
+    call, and a compiled graph calls it once per MoE layer."""
     return moe_forward(hidden, topk_ids, topk_weights, gate_up_proj, gate_up_proj_scale, down_proj,
                        down_proj_scale, spec_of_key(spec), form, backend or None)
 
