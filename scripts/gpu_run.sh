@@ -2,7 +2,7 @@
 # One GPU call: environment, GPU tests, tuning sweeps and benchmarks, logs and CSV under $OUT.
 #   bash scripts/gpu_run.sh [tests] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode]
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
-#                          [tests-model] [layerbench] [e2e] [e2e-small] [tests-gluon] [bench-gluon]
+#                          [tests-model] [tests-inline] [layerbench] [e2e] [e2e-opaque] [e2e-small] [tests-gluon] [bench-gluon]
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
 #                          [e2e-moe] [moebench] [pack]
 # Tables written by the tune steps are used by the later steps of the same call.
@@ -83,6 +83,18 @@ for step in "${steps[@]}"; do
       $PY -m tileq layerbench --out "$OUT/layers" ${LAYER_ARGS:-} 2>&1 | tail -60 | tee "$OUT/layerbench.log" ;;
     e2e)
       $PY -m tileq e2e --out "$OUT/e2e" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.log" | tail -40 ;;
+    e2e-opaque)
+      # The same run with every tileq op opaque under torch.compile (TILEQ_INLINE_LAUNCH=0): the baseline
+      # of the inlined launches.
+      TILEQ_INLINE_LAUNCH=0 $PY -m tileq e2e --out "$OUT/e2e_opaque" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_opaque.log" \
+        | tail -40 ;;
+    tests-inline)
+      # Inductor launching tileq's kernels (tests/test_inline_gpu.py): outputs bit for bit, then the host
+      # timing alone (no parallel tests beside it).
+      { $PY -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/test_inline_gpu.py -k "not host_time" \
+          ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -25
+        $PY -m pytest -q -s -p no:cacheprovider -m gpu tests/test_inline_gpu.py -k host_time 2>&1 | tail -12
+      } | tee "$OUT/tests_inline.log" ;;
     e2e-small)
       $PY -m tileq e2e --out "$OUT/e2e_small" --layers 2 --tokens 16 --eager-tokens 4 --prompt 64 \
         ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_small.log" | tail -40 ;;

@@ -296,7 +296,7 @@ def _check_out(out, x_shape, otype, s_shape, s_strides, device):
 
 def _check_arch(device, otype) -> None:
     if device.type == "cuda" and otype.is_float8:
-        cap = torch.cuda.get_device_capability(device)
+        cap = device_facts(device).arch.capability
         if cap < (8, 9):
             raise ArchError(expect("dtype", f"int8 on sm_{cap[0]}{cap[1]} (fp8/bf8 conversions need "
                                    "sm_89 or newer)", str(otype)))

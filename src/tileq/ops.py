@@ -12,18 +12,33 @@ each with its per-signature launch cache) and, for ``quant_linear``, a runner pe
 launches). ``QuantLinear`` calls them directly
 when not compiling: a dispatcher round trip per layer would add host time to every eager decode
 step (QuACK keeps per-call host cost low the same way).
+
+Under ``torch.compile`` each op is called through its inline twin ``tileq::<name>_inline`` (a
+``torch.library.triton_op``): tracing runs the op's own code on fake tensors with every kernel
+launch turned into torch's ``wrap_triton`` node, so inductor launches tileq's kernels from its
+generated code and no tileq Python runs per call. Where a launch cannot be carried that way (the
+Gluon kernels, whose TMA descriptors hold data pointers; launch options torch does not pass) the
+twin calls the opaque op instead, decided per call signature while tracing. ``TILEQ_INLINE_LAUNCH=0``
+keeps every op opaque.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 
 import torch
 from torch import Tensor
 
+from . import settings
 from .activation import quantize_activation
 from .api import linear
+from .errors import TileqError
+from .kernels.direct import launch_mode
 from .quant_linear import quant_linear_cached, spec_of_key, weight_operand
+
+log = logging.getLogger("tileq")
 
 _QDTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "bf8": torch.float8_e5m2}
 
@@ -42,26 +57,80 @@ class TileqOp:
     autograd formula, as before.
     """
 
-    def __init__(self, name: str, fn):
+    def __init__(self, name: str, fn, inline: bool = True):
         schema = torch.library.infer_schema(fn, mutates_args=())
         _LIB.define(name + schema)
         for key in ("CPU", "CUDA"):
             _LIB.impl(name, fn, key)
         self.name, self.impl = name, fn
         self.op = getattr(torch.ops.tileq, name).default
+        self.inline = _inline_twin(self) if inline else None
         self.__doc__ = fn.__doc__
 
     def __call__(self, *args):
-        return self.op(*args)
+        # What compiled code calls: the inline twin decides at trace time (module docstring).
+        return self.op(*args) if self.inline is None else self.inline(*args)
 
     def register_fake(self, fake):
         torch.library.register_fake(f"tileq::{self.name}", fake, lib=_LIB)
         return fake
 
 
-def tileq_op(name: str):
-    """Decorator: the function becomes the kernel of op ``tileq::<name>`` (a ``TileqOp``)."""
-    return lambda fn: TileqOp(name, fn)
+def _inline_twin(opaque: TileqOp):
+    """``tileq::<name>_inline``: a triton_op over the opaque op's implementation. Called on real
+    tensors it is the implementation; traced (fake tensors), it is the implementation with its
+    launches traced, or the opaque op where they cannot all be."""
+    impl = opaque.impl
+
+    @functools.wraps(impl)
+    def body(*args):
+        if not any(type(a) is not Tensor and _fake(a) for a in args if isinstance(a, Tensor)):
+            return impl(*args)
+        if settings.current().inline_launch and _traceable(opaque.name, impl, args):
+            with launch_mode("trace"):
+                return impl(*args)
+        return opaque.op(*args)
+
+    return torch.library.triton_op(f"tileq::{opaque.name}_inline", body, mutates_args=())
+
+
+def _fake(t: Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
+
+
+_REPORTED: set = set()
+
+
+def _traceable(name: str, impl, args) -> bool:
+    """Whether every launch of ``impl(*args)`` can be traced (a dry run: launches are recorded,
+    not made). A tileq error is the caller's and propagates; anything else that stops the dry run
+    (a launcher reading a data pointer) means the opaque op, logged once per op and reason."""
+    with launch_mode("record") as seen:
+        try:
+            impl(*args)
+        except TileqError:
+            raise
+        except Exception as e:  # noqa: BLE001 (reported, and the opaque op serves the call)
+            _report(name, f"{type(e).__name__}: {e}")
+            return False
+    if not seen or not all(seen):
+        _report(name, "no launch" if not seen else "a kernel torch cannot launch: Gluon, the interpreter's, or a launch option it does not pass")
+        return False
+    return True
+
+
+def _report(name: str, reason: str) -> None:
+    if (name, reason) not in _REPORTED:
+        _REPORTED.add((name, reason))
+        log.info("tileq::%s: launches not traced into the compiled graph (%s); it calls the op", name, reason)
+
+
+def tileq_op(name: str, inline: bool = True):
+    """Decorator: the function becomes the kernel of op ``tileq::<name>`` (a ``TileqOp``);
+    ``inline``: with an inline twin (the module docstring)."""
+    return lambda fn: TileqOp(name, fn, inline)
 
 
 

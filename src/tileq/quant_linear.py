@@ -18,7 +18,7 @@ from .activation import quantize_activation, quantize_launch
 from .api import linear, linear_call
 from .dtypes import PackedInt4
 from .prepacked import PrepackedInt4
-from .kernels.direct import raw_stream
+from .kernels.direct import raw_stream, tracing
 
 _16BIT = (torch.bfloat16, torch.float16)
 
@@ -184,7 +184,10 @@ def quant_linear_cached(spec: LayerSpec, x: torch.Tensor, weight: torch.Tensor, 
                         bias: torch.Tensor | None, input_scale: torch.Tensor | None) -> torch.Tensor:
     """``quant_linear_forward`` through a runner per call signature, as ``QuantLinear``'s eager
     path does: the first call of a signature takes the validating path, the second builds the
-    runner, later ones only launch. ``weight``: the stored tensor (int4 as storage)."""
+    runner, later ones only launch. ``weight``: the stored tensor (int4 as storage). Traced into a
+    torch.compile graph (``ops.py``) it is the plain path: runners hold tensors of real calls."""
+    if tracing():
+        return quant_linear_forward(spec, x, weight_operand(weight, spec.int4_k), weight_scale, bias, input_scale)
     key = (spec, runner_key(x, input_scale is not None), _signature(weight), _signature(weight_scale),
            _signature(bias), _signature(input_scale))
     runner = _OP_RUNNERS.get(key)

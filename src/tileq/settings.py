@@ -25,6 +25,7 @@ SWITCHES = {
     "TILEQ_CHECK_FINITE": "1: activation quantization raises ScaleError on non-finite input (synchronizes)",
     "TILEQ_TUNED_TABLES": "os.pathsep-separated tuned-table files read besides the shipped ones",
     "TILEQ_PDL": "unset: programmatic dependent launch of the decode kernels on sm_90+ GPUs; 0: off; 1: on (sm_90+)",
+    "TILEQ_INLINE_LAUNCH": "unset or 1: torch.compile traces the launches of tileq ops into its graph where it can (inductor launches them); 0: every tileq op stays one opaque call",
     "TRITON_INTERPRET": "1 (set before tileq and triton are imported): Triton's interpreter runs the kernels on CPU tensors",
 }
 _KEYED = tuple(SWITCHES)
@@ -47,6 +48,7 @@ class Settings:
     tuned_tables: tuple[str, ...]
     interpreted: bool
     pdl: bool | None = None  # None: on where the GPU has it (sm_90+); True / False: forced
+    inline_launch: bool = True  # torch.compile traces tileq's launches into its graph (ops.py)
 
 
 def _text(raw) -> str:
@@ -57,24 +59,24 @@ def _flag(raw) -> bool:
     return raw is not None and _text(raw) not in ("", "0")
 
 
-def parse_gluon(raw) -> bool | None:
-    """TILEQ_GLUON's value: True ('1'), False ('0'), None (unset: the shipped default)."""
+def parse_switch(name: str, raw) -> bool | None:
+    """A 0/1 switch's value: True ('1'), False ('0'), None (unset: its default)."""
     if raw is None:
         return None
     value = _text(raw)
     if value not in ("0", "1"):
-        raise UnsupportedError(expect("TILEQ_GLUON", "0 or 1", repr(value)))
+        raise UnsupportedError(expect(name, "0 or 1", repr(value)))
     return value == "1"
+
+
+def parse_gluon(raw) -> bool | None:
+    """TILEQ_GLUON's value: True ('1'), False ('0'), None (unset: the shipped default)."""
+    return parse_switch("TILEQ_GLUON", raw)
 
 
 def parse_pdl(raw) -> bool | None:
     """TILEQ_PDL's value: True ('1'), False ('0'), None (unset: on where the GPU has it)."""
-    if raw is None:
-        return None
-    value = _text(raw)
-    if value not in ("0", "1"):
-        raise UnsupportedError(expect("TILEQ_PDL", "0 or 1", repr(value)))
-    return value == "1"
+    return parse_switch("TILEQ_PDL", raw)
 
 
 def parse_backend(raw, source: str = "TILEQ_BACKEND") -> str:
@@ -103,6 +105,7 @@ def current() -> Settings:
             tuned_tables=tuple(p for p in tables.split(os.pathsep) if p),
             interpreted=interpreter_active(),
             pdl=parse_pdl(raw["TILEQ_PDL"]),
+            inline_launch=parse_switch("TILEQ_INLINE_LAUNCH", raw["TILEQ_INLINE_LAUNCH"]) is not False,
         )
         if len(_PARSED) > 64:
             _PARSED.clear()

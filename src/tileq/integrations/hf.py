@@ -306,8 +306,8 @@ def silu_mul_quantize_op(gate_up: Tensor, dtype: str, granularity: str, group_k:
 
 @silu_mul_quantize_op.register_fake
 def _silu_mul_quantize_fake(gate_up, dtype, granularity, group_k, preshuffled):
-    return _quantize_activation_fake(gate_up[..., : gate_up.shape[-1] // 2], dtype, granularity, group_k, None,
-                                     preshuffled)
+    half = gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+    return _quantize_activation_fake(half, dtype, granularity, group_k, None, preshuffled)
 
 
 def _is_silu(act: nn.Module) -> bool:

@@ -172,7 +172,8 @@ def _static_scale(scale_ptr, scale_val):
     """The calibrated scale (from memory, so a graph replay reads its current value) and whether
     it is unusable (not a positive finite number: then every row's scale is NaN)."""
     if scale_ptr is None:
-        st = scale_val + tl.zeros([1], tl.float32)
+        # (fp32 as Triton's launcher passes a Python float; inductor, launching it, passes fp64)
+        st = tl.cast(scale_val, tl.float32) + tl.zeros([1], tl.float32)
     else:
         st = tl.load(scale_ptr + tl.arange(0, 1)).to(tl.float32)
     return st, ~((st > 0.0) & (st <= _FLT_MAX))
@@ -344,7 +345,7 @@ def _add_rmsnorm_quantize_kernel(
     # mean = sum / K and 1 / sqrt(var + eps), each rounded to nearest (torch's CPU mean divides;
     # torch.rsqrt on a GPU is approximate, so the reference uses 1 / sqrt as well).
     var = tl.math.div_rn(sumsq, K * 1.0)
-    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + tl.cast(eps, tl.float32)))  # (eps: as scale_val above)
     vh = _rms_scaled(hh, rstd, w_ptr, kh, okh, X_TYPE, INTERPRETED)
     vt = vh
     if TR > 0:

@@ -1,12 +1,13 @@
 """Reusable device buffers of split launches: fp32 workspaces for partial sums and zeroed tile
 counters, one of each per (device, stream), grown as needed and never freed while a CUDA graph
-captured with them may replay."""
+captured with them may replay. Launches traced into a torch.compile graph (``direct.tracing``)
+allocate fresh ones in the graph instead: inductor plans their memory."""
 
 from __future__ import annotations
 
 import torch
 
-from .direct import raw_stream
+from .direct import raw_stream, tracing
 
 
 _WORKSPACES: dict[tuple, torch.Tensor] = {}
@@ -21,7 +22,7 @@ def _device_index(device: torch.device) -> int:
 def _workspace(device: torch.device, numel: int) -> torch.Tensor:
     """A reusable fp32 split-K workspace per (device, stream): a call allocates nothing but its
     output, and a workspace used inside a CUDA graph capture stays alive for its replays."""
-    if device.type != "cuda":
+    if device.type != "cuda" or tracing():
         return torch.empty(numel, dtype=torch.float32, device=device)
     index = _device_index(device)
     key = (index, torch.cuda.current_stream(index).cuda_stream)
@@ -40,8 +41,9 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
     """Zeroed int32 tile counters for a kernel that sums its split-K partials itself (the int4
     kernels' FIXUP), per (device, stream) like the workspaces: such a kernel puts
     every counter it used back to zero, so they are zeroed once, when made. A grown table keeps
-    the old one alive: a CUDA graph captured with it still points there."""
-    if device.type != "cuda":
+    the old one alive: a CUDA graph captured with it still points there. A traced launch
+    (``direct.tracing``) gets fresh zeroed counters of the compiled graph instead."""
+    if device.type != "cuda" or tracing():
         return torch.zeros(count, dtype=torch.int32, device=device)
     index = _device_index(device)
     key = (index, raw_stream()(index))
@@ -64,6 +66,8 @@ def split_buffers(device: torch.device, numel: int, direct: bool, counters: int 
 
 def _stream_workspace(device: torch.device, numel: int) -> torch.Tensor:
     """``_workspace``'s buffer for ``device``'s current stream (same table, same key), whole."""
+    if tracing():
+        return torch.empty(numel, dtype=torch.float32, device=device)
     index = _device_index(device)
     key = (index, raw_stream()(index))
     ws = _WORKSPACES.get(key)

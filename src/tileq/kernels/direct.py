@@ -9,7 +9,9 @@ activation-quantization launchers use it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 
 from .. import settings
 from .._runtime import bounded_put, env_raw
@@ -85,6 +87,79 @@ def raw_stream():
     return _triton()["stream"]
 
 
+# ----------------------------------------------------------------------------- traced launches
+
+# While ``torch.compile`` traces a tileq op's body into its graph (``ops.py``), KernelCall does not
+# launch: in "record" mode it notes whether each launch could be traced (a plain ``@triton.jit``
+# kernel without launch options torch cannot pass), in "trace" mode it becomes torch's
+# triton_kernel_wrapper node (``wrap_triton``), which inductor launches from its generated code.
+_LAUNCH = "launch"
+_MODES = (_LAUNCH, "record", "trace")
+# Launch options torch's user-kernel path cannot pass (it moves num_warps and num_stages into the
+# launch config; anything else would reach the kernel as an argument); launch_pdl is taken off
+# (``without_pdl``).
+_UNTRACED_OPTIONS = ("maxnreg",)
+
+
+class _Mode(threading.local):
+    mode = _LAUNCH
+    seen: list | None = None
+
+
+_MODE = _Mode()
+
+
+def tracing() -> bool:
+    """Whether launches are being recorded or traced into a torch.compile graph (no data
+    pointers may be read and nothing launches: workspaces are fresh tensors of the trace)."""
+    return _MODE.mode != _LAUNCH
+
+
+@contextlib.contextmanager
+def launch_mode(mode: str):
+    """Within: KernelCall records ('record': yields the list of each launch's traceability) or
+    traces ('trace') instead of launching."""
+    if mode not in _MODES:
+        raise ValueError(f"launch mode: expected one of {_MODES}, got {mode!r}")
+    saved = _MODE.mode, _MODE.seen
+    _MODE.mode, _MODE.seen = mode, []
+    try:
+        yield _MODE.seen
+    finally:
+        _MODE.mode, _MODE.seen = saved
+
+
+def without_pdl(name: str, kwargs: dict) -> tuple[str, dict]:
+    """The same launch without programmatic dependent launch, as a traced launch runs: torch
+    cannot pass the launch attribute, and the kernels' PDL code (L2 prefetches, griddepcontrol) is
+    inline assembly that torch's analysis of which arguments a kernel writes cannot read (it would
+    then copy every input, weights included, before each launch). A kernel's PDL code is its
+    ``PDL`` constexpr, or a ``*_pdl_kernel`` beside its ``*_kernel``."""
+    if "launch_pdl" not in kwargs:
+        return name, kwargs
+    kwargs = {k: v for k, v in kwargs.items() if k != "launch_pdl"}
+    if "PDL" in kwargs:
+        kwargs["PDL"] = False
+    return name.replace("_pdl_kernel", "_kernel"), kwargs
+
+
+def untraceable(name: str) -> None:
+    """A launcher that cannot be traced (TMA descriptors hold data pointers: the Gluon kernels)
+    says so here instead of launching: recorded as such, or refused while tracing."""
+    if _MODE.mode == "record":
+        _MODE.seen.append(False)
+        return
+    raise UnsupportedError(f"{name}: this launch cannot be traced into a torch.compile graph")
+
+
+def traceable(fn, kwargs: dict) -> bool:
+    """Whether torch's ``wrap_triton`` can carry this launch: a plain JITFunction (not Gluon, not
+    the interpreter's), no pre-run hooks, no launch option torch cannot pass."""
+    from triton.runtime.jit import JITFunction
+
+    return type(fn) is JITFunction and not fn.pre_run_hooks and not any(k in kwargs for k in _UNTRACED_OPTIONS)
+
+
 class KernelCall:
     """One launch of a Triton kernel with fixed grid, integer arguments and keyword arguments
     (launch options and constexprs) and fixed dtypes of its pointer arguments (None for an
@@ -117,12 +192,29 @@ class KernelCall:
 
     def __call__(self, ptrs: tuple, direct: bool) -> None:
         fn = getattr(self.module, self.name)
+        if _MODE.mode != _LAUNCH:
+            self._traced(fn, ptrs)
+            return
         if direct:
             t = _triton()
             if type(fn) in t["jit_types"] and not fn.pre_run_hooks:
                 self._direct(fn, ptrs, t)
                 return
         fn[self.grid](*ptrs, *self.ints, **self.kwargs)
+
+    def _traced(self, fn, ptrs: tuple) -> None:
+        if not traceable(fn, self.kwargs):
+            untraceable(self.name)
+            return
+        if _MODE.mode == "record":
+            _MODE.seen.append(True)
+            return
+        from torch.library import wrap_triton
+
+        name, kwargs = without_pdl(self.name, self.kwargs)
+        if name != self.name:
+            fn = getattr(self.module, name)
+        wrap_triton(fn)[self.grid](*ptrs, *self.ints, **kwargs)
 
     def _direct(self, fn, ptrs: tuple, t: dict) -> None:
         knobs = t["knobs"]

@@ -14,7 +14,7 @@ from ..dtypes import OperandType, PackedInt4
 from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
 from . import buffers
 from .config import TileConfig
-from .direct import KernelCall, direct_launch_enabled, pdl_enabled
+from .direct import KernelCall, direct_launch_enabled, pdl_enabled, tracing
 from .gluon.launch import GluonLaunch
 from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel, _splitk_reduce_pdl_kernel  # noqa: F401 (on _THIS)
 from .select import i4_words_path, triton_kernel  # noqa: F401 (i4_words_path re-exported)
@@ -243,7 +243,9 @@ class GemmLaunch:
                 target = buffers._workspace(self.device, self.split_k * self.ws_shape[1] * self.ws_shape[2])
                 target = target.view(self.ws_shape)
         main = self.main
-        if self.i4_arg is not None and not i4_storage_word_aligned(b if self.i4_arg else a, self.i4_ld):
+        # Traced into a graph, the storage's address is unknown: the byte path serves any.
+        if self.i4_arg is not None and (tracing() or not i4_storage_word_aligned(b if self.i4_arg else a,
+                                                                                 self.i4_ld)):
             main = self.main_bytes
         fix_out = sem = None
         if self.counters:

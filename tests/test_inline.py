@@ -1,0 +1,283 @@
+"""torch.compile traces tileq's launches into its graph (``tileq.ops``' inline twins).
+
+The tracing itself runs on a CPU: fake CUDA tensors of a pretended H200 (the planner reads
+shapes, strides and dtypes only) go through AOTAutograd in a subprocess without Triton's
+interpreter (whose kernels torch cannot wrap). Each traced kernel node must be the launch tileq
+itself makes for that signature (the same kernel, grid, integer arguments and constexprs), a
+launch torch cannot carry (the Gluon prefill kernel) must leave the opaque op in the graph, and
+``TILEQ_INLINE_LAUNCH=0`` keeps every op opaque. Inductor's code for these graphs and its
+outputs against the eager path run on the GPU (tests/test_inline_gpu.py).
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tileq import settings
+from tileq.errors import UnsupportedError
+from tileq.kernels import direct
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+_TRACE = r'''
+import json, os, sys, torch
+from tileq import device as dev
+sm90 = dev.get_arch("sm_90")
+dev._cuda_facts = lambda index: dev.DeviceFacts(sm90, 132, sm90.smem_bytes, "NVIDIA H200")
+from torch._functorch.aot_autograd import aot_function
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+from torch._subclasses.fake_tensor import FakeTensorMode
+from tileq.integrations.hf import add_rmsnorm_quantize_op, silu_mul_quantize_op
+from tileq.kernels import direct
+from tileq.nn import A8W8Config, FP8BlockConfig, FP8RowConfig, QuantLinear
+from tileq.ops import linear_op, quant_linear_op
+
+launched = []  # the KernelCalls the traced code went through, in order
+_traced = direct.KernelCall._traced
+def _record(self, fn, ptrs):
+    if direct._MODE.mode == "trace":
+        names = [p.name for p in fn.params]
+        n = len(ptrs)
+        want = dict(zip(names[n:], self.ints))
+        want.update({k: v for k, v in self.kwargs.items() if k not in direct._OPTIONS})
+        if "PDL" in want:  # traced launches run without PDL (direct.without_pdl)
+            assert want["PDL"] is True  # (on for sm_90 where tileq launches them itself)
+            want["PDL"] = False
+        launched.append(dict(name=self.name, grid=list(self.grid) + [1] * (3 - len(self.grid)), values=want,
+                             tensors=sorted(names[i] for i, p in enumerate(ptrs) if p is not None)))
+    return _traced(self, fn, ptrs)
+direct.KernelCall._traced = _record
+
+def graph_of(fn, *shapes):
+    graphs = []
+    def keep(gm, inputs):
+        graphs.append(gm)
+        return gm
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = [torch.empty(s, dtype=d, device="cuda") for s, d in shapes]
+        try:
+            aot_function(fn, fw_compiler=keep)(*args)
+        except RuntimeError:  # running the graph needs a GPU; tracing it does not
+            pass
+    nodes = []
+    for node in graphs[0].graph.nodes:
+        target = str(node.target)
+        if "triton_kernel_wrapper" in target:
+            kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+            values = dict(kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"]))
+            tensors = []
+            for k, v in node.kwargs["kwargs"].items():
+                if isinstance(v, torch.fx.Node):
+                    tensors.append(k)
+                else:
+                    values[k] = v
+            values = {k: v for k, v in values.items() if v is not None}
+            nodes.append(dict(kind="kernel", name=kernel.fn.__name__, grid=list(node.kwargs["grid"][0]),
+                              values=values, tensors=sorted(tensors),
+                              num_warps=[c.num_warps for c in getattr(kernel, "configs", [])]))
+        elif node.op == "call_function" and "tileq" in target:
+            nodes.append(dict(kind="op", name=target))
+        elif node.op == "call_function" and target in ("aten.zeros.default", "aten.full.default"):
+            nodes.append(dict(kind="fill", name=target))
+    return nodes
+
+def case(name, fn, *shapes):
+    launched.clear()
+    nodes = graph_of(fn, *shapes)
+    for want in launched:
+        want["values"] = {k: v for k, v in want["values"].items() if v is not None}
+    out[name] = dict(nodes=nodes, launched=list(launched))
+
+out = {}
+bf16 = torch.bfloat16
+for cfg, n, k in ((A8W8Config(), 1024, 5120), (A8W8Config(), 5120, 17408), (FP8BlockConfig(), 7168, 5120)):
+    ql = QuantLinear.from_linear(torch.nn.Linear(k, n, bias=False).to(bf16), cfg)
+    key = ql.spec.key
+    ws = tuple(ql.weight_scale.shape)
+    case(f"quant_linear {cfg.name} 1x{n}x{k}", lambda x, w, s: quant_linear_op(x, w, s, None, None, key),
+         ((1, 1, k), bf16), (tuple(ql.weight.shape), ql.weight.dtype), (ws, torch.float32))
+ql = QuantLinear.from_linear(torch.nn.Linear(5120, 5120, bias=False).to(bf16), FP8RowConfig())
+key = ql.spec.key
+case("quant_linear FP8Row 2048x5120x5120", lambda x, w, s: quant_linear_op(x, w, s, None, None, key),
+     ((2048, 5120), bf16), (tuple(ql.weight.shape), ql.weight.dtype), (tuple(ql.weight_scale.shape), torch.float32))
+# the fused decoder layer's steps: norm + quantization, the merged GEMM, SiLU·mul + quantization
+case("add_rmsnorm_quantize A8W8", lambda x, r, w: add_rmsnorm_quantize_op(x, r, w, 1e-6, "int8", "row", 128, False),
+     ((1, 1, 5120), bf16), ((1, 1, 5120), bf16), ((5120,), bf16))
+case("silu_mul_quantize FP8Block", lambda g: silu_mul_quantize_op(g, "fp8", "group", 128, False),
+     ((1, 1, 34816), bf16))
+case("linear A8W8 prequantized", lambda q, s, w, ws: linear_op(q, w, s, ws, None, "rowcol", bf16, 128, 0, 0),
+     ((1, 5120), torch.int8), ((1,), torch.float32), ((34816, 5120), torch.int8), ((34816,), torch.float32))
+
+# Inductor's code for two of them. It generates code without a GPU once told the device's properties
+# and given a Triton driver for sm_90 (it does not compile or run what it generates here); torch's
+# analysis of which arguments a user kernel writes then runs as on a GPU (it lowers the kernels to
+# Triton IR), so a kernel it could not read shows as copies of the inputs.
+import types
+from unittest import mock
+from triton.backends.compiler import GPUTarget
+import torch._inductor.compile_fx as compile_fx
+import torch._inductor.scheduler as scheduler
+import torch.utils._triton as torch_triton
+import triton.runtime.driver as triton_driver
+from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.graph import GraphLowering
+
+props = types.SimpleNamespace(major=9, minor=0, multi_processor_count=132, name="NVIDIA H200", warp_size=32,
+                              max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
+                              max_threads_per_block=1024, total_memory=141 << 30, L2_cache_size=60 << 20)
+class Sm90Driver:
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+triton_driver._active = triton_driver._default = Sm90Driver()
+torch.cuda.get_device_properties = lambda *a, **k: props
+from torch._dynamo.device_interface import CudaInterface
+CudaInterface.get_device_properties = staticmethod(torch.cuda.get_device_properties)
+torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+torch.cuda.current_device = lambda: 0
+torch.cuda.set_device = lambda *a: None
+compile_fx._check_triton_bf16_support = lambda graph: None
+scheduler.has_triton = lambda: True
+torch_triton.triton_hash_with_backend = lambda: "sm90"
+
+def inductor_code(fn, *shapes):
+    codes = []
+    with FakeTensorMode(allow_non_fake_inputs=True), \
+            mock.patch.object(GraphLowering, "save_output_code", staticmethod(codes.append)):
+        args = [torch.empty(s, dtype=d, device="cuda") for s, d in shapes]
+        try:
+            aot_function(fn, fw_compiler=compile_fx.compile_fx_inner, decompositions=select_decomp_table())(*args)
+        except Exception:  # loading the generated module needs CUDA
+            pass
+    return codes[0] if codes else ""
+
+inductor = {}
+ql = QuantLinear.from_linear(torch.nn.Linear(17408, 5120, bias=False).to(bf16), A8W8Config())
+key_split = ql.spec.key
+inductor["quant_linear A8W8 1x5120x17408"] = inductor_code(
+    lambda x, w, s: quant_linear_op(x, w, s, None, None, key_split),
+    ((1, 17408), bf16), ((5120, 17408), torch.int8), ((5120,), torch.float32))
+inductor["add_rmsnorm_quantize A8W8"] = inductor_code(
+    lambda x, r, w: add_rmsnorm_quantize_op(x, r, w, 1e-6, "int8", "row", 128, False),
+    ((1, 1, 5120), bf16), ((1, 1, 5120), bf16), ((5120,), bf16))
+out["inductor"] = inductor
+print(json.dumps(out))
+'''
+
+
+def _trace(**env_extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(ROOT / "src"), **env_extra)
+    proc = subprocess.run([sys.executable, "-c", _TRACE], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def traced():
+    return _trace()
+
+
+_DECODE = ("quant_linear A8W8 1x1024x5120", "quant_linear A8W8 1x5120x17408", "quant_linear FP8Block 1x7168x5120",
+           "add_rmsnorm_quantize A8W8", "silu_mul_quantize FP8Block", "linear A8W8 prequantized")
+
+
+@pytest.mark.parametrize("name", _DECODE)
+def test_decode_launches_are_traced_as_tileq_makes_them(traced, name):
+    got = traced[name]
+    kernels = [n for n in got["nodes"] if n["kind"] == "kernel"]
+    assert not [n for n in got["nodes"] if n["kind"] == "op"], got["nodes"]  # no opaque op left
+    # (AOTAutograd may run the op's body more than once: the graph is the last run's launches)
+    launched = got["launched"]
+    assert kernels and len(launched) % len(kernels) == 0
+    for node, want in zip(kernels, launched[-len(kernels):]):
+        assert node["name"] == want["name"]
+        assert node["grid"] == want["grid"]
+        assert node["values"] == want["values"]  # integer arguments and constexprs
+        assert node["tensors"] == want["tensors"]
+        assert len(node["num_warps"]) == 1  # the launch's warps travel as its one config
+
+
+def test_quant_linear_is_two_kernels_and_a_split_gets_fresh_counters(traced):
+    plain = traced["quant_linear A8W8 1x1024x5120"]["nodes"]
+    assert [n["name"] for n in plain] == ["_quantize_activation_kernel", "_gemm_kernel"]
+    split = traced["quant_linear A8W8 1x5120x17408"]["nodes"]
+    gemm = [n for n in split if n["kind"] == "kernel"][-1]
+    assert gemm["values"]["SPLIT_K"] > 1 and gemm["values"]["FIXUP"]
+    assert "sem_ptr" in gemm["tensors"]  # zeroed tile counters made in the graph
+    assert any(n["kind"] == "fill" for n in split)
+
+
+def test_a_gluon_launch_leaves_the_opaque_op(traced):
+    # 2048 tokens of FP8Row run the sm_90 Gluon prefill kernel: its TMA descriptors hold pointers
+    got = traced["quant_linear FP8Row 2048x5120x5120"]["nodes"]
+    assert got == [dict(kind="op", name="tileq.quant_linear.default")]
+
+
+def test_inductor_launches_the_kernels_without_copies(traced):
+    code = traced["inductor"]["quant_linear A8W8 1x5120x17408"]
+    assert code, "inductor generated no code"
+    calls = [line.strip() for line in code.splitlines() if ".run(" in line]
+    # the activation quantization, the counters' zero fill, the GEMM (its split summed in the kernel)
+    assert len(calls) == 3, calls
+    assert calls[0].startswith("_quantize_activation_kernel") and calls[2].startswith("_gemm_kernel"), calls
+    body = code.split("def call(")[1]  # what runs per call
+    assert "clone" not in code and ".copy_(" not in body  # no input copied for the kernels
+    assert "tileq" not in body  # no tileq op, no Python of tileq's
+    norm = traced["inductor"]["add_rmsnorm_quantize A8W8"]
+    assert [line.strip().split(".run(")[0] for line in norm.splitlines() if ".run(" in line] == [
+        "_add_rmsnorm_quantize_kernel_0"]
+    # torch passes a Python float (eps) as fp64: the kernel rounds it to fp32 as Triton's launcher does
+    assert "'eps': 'fp64'" in norm and "tl.cast(eps, tl.float32)" in norm
+
+
+def test_switch_off_keeps_every_op_opaque():
+    got = _trace(TILEQ_INLINE_LAUNCH="0")
+    for name in _DECODE:
+        nodes = got[name]["nodes"]
+        assert nodes and all(n["kind"] == "op" for n in nodes), (name, nodes)
+
+
+def test_switch_values(monkeypatch):
+    monkeypatch.delenv("TILEQ_INLINE_LAUNCH", raising=False)
+    assert settings.current().inline_launch is True
+    monkeypatch.setenv("TILEQ_INLINE_LAUNCH", "0")
+    assert settings.current().inline_launch is False
+    monkeypatch.setenv("TILEQ_INLINE_LAUNCH", "on")
+    with pytest.raises(UnsupportedError, match=r"TILEQ_INLINE_LAUNCH: expected 0 or 1, got 'on'"):
+        settings.current()
+
+
+def test_launch_modes_record_and_refuse():
+    """Recording notes each launch's traceability without launching; tracing refuses a launch
+    torch cannot carry (the interpreter's kernels here) instead of running it."""
+    from tileq.kernels import act_quant
+
+    call = direct.KernelCall(act_quant, "_quantize_activation_kernel", (1, 1), (), {}, ())
+    with direct.launch_mode("record") as seen:
+        assert direct.tracing()
+        call((None,), False)
+    assert seen == [False] and not direct.tracing()
+    with direct.launch_mode("trace"), pytest.raises(UnsupportedError, match="cannot be traced"):
+        call((None,), False)
+    with pytest.raises(ValueError, match="launch mode"):
+        with direct.launch_mode("fast"):
+            pass
+
+
+def test_inline_twin_called_eagerly_is_the_op():
+    """On real tensors the twin runs the op's implementation (the interpreter's kernels here)."""
+    import tileq
+    from tileq.ops import quant_linear_op
+
+    lin = torch.nn.Linear(256, 64).to(torch.bfloat16)
+    ql = tileq.nn.QuantLinear.from_linear(lin, tileq.nn.A8W8Config())
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    args = (x, ql.weight, ql.weight_scale, ql.bias, None, ql.spec.key)
+    assert torch.equal(quant_linear_op.inline(*args), quant_linear_op.op(*args))
