@@ -34,6 +34,7 @@ from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 from torch._subclasses.fake_tensor import FakeTensorMode
 from tileq.integrations.hf import add_rmsnorm_quantize_op, silu_mul_quantize_op
 from tileq.kernels import direct
+from tileq.moe.layer import fused_moe_op
 from tileq.nn import A8W8Config, FP8BlockConfig, FP8RowConfig, QuantLinear
 from tileq.ops import linear_op, quant_linear_op
 
@@ -166,6 +167,15 @@ inductor["add_rmsnorm_quantize A8W8"] = inductor_code(
     lambda x, r, w: add_rmsnorm_quantize_op(x, r, w, 1e-6, "int8", "row", 128, False),
     ((1, 1, 5120), bf16), ((1, 1, 5120), bf16), ((5120,), bf16))
 out["inductor"] = inductor
+# an MoE layer at one token (Qwen3-30B-A3B shapes): fused_moe's six launches
+from tileq.moe.experts import QuantExperts
+experts = QuantExperts(128, 2048, 768, config=FP8BlockConfig())
+moe_shapes = [((1, 2048), bf16), ((1, 8), torch.int64), ((1, 8), torch.float32)] + [
+    (tuple(b.shape), b.dtype) for b in (experts.gate_up_proj, experts.gate_up_proj_scale, experts.down_proj,
+                                        experts.down_proj_scale)]
+moe = lambda h, i, w, a, b, c, d: fused_moe_op(h, i, w, a, b, c, d, experts.spec.key, "auto", "")
+case("fused_moe FP8Block 1 token", moe, *moe_shapes)
+inductor["fused_moe FP8Block 1 token"] = inductor_code(moe, *moe_shapes)
 print(json.dumps(out))
 '''
 
@@ -185,7 +195,8 @@ def traced():
 
 
 _DECODE = ("quant_linear A8W8 1x1024x5120", "quant_linear A8W8 1x5120x17408", "quant_linear FP8Block 1x7168x5120",
-           "add_rmsnorm_quantize A8W8", "silu_mul_quantize FP8Block", "linear A8W8 prequantized")
+           "add_rmsnorm_quantize A8W8", "silu_mul_quantize FP8Block", "linear A8W8 prequantized",
+           "fused_moe FP8Block 1 token")
 
 
 @pytest.mark.parametrize("name", _DECODE)
@@ -235,6 +246,16 @@ def test_inductor_launches_the_kernels_without_copies(traced):
         "_add_rmsnorm_quantize_kernel_0"]
     # torch passes a Python float (eps) as fp64: the kernel rounds it to fp32 as Triton's launcher does
     assert "'eps': 'fp64'" in norm and "tl.cast(eps, tl.float32)" in norm
+
+
+def test_moe_layer_is_its_six_kernels(traced):
+    nodes = traced["fused_moe FP8Block 1 token"]["nodes"]
+    assert [n["name"] for n in nodes] == ["_quantize_activation_kernel", "_moe_align_kernel", "_grouped_kernel",
+                                          "_silu_mul_quantize_kernel", "_grouped_kernel", "_moe_combine_kernel"]
+    code = traced["inductor"]["fused_moe FP8Block 1 token"]
+    body = code.split("def call(")[1]
+    assert len([line for line in body.splitlines() if ".run(" in line]) == 6
+    assert "clone" not in code and ".copy_(" not in body and "tileq" not in body
 
 
 def test_switch_off_keeps_every_op_opaque():

@@ -84,9 +84,13 @@ def _inline_twin(opaque: TileqOp):
 
     @functools.wraps(impl)
     def body(*args):
-        if not any(type(a) is not Tensor and _fake(a) for a in args if isinstance(a, Tensor)):
+        tensors = [a for a in args if isinstance(a, Tensor)]
+        if not any(type(a) is not Tensor and _fake(a) for a in tensors):
             return impl(*args)
-        if settings.current().inline_launch and _traceable(opaque.name, impl, args):
+        # inductor launches user kernels on GPUs only; CPU tensors take the reference path, whose
+        # data-dependent ops a dry run on fake tensors cannot follow
+        on_gpu = tensors[0].device.type == "cuda" and not settings.current().interpreted
+        if on_gpu and settings.current().inline_launch and _traceable(opaque.name, impl, args):
             with launch_mode("trace"):
                 return impl(*args)
         return opaque.op(*args)

@@ -217,9 +217,7 @@ def _scatter(src: Tensor, dest: Tensor, rows: tuple) -> Tensor:
     return buf.view(src.dtype).view(*rows, *src.shape[1:])
 
 
-# Opaque under torch.compile (no inline twin): its reference path's data-dependent ops (the CPU)
-# would leave unbacked sizes in a fake-tensor dry run; the GPU path's tracing is not tried yet.
-@tileq_op("fused_moe", inline=False)
+@tileq_op("fused_moe")
 def fused_moe_op(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up_proj: Tensor,
                  gate_up_proj_scale: Tensor, down_proj: Tensor, down_proj_scale: Tensor, spec: str, form: str,
                  backend: str) -> Tensor:
