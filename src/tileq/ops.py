@@ -88,9 +88,11 @@ def _inline_twin(opaque: TileqOp):
         if not any(type(a) is not Tensor and _fake(a) for a in tensors):
             return impl(*args)
         # inductor launches user kernels on GPUs only; CPU tensors take the reference path, whose
-        # data-dependent ops a dry run on fake tensors cannot follow
+        # data-dependent ops a dry run on fake tensors cannot follow. Symbolic sizes (a dynamic
+        # graph) stay opaque too: the planner would specialize them through guards.
         on_gpu = tensors[0].device.type == "cuda" and not settings.current().interpreted
-        if on_gpu and settings.current().inline_launch and _traceable(opaque.name, impl, args):
+        static = all(type(d) is int for t in tensors for d in t.shape)
+        if on_gpu and static and settings.current().inline_launch and _traceable(opaque.name, impl, args):
             with launch_mode("trace"):
                 return impl(*args)
         return opaque.op(*args)
