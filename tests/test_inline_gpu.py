@@ -45,11 +45,14 @@ def test_inductor_output_equals_eager(name, m):
     got, code = _compiled_code(torch.compile(model, fullgraph=True), x)
     torch.cuda.synchronize()
     assert torch.equal(got, eager)
-    if name in ("A8W8", "FP8Row", "FP8Block") and m <= 16:
+    if name in ("A8W8", "FP8Row") and m <= 16:
         # decode: both kernels launched from inductor's code, no tileq op, no weight copied
         assert "_gemm_kernel" in code and "_quantize_activation_kernel" in code
         assert "tileq.quant_linear" not in code
-        assert "clone" not in code
+    if name == "FP8Block" and m <= 16:
+        # these decode GEMMs are split over K and summed with tile counters: the op stays opaque
+        assert "tileq.quant_linear" in code and "_gemm_kernel" not in code
+    assert "clone" not in code
 
 
 @pytest.mark.parametrize("name", ["A8W8", "FP8Block"])
