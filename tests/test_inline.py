@@ -304,3 +304,17 @@ def test_inline_twin_called_eagerly_is_the_op():
     x = torch.randn(3, 256, dtype=torch.bfloat16)
     args = (x, ql.weight, ql.weight_scale, ql.bias, None, ql.spec.key)
     assert torch.equal(quant_linear_op.inline(*args), quant_linear_op.op(*args))
+
+
+def test_every_pdl_launch_has_its_pdl_free_kernel():
+    """A traced launch runs without PDL (direct.without_pdl): the PDL constexpr off, or the
+    ``*_kernel`` beside a ``*_pdl_kernel``, which must exist in the launcher's module."""
+    from tileq.kernels import launch
+
+    on = launch.splitk_reduce_call(64, 16, 16, 2, torch.bfloat16, False, pdl=True)
+    name, kwargs = direct.without_pdl(on.name, on.kwargs)
+    assert on.name == "_splitk_reduce_pdl_kernel" and name == "_splitk_reduce_kernel"
+    assert hasattr(launch, name) and "launch_pdl" not in kwargs
+    name, kwargs = direct.without_pdl("_gemm_kernel", dict(PDL=True, launch_pdl=True, num_warps=4))
+    assert (name, kwargs) == ("_gemm_kernel", dict(PDL=False, num_warps=4))
+    assert direct.without_pdl("_gemm_kernel", dict(PDL=False)) == ("_gemm_kernel", dict(PDL=False))
