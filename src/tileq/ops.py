@@ -1,6 +1,6 @@
 """tileq's operations as torch custom ops (``torch.ops.tileq.*``): what ``torch.compile`` traces
-(no graph break: each op is one opaque node with a fake implementation giving its output's
-shape, dtype and strides) and what CUDA graphs capture.
+(no graph break: each op is one node with a fake implementation giving its output's shape, dtype
+and strides, or its kernels' launches, below) and what CUDA graphs capture.
 
     torch.ops.tileq.linear(x, w, x_scale, w_scale, bias, scheme, out_dtype, group_k, group_n, w_int4_k)
     torch.ops.tileq.quantize_activation(x, dtype, granularity, group_k, scale, preshuffled)
@@ -18,8 +18,9 @@ Under ``torch.compile`` each op is called through its inline twin ``tileq::<name
 launch turned into torch's ``wrap_triton`` node, so inductor launches tileq's kernels from its
 generated code and no tileq Python runs per call. Where a launch cannot be carried that way (the
 Gluon kernels, whose TMA descriptors hold data pointers; launch options torch does not pass) the
-twin calls the opaque op instead, decided per call signature while tracing. ``TILEQ_INLINE_LAUNCH=0``
-keeps every op opaque.
+twin calls the opaque op instead, decided per call signature while tracing; so does a GEMM split
+over K and summed with tile counters (the graph would zero fresh counters with a kernel of its own,
+``kernels/buffers.tile_counters``). ``TILEQ_INLINE_LAUNCH=0`` keeps every op opaque.
 """
 
 from __future__ import annotations
@@ -90,9 +91,10 @@ def _inline_twin(opaque: TileqOp):
         # inductor launches user kernels on GPUs only; CPU tensors take the reference path, whose
         # data-dependent ops a dry run on fake tensors cannot follow. Symbolic sizes (a dynamic
         # graph) stay opaque too: the planner would specialize them through guards.
-        on_gpu = tensors[0].device.type == "cuda" and not settings.current().interpreted
+        switches = settings.current()
+        on_gpu = tensors[0].device.type == "cuda" and not switches.interpreted
         static = all(type(d) is int for t in tensors for d in t.shape)
-        if on_gpu and static and settings.current().inline_launch and _traceable(opaque.name, impl, args):
+        if on_gpu and static and switches.inline_launch and _traceable(opaque.name, impl, args):
             with launch_mode("trace"):
                 return impl(*args)
         return opaque.op(*args)
@@ -122,7 +124,8 @@ def _traceable(name: str, impl, args) -> bool:
             _report(name, f"{type(e).__name__}: {e}")
             return False
     if not seen or not all(seen):
-        _report(name, "no launch" if not seen else "a kernel torch cannot launch: Gluon, the interpreter's, or a launch option it does not pass")
+        _report(name, "no launch" if not seen else
+                "a launch torch cannot carry (Gluon, a launch option) or a split summed with tile counters")
         return False
     return True
 
