@@ -58,19 +58,19 @@ class TileqOp:
     autograd formula, as before.
     """
 
-    def __init__(self, name: str, fn, inline: bool = True):
+    def __init__(self, name: str, fn):
         schema = torch.library.infer_schema(fn, mutates_args=())
         _LIB.define(name + schema)
         for key in ("CPU", "CUDA"):
             _LIB.impl(name, fn, key)
         self.name, self.impl = name, fn
         self.op = getattr(torch.ops.tileq, name).default
-        self.inline = _inline_twin(self) if inline else None
+        self.inline = _inline_twin(self)
         self.__doc__ = fn.__doc__
 
     def __call__(self, *args):
         # What compiled code calls: the inline twin decides at trace time (module docstring).
-        return self.op(*args) if self.inline is None else self.inline(*args)
+        return self.inline(*args)
 
     def register_fake(self, fake):
         torch.library.register_fake(f"tileq::{self.name}", fake, lib=_LIB)
@@ -136,10 +136,9 @@ def _report(name: str, reason: str) -> None:
         log.info("tileq::%s: launches not traced into the compiled graph (%s); it calls the op", name, reason)
 
 
-def tileq_op(name: str, inline: bool = True):
-    """Decorator: the function becomes the kernel of op ``tileq::<name>`` (a ``TileqOp``);
-    ``inline``: with an inline twin (the module docstring)."""
-    return lambda fn: TileqOp(name, fn, inline)
+def tileq_op(name: str):
+    """Decorator: the function becomes the kernel of op ``tileq::<name>`` (a ``TileqOp``)."""
+    return lambda fn: TileqOp(name, fn)
 
 
 

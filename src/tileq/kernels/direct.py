@@ -156,7 +156,7 @@ def untraceable(name: str) -> None:
 def traceable(fn, kwargs: dict) -> bool:
     """Whether torch's ``wrap_triton`` can carry this launch: a plain JITFunction (not Gluon, not
     the interpreter's), no pre-run hooks, no launch option torch cannot pass."""
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import JITFunction  # (not _triton(): that needs a GPU driver)
 
     return type(fn) is JITFunction and not fn.pre_run_hooks and not any(k in kwargs for k in _UNTRACED_OPTIONS)
 
