@@ -9,7 +9,7 @@
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
 #              GLUON_CASES, GLUON_ARGS (bench-gluon), INT4_CASES, INT4_ARGS (bench-int4),
 #              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench),
-#              MOE_E2E_ARGS (of tileq e2e --model qwen3-moe), MOE_ARGS (of tileq moebench),
+#              OVERHEAD_ARGS (of tileq overhead), MOE_E2E_ARGS (of tileq e2e --model qwen3-moe), MOE_ARGS (of tileq moebench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
 #              CKPT_ARGS (extra arguments of tileq e2e --make-checkpoint), CKPT_E2E_ARGS (of its tileq e2e runs).
 # tests-formats installs the wheels in .whl/ (compressed-tensors and what it needs, made by pip download in
@@ -170,7 +170,9 @@ for step in "${steps[@]}"; do
       $PY -m tileq bench --suite "$suite" --out "$OUT/$suite" --time-budget "${BENCH_SECONDS:-200}" \
         --no-progress 2>&1 | tail -40 | tee "$OUT/bench_$suite.log" ;;
     overhead)
-      $PY -m tileq overhead --m 1 --n 5120 --k 5120 --csv "$OUT/overhead.csv" 2>&1 | tail -16 | tee "$OUT/overhead.log" ;;
+      # OVERHEAD_ARGS: more tileq overhead arguments (--configs, --m, ...; a later one wins).
+      $PY -m tileq overhead --m 1 --n 5120 --k 5120 --csv "$OUT/overhead.csv" ${OVERHEAD_ARGS:-} 2>&1 | tail -24 \
+        | tee "$OUT/overhead.log" ;;
     demo)
       $PY -m tileq demo 2>&1 | tail -40 | tee "$OUT/demo.log" ;;
     e2e-moe)

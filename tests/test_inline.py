@@ -83,6 +83,8 @@ def graph_of(fn, *shapes):
                               num_warps=[c.num_warps for c in getattr(kernel, "configs", [])]))
         elif node.op == "call_function" and "tileq" in target:
             nodes.append(dict(kind="op", name=target))
+        elif node.op == "call_function" and "auto_functionalized" in target:  # an op with a mutable argument
+            nodes.append(dict(kind="op", name=str(node.args[0])))
         elif node.op == "call_function" and target in ("aten.zeros.default", "aten.full.default"):
             nodes.append(dict(kind="fill", name=target))
     return nodes
@@ -103,6 +105,11 @@ for cfg, n, k in ((A8W8Config(), 1024, 5120), (A8W8Config(), 5120, 17408), (FP8B
     ws = tuple(ql.weight_scale.shape)
     case(f"quant_linear {cfg.name} 1x{n}x{k}", lambda x, w, s: quant_linear_op(x, w, s, None, None, key),
          ((1, 1, k), bf16), (tuple(ql.weight.shape), ql.weight.dtype), (ws, torch.float32))
+    # the same with the layer's tile counters (what QuantLinear passes under torch.compile)
+    case(f"quant_linear {cfg.name} 1x{n}x{k} counters",
+         lambda x, w, s, c: quant_linear_op(x, w, s, None, None, key, c),
+         ((1, 1, k), bf16), (tuple(ql.weight.shape), ql.weight.dtype), (ws, torch.float32),
+         (tuple(ql.tile_counters.shape), torch.int32))
 ql = QuantLinear.from_linear(torch.nn.Linear(5120, 5120, bias=False).to(bf16), FP8RowConfig())
 key = ql.spec.key
 case("quant_linear FP8Row 2048x5120x5120", lambda x, w, s: quant_linear_op(x, w, s, None, None, key),
@@ -222,10 +229,27 @@ def test_quant_linear_is_two_kernels(traced):
     assert plain[1]["values"]["SPLIT_K"] == 1
 
 
-@pytest.mark.parametrize("name", ["quant_linear A8W8 1x5120x17408", "quant_linear FP8Block 1x7168x5120"])
+_SPLITS = ("quant_linear A8W8 1x5120x17408", "quant_linear FP8Block 1x7168x5120")
+
+
+@pytest.mark.parametrize("name", _SPLITS)
 def test_a_split_summed_with_tile_counters_leaves_the_opaque_op(traced, name):
-    # the graph would zero fresh counters with a kernel of its own before every call
+    # without the layer's counters the graph would zero fresh ones with a kernel of its own
     assert traced[name]["nodes"] == [dict(kind="op", name="tileq.quant_linear.default")]
+
+
+@pytest.mark.parametrize("name", _SPLITS)
+def test_a_split_with_the_layers_counters_is_traced(traced, name):
+    got = traced[name + " counters"]
+    nodes = got["nodes"]
+    assert [n["name"] for n in nodes] == ["_quantize_activation_kernel", "_gemm_kernel"], nodes
+    gemm = nodes[1]
+    assert gemm["values"]["FIXUP"] is True and gemm["values"]["SPLIT_K"] > 1
+    assert "sem_ptr" in gemm["tensors"]  # the counters: the op's input, written by the kernel
+    assert not [n for n in nodes if n["kind"] == "fill"]
+    launched = got["launched"][-2:]
+    assert [(w["name"], w["grid"], w["values"]) for w in launched] == [
+        (n["name"], n["grid"], n["values"]) for n in nodes]
 
 
 def test_a_gluon_launch_leaves_the_opaque_op(traced):
@@ -318,3 +342,37 @@ def test_every_pdl_launch_has_its_pdl_free_kernel():
     name, kwargs = direct.without_pdl("_gemm_kernel", dict(PDL=True, launch_pdl=True, num_warps=4))
     assert (name, kwargs) == ("_gemm_kernel", dict(PDL=False, num_warps=4))
     assert direct.without_pdl("_gemm_kernel", dict(PDL=False)) == ("_gemm_kernel", dict(PDL=False))
+
+
+def test_given_tile_counters_serve_where_they_fit():
+    """A layer's counters serve its split launches (traceable) where they are on the launch's
+    device and hold enough; otherwise the per-stream table serves, and a traced launch cannot."""
+    from tileq.kernels import buffers
+
+    cpu = torch.device("cpu")
+    mine = buffers.layer_tile_counters(1024, cpu)
+    assert mine.dtype == torch.int32 and mine.numel() == 128 and not mine.any()
+    with buffers.given_tile_counters(mine):
+        assert buffers.tile_counters(cpu, 128) is mine
+        assert buffers.tile_counters(cpu, 129) is not mine  # too few: fresh zeroed ones
+        with direct.launch_mode("record") as seen:
+            buffers.tile_counters(cpu, 64)
+        assert seen == []  # nothing untraceable
+    assert buffers.tile_counters(cpu, 64) is not mine  # outside the block
+    with direct.launch_mode("record") as seen:
+        buffers.tile_counters(cpu, 64)
+    assert seen == [False]
+
+
+def test_quant_linear_counters_follow_the_weight():
+    """QuantLinear's tile counters: not in its state dict, on its weight's device (a layer built
+    on the meta device gets them with its weight), what its compiled calls pass to the op."""
+    import tileq
+
+    lin = torch.nn.Linear(256, 64).to(torch.bfloat16)
+    ql = tileq.nn.QuantLinear.from_linear(lin, tileq.nn.FP8BlockConfig())
+    assert "tile_counters" not in ql.state_dict()
+    assert ql._counters() is ql.tile_counters
+    again = tileq.nn.QuantLinear.from_quantized(ql.weight, ql.weight_scale, config=ql.config, bias=ql.bias)
+    assert again.tile_counters.device.type == "cpu" and not again.tile_counters.any()
+    assert again._counters() is again.tile_counters

@@ -19,7 +19,8 @@ launch turned into torch's ``wrap_triton`` node, so inductor launches tileq's ke
 generated code and no tileq Python runs per call. Where a launch cannot be carried that way (the
 Gluon kernels, whose TMA descriptors hold data pointers; launch options torch does not pass) the
 twin calls the opaque op instead, decided per call signature while tracing; so does a GEMM split
-over K and summed with tile counters (the graph would zero fresh counters with a kernel of its own,
+over K and summed with tile counters unless the caller passes its own (``tile_counters``, which
+``QuantLinear`` does: the graph would otherwise zero fresh counters with a kernel of its own,
 ``kernels/buffers.tile_counters``). ``TILEQ_INLINE_LAUNCH=0`` keeps every op opaque.
 """
 
@@ -36,6 +37,7 @@ from . import settings
 from .activation import quantize_activation
 from .api import linear
 from .errors import TileqError
+from .kernels.buffers import given_tile_counters
 from .kernels.direct import launch_mode
 from .quant_linear import quant_linear_cached, spec_of_key, weight_operand
 
@@ -58,14 +60,14 @@ class TileqOp:
     autograd formula, as before.
     """
 
-    def __init__(self, name: str, fn):
-        schema = torch.library.infer_schema(fn, mutates_args=())
+    def __init__(self, name: str, fn, mutates_args: tuple = ()):
+        schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
         _LIB.define(name + schema)
         for key in ("CPU", "CUDA"):
             _LIB.impl(name, fn, key)
         self.name, self.impl = name, fn
         self.op = getattr(torch.ops.tileq, name).default
-        self.inline = _inline_twin(self)
+        self.inline = _inline_twin(self, mutates_args)
         self.__doc__ = fn.__doc__
 
     def __call__(self, *args):
@@ -77,7 +79,7 @@ class TileqOp:
         return fake
 
 
-def _inline_twin(opaque: TileqOp):
+def _inline_twin(opaque: TileqOp, mutates_args: tuple):
     """``tileq::<name>_inline``: a triton_op over the opaque op's implementation. Called on real
     tensors it is the implementation; traced (fake tensors), it is the implementation with its
     launches traced, or the opaque op where they cannot all be."""
@@ -99,7 +101,7 @@ def _inline_twin(opaque: TileqOp):
                 return impl(*args)
         return opaque.op(*args)
 
-    return torch.library.triton_op(f"tileq::{opaque.name}_inline", body, mutates_args=())
+    return torch.library.triton_op(f"tileq::{opaque.name}_inline", body, mutates_args=mutates_args)
 
 
 def _fake(t: Tensor) -> bool:
@@ -136,23 +138,31 @@ def _report(name: str, reason: str) -> None:
         log.info("tileq::%s: launches not traced into the compiled graph (%s); it calls the op", name, reason)
 
 
-def tileq_op(name: str):
+def tileq_op(name: str, mutates_args: tuple = ()):
     """Decorator: the function becomes the kernel of op ``tileq::<name>`` (a ``TileqOp``)."""
-    return lambda fn: TileqOp(name, fn)
+    return lambda fn: TileqOp(name, fn, mutates_args)
 
 
 
-@tileq_op("linear")
+# A layer's tile counters (``kernels/buffers.given_tile_counters``): zeroed int32 that a split GEMM
+# summed by the kernel itself counts on and puts back to zero. An argument the op mutates, so that
+# the split's launch can be traced into a compiled graph (inductor writes to the layer's tensor).
+_COUNTERS = ("tile_counters",)
+
+
+@tileq_op("linear", mutates_args=_COUNTERS)
 def linear_op(x: Tensor, w: Tensor, x_scale: Tensor | None, w_scale: Tensor | None, bias: Tensor | None,
-              scheme: str, out_dtype: torch.dtype, group_k: int, group_n: int, w_int4_k: int) -> Tensor:
+              scheme: str, out_dtype: torch.dtype, group_k: int, group_n: int, w_int4_k: int,
+              tile_counters: Tensor | None = None) -> Tensor:
     """``tileq.linear`` (y = x @ w.t(), nn.Linear convention); ``group_n`` 0 means unset."""
     # Custom op schemas take tensors, not PackedInt4 objects: int4 travels as storage + K.
-    return linear(x, weight_operand(w, w_int4_k), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype,
-                  bias=bias, group_k=group_k, group_n=group_n or None)
+    with given_tile_counters(tile_counters):
+        return linear(x, weight_operand(w, w_int4_k), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype,
+                      bias=bias, group_k=group_k, group_n=group_n or None)
 
 
 @linear_op.register_fake
-def _linear_fake(x, w, x_scale, w_scale, bias, scheme, out_dtype, group_k, group_n, w_int4_k):
+def _linear_fake(x, w, x_scale, w_scale, bias, scheme, out_dtype, group_k, group_n, w_int4_k, tile_counters=None):
     return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=out_dtype)
 
 
@@ -175,13 +185,14 @@ def _quantize_activation_fake(x, dtype, granularity, group_k, scale, preshuffled
     return q, x.new_empty((m,), dtype=torch.float32)
 
 
-@tileq_op("quant_linear")
+@tileq_op("quant_linear", mutates_args=_COUNTERS)
 def quant_linear_op(x: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tensor | None,
-                    input_scale: Tensor | None, layer: str) -> Tensor:
+                    input_scale: Tensor | None, layer: str, tile_counters: Tensor | None = None) -> Tensor:
     """A ``QuantLinear`` forward: activation quantization + GEMM; ``layer`` is its spec's key."""
-    return quant_linear_cached(spec_of_key(layer), x, weight, weight_scale, bias, input_scale)
+    with given_tile_counters(tile_counters):
+        return quant_linear_cached(spec_of_key(layer), x, weight, weight_scale, bias, input_scale)
 
 
 @quant_linear_op.register_fake
-def _quant_linear_fake(x, weight, weight_scale, bias, input_scale, layer):
+def _quant_linear_fake(x, weight, weight_scale, bias, input_scale, layer, tile_counters=None):
     return x.new_empty((*x.shape[:-1], spec_of_key(layer).n))

@@ -1,9 +1,13 @@
 """Reusable device buffers of split launches: fp32 workspaces for partial sums and zeroed tile
 counters, one of each per (device, stream), grown as needed and never freed while a CUDA graph
 captured with them may replay. Launches traced into a torch.compile graph (``direct.tracing``)
-allocate fresh ones in the graph instead: inductor plans their memory."""
+allocate fresh workspaces in the graph instead (inductor plans their memory) and take their tile
+counters from the layer (``given_tile_counters``)."""
 
 from __future__ import annotations
+
+import contextlib
+import threading
 
 import torch
 
@@ -37,16 +41,41 @@ _COUNTERS: dict[tuple, torch.Tensor] = {}
 _RETIRED_COUNTERS: list[torch.Tensor] = []
 
 
-def tile_counters(device: torch.device, count: int) -> torch.Tensor:
-    """Zeroed int32 tile counters for a kernel that sums its split-K partials itself (the int4
-    kernels' FIXUP), per (device, stream) like the workspaces: such a kernel puts
-    every counter it used back to zero, so they are zeroed once, when made. A grown table keeps
-    the old one alive: a CUDA graph captured with it still points there.
+class _Given(threading.local):
+    counters: torch.Tensor | None = None
 
-    A launch that needs them is not traced into a compiled graph (``direct.tracing``): the graph
-    would zero fresh counters with a kernel of its own before every such launch, which cost more
-    host time than the opaque op saved (an 8-layer FP8Block decode step compiled without a CUDA
-    graph: 3.85 ms traced against 3.41 ms opaque, H100, bench/results/h100/inline/)."""
+
+_GIVEN = _Given()
+
+
+@contextlib.contextmanager
+def given_tile_counters(counters: torch.Tensor | None):
+    """Within: split launches take their tile counters from ``counters`` (zeroed int32, owned by
+    the caller: a ``QuantLinear``'s ``tile_counters``) where it is on their device and holds
+    enough, instead of the per-stream table. Traced into a compiled graph they are then an input
+    of the op that the kernel mutates (and puts back to zero), so the launch can be traced."""
+    saved = _GIVEN.counters
+    _GIVEN.counters = counters
+    try:
+        yield
+    finally:
+        _GIVEN.counters = saved
+
+
+def tile_counters(device: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 tile counters for a kernel that sums its split-K partials itself (the
+    kernels' FIXUP): the caller's (``given_tile_counters``) where they fit, else one table per
+    (device, stream) like the workspaces. Such a kernel puts every counter it used back to zero,
+    so they are zeroed once, when made. A grown table keeps the old one alive: a CUDA graph
+    captured with it still points there.
+
+    Traced into a compiled graph, only the caller's counters serve: fresh ones would be zeroed by
+    a kernel of the graph before every such launch, which cost more host time than the opaque op
+    saved (an 8-layer FP8Block decode step compiled without a CUDA graph: 3.85 ms traced against
+    3.41 ms opaque, H100, bench/results/h100/inline/); without them the launch is not traced."""
+    given = _GIVEN.counters
+    if given is not None and given.numel() >= count and given.device == device:
+        return given
     if tracing():
         untraceable("tile counters")
         return torch.zeros(count, dtype=torch.int32, device=device)
@@ -61,6 +90,14 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
         counters = torch.zeros(max(count, 1 << 14), dtype=torch.int32, device=device)
         _COUNTERS[key] = counters
     return counters
+
+
+def layer_tile_counters(out_features: int, device) -> torch.Tensor:
+    """A layer's own zeroed tile counters (``given_tile_counters``): one per output tile of its
+    decode splits, whose tiles are at least 16 output features by 16 tokens (8 features per
+    counter covers up to 32 tokens; a larger split uses the per-stream table, or keeps the opaque
+    op when traced)."""
+    return torch.zeros(max(64, -(-out_features // 8)), dtype=torch.int32, device=device)
 
 
 def split_buffers(device: torch.device, numel: int, direct: bool, counters: int = 0):

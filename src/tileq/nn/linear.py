@@ -28,6 +28,7 @@ from ..dtypes import PackedInt4
 from ..prepacked import PrepackedInt4, prepack_int4, unprepack_int4
 from ..errors import DTypeError, ShapeError, TileqError, UnsupportedError, expect
 from ..api import linear, linear_call
+from ..kernels.buffers import layer_tile_counters
 from ..quant import quantize_weight
 from .configs import QuantConfig, weight_scale_shape
 from ..quant_linear import LayerRunner, LayerSpec, learn, quant_linear_forward, runner_key, weight_operand
@@ -63,6 +64,8 @@ class QuantLinear(nn.Module):
                                                          dtype=torch.float32, device=device))
         self.register_buffer("bias", torch.zeros(out_features, dtype=torch.float32, device=device) if bias else None)
         self.register_buffer("input_scale", None)
+        # The tile counters of its split GEMMs under torch.compile (not saved: zeros).
+        self.register_buffer("tile_counters", layer_tile_counters(out_features, device), persistent=False)
         self.spec = LayerSpec.of(config, in_features, out_features)
         self._w4: PackedInt4 | None = None
         self._runners: dict = {}  # eager fast path: one LayerRunner per call signature
@@ -153,7 +156,7 @@ class QuantLinear(nn.Module):
                 t = t.reshape(())
         elif name == "weight" and t.dtype == torch.int32 and self._prepacks():
             # Already prepacked (a merge of prepacked layers): checked by PrepackedInt4.
-            self._buffers[name] = PrepackedInt4(t.contiguous(), (self.out_features, self.in_features)).data
+            self._set_weight(PrepackedInt4(t.contiguous(), (self.out_features, self.in_features)).data)
             return
         elif t.dtype != want_dtype:
             raise DTypeError(expect(where, f"dtype {want_dtype} for {self.config.name}", t.dtype))
@@ -164,9 +167,16 @@ class QuantLinear(nn.Module):
             raise UnsupportedError(expect(where, f"no activation scale ({self.config.name} keeps activations "
                                                  "unquantized)", "a static activation scale"))
         t = t.contiguous()
-        if name == "weight" and self._prepacks():
-            t = prepack_int4(PackedInt4(t, (self.out_features, self.in_features), 1)).data
-        self._buffers[name] = t
+        if name == "weight":
+            self._set_weight(prepack_int4(PackedInt4(t, (self.out_features, self.in_features), 1)).data
+                             if self._prepacks() else t)
+        else:
+            self._buffers[name] = t
+
+    def _set_weight(self, t: torch.Tensor) -> None:
+        self._buffers["weight"] = t
+        if self.tile_counters.device != t.device:  # they follow the weight (a layer built on meta)
+            self._buffers["tile_counters"] = layer_tile_counters(self.out_features, t.device)
 
     def _prepacks(self) -> bool:
         return self.config.weight_dtype == "int4" and self.config.prepacks()
@@ -276,12 +286,18 @@ class QuantLinear(nn.Module):
             w4 = self._w4 = weight_operand(self.weight, self.spec.int4_k)
         return w4
 
+    def _counters(self) -> torch.Tensor | None:
+        """The layer's tile counters where they live with its weight (a layer built on the meta
+        device and filled later gets them with its weight, ``_adopt``)."""
+        c = self.tile_counters
+        return c if c.device == self.weight.device else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             from ..ops import quant_linear_op
 
             return quant_linear_op(x, self.weight, self.weight_scale, self.bias, self.input_scale,
-                                   self.spec.key)
+                                   self.spec.key, self._counters())
         # Eager: a runner per call signature skips the per-call validation and cache keys of the
         # public functions (host time is what an eager decode spends; see LayerRunner).
         # A runner is built on a signature's second call: building one costs an extra launch or
@@ -307,7 +323,7 @@ class QuantLinear(nn.Module):
             from ..ops import linear_op
 
             return linear_op(q, self.weight, s, self.weight_scale, self.bias, spec.scheme, out_dtype,
-                             spec.group_k, spec.group_n, spec.int4_k)
+                             spec.group_k, spec.group_n, spec.int4_k, self._counters())
         key = ("q", q.shape, q.stride(), q.dtype, q.device, None if s is None else (s.shape, s.stride()),
                out_dtype)
         call = self._runners.get(key)
