@@ -56,6 +56,27 @@ def test_inductor_output_equals_eager(name, m):
 
 
 @pytest.mark.parametrize("name", ["A8W8", "FP8Block"])
+def test_reduce_overhead_mode_captures_the_layers(name):
+    """torch.compile's own CUDA graphs (mode="reduce-overhead") accept the layers' tile counters
+    (buffers the graph writes in place): no cudagraph skip, replays equal eager on new inputs."""
+    from torch._dynamo.utils import counters
+
+    model = _model(name, layers=4)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    for seed in range(4):  # warm-up, recording, then replays
+        torch.manual_seed(seed)
+        x = torch.randn(1, 5120, device="cuda", dtype=torch.bfloat16)
+        got = compiled(x).clone()
+        torch.cuda.synchronize()
+        assert torch.equal(got, model(x)), seed
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    for layer in model:
+        assert not layer.tile_counters.any()
+
+
+@pytest.mark.parametrize("name", ["A8W8", "FP8Block"])
 def test_compiled_decode_host_time(name, monkeypatch, capsys):
     """Host time of a compiled 8-layer decode call (batch 1, no CUDA graph) with the launches
     inlined against every op opaque (TILEQ_INLINE_LAUNCH=0), and bf16 through inductor."""
