@@ -175,6 +175,18 @@ inductor["add_rmsnorm_quantize A8W8"] = inductor_code(
     lambda x, r, w: add_rmsnorm_quantize_op(x, r, w, 1e-6, "int8", "row", 128, False),
     ((1, 1, 5120), bf16), ((1, 1, 5120), bf16), ((5120,), bf16))
 out["inductor"] = inductor
+# ten layer calls of one signature: torch's analysis of which arguments a kernel writes runs once
+# per distinct launch (kernels/direct.py keeps it), not once per traced launch
+ql = QuantLinear.from_linear(torch.nn.Linear(5120, 5120, bias=False).to(bf16), A8W8Config())
+key_chain = ql.spec.key
+def chain(x, w, s):
+    for _ in range(10):
+        x = quant_linear_op(x, w, s, None, None, key_chain)
+    return x
+before = len(direct._ANALYSES)
+case("ten quant_linear A8W8 1x5120x5120", chain, ((1, 5120), bf16), (tuple(ql.weight.shape), ql.weight.dtype),
+     (tuple(ql.weight_scale.shape), torch.float32))
+out["analyses"] = len(direct._ANALYSES) - before
 # an MoE layer at one token (Qwen3-30B-A3B shapes): fused_moe's six launches
 from tileq.moe.experts import QuantExperts
 experts = QuantExperts(128, 2048, 768, config=FP8BlockConfig())
@@ -272,6 +284,13 @@ def test_inductor_launches_the_kernels_without_copies(traced):
         "_add_rmsnorm_quantize_kernel_0"]
     # torch passes a Python float (eps) as fp64: the kernel rounds it to fp32 as Triton's launcher does
     assert "'eps': 'fp64'" in norm and "tl.cast(eps, tl.float32)" in norm
+
+
+def test_kernel_write_analysis_runs_once_per_distinct_launch(traced):
+    nodes = traced["ten quant_linear A8W8 1x5120x5120"]["nodes"]
+    assert [n["name"] for n in nodes] == ["_quantize_activation_kernel", "_gemm_kernel"] * 10
+    # at most the quantization's launch and the GEMM's (the former may be known from a case before)
+    assert 1 <= traced["analyses"] <= 2
 
 
 def test_moe_layer_is_its_six_kernels(traced):

@@ -10,6 +10,7 @@ activation-quantization launchers use it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import threading
 
@@ -161,6 +162,77 @@ def traceable(fn, kwargs: dict) -> bool:
     return type(fn) is JITFunction and not fn.pre_run_hooks and not any(k in kwargs for k in _UNTRACED_OPTIONS)
 
 
+# torch reads which arguments a traced user kernel writes from its Triton IR, generated anew for
+# every launch it traces and again when inductor lowers it (about 0.1 s each on a CPU): a 40-layer
+# model's hundreds of identical launches made its compilation take minutes. For tileq's kernels the
+# answer depends only on the kernel, the constexpr and integer arguments and which arguments are
+# tensors (of which dtype), so it is kept per such key (the torch function, renamed between torch
+# versions, is wrapped where found; a torch without either keeps its own behaviour). Only answers
+# made with a GPU driver present are kept (without one torch assumes every argument written).
+_ANALYSIS_FUNCTIONS = ("identify_accessed_tensors", "identify_mutated_tensors")
+_ANALYSES: dict = {}
+
+
+def _cache_kernel_analysis() -> None:
+    from torch._higher_order_ops import triton_kernel_wrap as wrap
+
+    for attr in _ANALYSIS_FUNCTIONS:
+        original = getattr(wrap, attr, None)
+        if original is None or getattr(original, "_tileq_cached", False):
+            continue
+
+        def cached(kernel, kwargs, *rest, _original=original, **more):
+            key = _analysis_key(kernel, kwargs, rest, more)
+            if key is None or not _has_driver():
+                return _original(kernel, kwargs, *rest, **more)
+            hit = _ANALYSES.get(key)
+            if hit is None:
+                hit = _ANALYSES[key] = _original(kernel, kwargs, *rest, **more)
+            return copy.deepcopy(hit)  # callers own their result
+
+        cached._tileq_cached = True
+        setattr(wrap, attr, cached)
+
+
+def _has_driver() -> bool:
+    """Whether Triton has a GPU driver: without one torch's analysis fails and assumes every
+    argument written, an answer not to keep."""
+    try:
+        from triton.runtime.driver import driver
+
+        driver.active.get_current_target()
+        return True
+    except Exception:  # noqa: BLE001 - no active driver
+        return False
+
+
+def _analysis_key(kernel, kwargs: dict, rest: tuple, more: dict):
+    """The key of a tileq kernel's write analysis, or None (not tileq's, or an argument whose
+    value the key cannot hold: a symbolic size)."""
+    import torch
+
+    # torch wraps a launch's kernel in a fresh one-config Autotuner (its warps and stages): the key
+    # is the JITFunction and the config's text
+    jit = getattr(kernel, "fn", None) if hasattr(kernel, "configs") else kernel
+    if not getattr(getattr(jit, "fn", None), "__module__", "").startswith("tileq."):
+        return None
+    parts = [str(c) for c in getattr(kernel, "configs", ())]
+    for name, value in kwargs.items():
+        if value is None or type(value) in (int, float, bool, str):
+            parts.append((name, type(value).__name__, value))
+        elif isinstance(value, torch.Tensor):
+            parts.append((name, "tensor", str(value.dtype)))
+        elif callable(getattr(value, "get_dtype", None)):  # an inductor buffer
+            parts.append((name, "tensor", str(value.get_dtype())))
+        else:
+            return None
+    try:
+        extra = repr((rest, sorted(more.items())))
+    except Exception:  # noqa: BLE001 - an argument without a stable text: no caching
+        return None
+    return (jit, tuple(sorted(map(repr, parts))), extra)
+
+
 class KernelCall:
     """One launch of a Triton kernel with fixed grid, integer arguments and keyword arguments
     (launch options and constexprs) and fixed dtypes of its pointer arguments (None for an
@@ -212,6 +284,7 @@ class KernelCall:
             return
         from torch.library import wrap_triton
 
+        _cache_kernel_analysis()
         name, kwargs = without_pdl(self.name, self.kwargs)
         if name != self.name:
             fn = getattr(self.module, name)
