@@ -2,7 +2,7 @@
 # One GPU call: environment, GPU tests, tuning sweeps and benchmarks, logs and CSV under $OUT.
 #   bash scripts/gpu_run.sh [tests] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode]
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
-#                          [tests-model] [tests-inline] [layerbench] [e2e] [e2e-opaque] [e2e-small] [tests-gluon] [bench-gluon]
+#                          [tests-model] [tests-inline] [layerbench] [e2e] [e2e-opaque] [e2e-static] [e2e-small] [tests-gluon] [bench-gluon]
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
 #                          [e2e-moe] [moebench] [pack]
 # Tables written by the tune steps are used by the later steps of the same call.
@@ -88,6 +88,11 @@ for step in "${steps[@]}"; do
       # of the inlined launches.
       TILEQ_INLINE_LAUNCH=0 $PY -m tileq e2e --out "$OUT/e2e_opaque" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_opaque.log" \
         | tail -40 ;;
+    e2e-static)
+      # The same run with inductor's C++ launcher for user-defined kernels (tileq's, once inlined):
+      # TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 (a torch setting, off by default).
+      TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 $PY -m tileq e2e --out "$OUT/e2e_static" \
+        ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_static.log" | tail -40 ;;
     tests-inline)
       # Inductor launching tileq's kernels (tests/test_inline_gpu.py): outputs bit for bit, then the host
       # timing alone (no parallel tests beside it).
