@@ -235,11 +235,17 @@ def test_custom_ops_pass_opcheck():
     for config in (A8W8Config(), FP8BlockConfig(), W4A16Config(), W4A8Config()):
         layer = QuantLinear.from_linear(_linear(k=256, n=64), config)
         _opcheck(ops.quant_linear_op, (x, layer.weight, layer.weight_scale, layer.bias, None, layer.spec.key))
+        # with the layer's tile counters, an argument the op may write (and leaves at zero)
+        _opcheck(ops.quant_linear_op, (x, layer.weight, layer.weight_scale, layer.bias, None, layer.spec.key,
+                                       layer.tile_counters))
+        assert not layer.tile_counters.any()
     for dtype, gran, pre in (("int8", "row", False), ("int8", "group", True), ("fp8", "group", False)):
         _opcheck(ops.quantize_activation_op, (x, dtype, gran, 128, None, pre))
     q, s = tileq.activation.quantize_activation(x, "int8")
     w = QuantLinear.from_linear(_linear(k=256, n=64), A8W8Config())
     _opcheck(ops.linear_op, (q, w.weight, s, w.weight_scale, w.bias, "rowcol", torch.bfloat16, 128, 0, 0))
+    _opcheck(ops.linear_op, (q, w.weight, s, w.weight_scale, w.bias, "rowcol", torch.bfloat16, 128, 0, 0,
+                             w.tile_counters))
     w4 = QuantLinear.from_linear(_linear(k=256, n=64), W4A16Config())
     _opcheck(ops.linear_op, (x, w4.weight, None, w4.weight_scale, None, "bquant", torch.bfloat16, 128, 1, 256))
 
