@@ -486,3 +486,25 @@ def test_static_ids_share_handles_and_separate_dtypes(fake_triton):
         problem = make_args(spec, seed=0, bias=True).call(build_problem, out_dtype=out_dtype)
         sids.add(launch.GemmLaunch(problem, make_plan(problem.spec, problem.device, backend="triton")).main.sid)
     assert len(sids) == 2
+
+
+def test_forward_quantized_keeps_a_launch_for_any_leading_shape(monkeypatch):
+    """The fused decoder hands QuantLinear.forward_quantized q in x's shape ([batch, seq, K]) with
+    one scale per flattened row: its per-signature launch serves such calls too, bit for bit the
+    public path's, in x's leading shape (the Triton executor, interpreted here)."""
+    import tileq
+
+    monkeypatch.setenv("TILEQ_BACKEND", "triton")
+    from tileq.activation import add_rmsnorm_quantize
+
+    lin = torch.nn.Linear(256, 64).to(torch.bfloat16)
+    ql = tileq.nn.QuantLinear.from_linear(lin, tileq.nn.A8W8Config())
+    x = torch.randn(2, 3, 256, dtype=torch.bfloat16)
+    q, s, _ = add_rmsnorm_quantize(x, None, torch.ones(256, dtype=torch.bfloat16), 1e-6, "int8")
+    assert q.dim() == 3 and s.dim() == 1
+    want = tileq.linear(q, ql.weight, s, ql.weight_scale, scheme="rowcol", out_dtype=torch.bfloat16, bias=ql.bias)
+    first = ql.forward_quantized(q, s, torch.bfloat16)  # the public path; keeps the launch
+    assert len(ql._runners) == 1
+    again = ql.forward_quantized(q, s, torch.bfloat16)  # the kept launch
+    assert first.shape == again.shape == (2, 3, 64)
+    assert torch.equal(first, want) and torch.equal(again, want)

@@ -395,3 +395,4 @@ def test_quant_linear_counters_follow_the_weight():
     again = tileq.nn.QuantLinear.from_quantized(ql.weight, ql.weight_scale, config=ql.config, bias=ql.bias)
     assert again.tile_counters.device.type == "cpu" and not again.tile_counters.any()
     assert again._counters() is again.tile_counters
+

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import settings
 from ..dtypes import PackedInt4
 from ..prepacked import PrepackedInt4, prepack_int4, unprepack_int4
 from ..errors import DTypeError, ShapeError, TileqError, UnsupportedError, expect
@@ -315,9 +316,10 @@ class QuantLinear(nn.Module):
         return y
 
     def forward_quantized(self, q: torch.Tensor, s: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-        """The layer's GEMM on an activation already quantized for it (q [M, K] and its scale, as
-        ``tileq.quantize_activation`` / ``add_rmsnorm_quantize`` return them): dequantization,
-        bias and the cast fused. The fused decoder path of ``tileq.integrations.hf`` calls it."""
+        """The layer's GEMM on an activation already quantized for it (q [..., K] and its scale per
+        flattened row, as ``tileq.quantize_activation`` / ``add_rmsnorm_quantize`` return them):
+        dequantization, bias and the cast fused. The fused decoder path of
+        ``tileq.integrations.hf`` calls it."""
         spec = self.spec
         if torch.compiler.is_compiling():
             from ..ops import linear_op
@@ -328,13 +330,20 @@ class QuantLinear(nn.Module):
                out_dtype)
         call = self._runners.get(key)
         if call is not None:
-            return call.run(q, self.weight, s, self.weight_scale, self.bias, None, None)
+            if q.dim() == 2:
+                return call.run(q, self.weight, s, self.weight_scale, self.bias, None, None)
+            # q in x's shape ([batch, seq, K], as add_rmsnorm_quantize returns it), s per flattened row
+            y = call.run(q.reshape(-1, q.shape[-1]), self.weight, s, self.weight_scale, self.bias, None, None)
+            return y.view(*q.shape[:-1], y.shape[-1])
         self._check_input(q)
         y = linear(q, self._weight_operand(), s, self.weight_scale, scheme=spec.scheme, out_dtype=out_dtype,
                    bias=self.bias, group_k=spec.group_k, group_n=spec.group_n)
-        if q.device.type == "cuda" and q.dim() == 2 and len(self._runners) < MAX_RUNNERS:
-            call = linear_call(q, self._weight_operand(), s, self.weight_scale, scheme=spec.scheme,
-                               out_dtype=out_dtype, bias=self.bias, group_k=spec.group_k, group_n=spec.group_n)
+        # (CUDA, or CPU tensors on Triton's interpreter, as LayerRunner: the tests run it there)
+        if ((q.device.type == "cuda" or settings.current().interpreted) and q.dim() >= 2
+                and (s is None or s.dim() <= 2) and len(self._runners) < MAX_RUNNERS):
+            call = linear_call(q.reshape(-1, q.shape[-1]), self._weight_operand(), s, self.weight_scale,
+                               scheme=spec.scheme, out_dtype=out_dtype, bias=self.bias, group_k=spec.group_k,
+                               group_n=spec.group_n)
             if call is not None:
                 self._runners[key] = call
         return y
