@@ -143,7 +143,6 @@ def tileq_op(name: str, mutates_args: tuple = ()):
     return lambda fn: TileqOp(name, fn, mutates_args)
 
 
-
 # A layer's tile counters (``kernels/buffers.given_tile_counters``): zeroed int32 that a split GEMM
 # summed by the kernel itself counts on and puts back to zero. An argument the op mutates, so that
 # the split's launch can be traced into a compiled graph (inductor writes to the layer's tensor).

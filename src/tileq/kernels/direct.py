@@ -171,9 +171,12 @@ def traceable(fn, kwargs: dict) -> bool:
 # made with a GPU driver present are kept (without one torch assumes every argument written).
 _ANALYSIS_FUNCTIONS = ("identify_accessed_tensors", "identify_mutated_tensors")
 _ANALYSES: dict = {}
+_ANALYSIS_WRAPPED = [False]
 
 
 def _cache_kernel_analysis() -> None:
+    if _ANALYSIS_WRAPPED[0]:
+        return
     from torch._higher_order_ops import triton_kernel_wrap as wrap
 
     for attr in _ANALYSIS_FUNCTIONS:
@@ -183,15 +186,17 @@ def _cache_kernel_analysis() -> None:
 
         def cached(kernel, kwargs, *rest, _original=original, **more):
             key = _analysis_key(kernel, kwargs, rest, more)
-            if key is None or not _has_driver():
-                return _original(kernel, kwargs, *rest, **more)
-            hit = _ANALYSES.get(key)
+            hit = None if key is None else _ANALYSES.get(key)
             if hit is None:
-                hit = _ANALYSES[key] = _original(kernel, kwargs, *rest, **more)
+                answer = _original(kernel, kwargs, *rest, **more)
+                if key is not None and _has_driver():
+                    _ANALYSES[key] = answer
+                return answer
             return copy.deepcopy(hit)  # callers own their result
 
         cached._tileq_cached = True
         setattr(wrap, attr, cached)
+    _ANALYSIS_WRAPPED[0] = True
 
 
 def _has_driver() -> bool:
