@@ -163,9 +163,9 @@ def traceable(fn, kwargs: dict) -> bool:
 
 
 # torch reads which arguments a traced user kernel writes from its Triton IR, generated anew for
-# every launch it traces and again when inductor lowers it (about 0.1 s each on a CPU): a 40-layer
-# model's hundreds of identical launches made its compilation take minutes. For tileq's kernels the
-# answer depends only on the kernel, the constexpr and integer arguments and which arguments are
+# every launch it traces and again when inductor lowers it (a Triton front-end compilation each):
+# a 40-layer model's hundreds of identical launches made its compilation take minutes. For tileq's
+# kernels the answer depends only on the kernel, the constexpr and integer arguments and which arguments are
 # tensors (of which dtype), so it is kept per such key (the torch function, renamed between torch
 # versions, is wrapped where found; a torch without either keeps its own behaviour). Only answers
 # made with a GPU driver present are kept (without one torch assumes every argument written).
