@@ -154,6 +154,16 @@ def untraceable(name: str) -> None:
     raise UnsupportedError(f"{name}: this launch cannot be traced into a torch.compile graph")
 
 
+def untraced_output(name: str, out, shape: tuple, dtype, device):
+    """What an untraceable GEMM launcher returns while launches are recorded or traced: it says so
+    (``untraceable``) and hands back its output (``out``, else a fresh tensor of the trace), so
+    the op around it keeps its shape."""
+    import torch
+
+    untraceable(name)
+    return out if out is not None else torch.empty(shape, dtype=dtype, device=device)
+
+
 def traceable(fn, kwargs: dict) -> bool:
     """Whether torch's ``wrap_triton`` can carry this launch: a plain JITFunction (not Gluon, not
     the interpreter's), no pre-run hooks, no launch option torch cannot pass."""

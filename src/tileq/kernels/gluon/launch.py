@@ -21,7 +21,7 @@ import torch
 from ...device import num_sms
 from ...dtypes import OperandType
 from ...problem import Problem, ScaleKind
-from ..direct import KernelCall, TableKernel, direct_launch_enabled, tracing, untraceable
+from ..direct import KernelCall, TableKernel, direct_launch_enabled, tracing, untraced_output
 from ..buffers import split_buffers
 from . import split_reduce
 from .config import GluonConfig, kernel_spec, launch_config, mma_accumulates, split_schedule
@@ -178,8 +178,7 @@ class GluonLaunch:
 
     def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
         if tracing():
-            untraceable("_ws_gemm_kernel")
-            return out if out is not None else torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
+            return untraced_output("_ws_gemm_kernel", out, (self.m, self.n), self.out_dtype, self.device)
         if (a.data_ptr() | b.data_ptr()) & 15:
             return self.fallback(a, b, sa, sb, bias, acc, out)
         if out is None:

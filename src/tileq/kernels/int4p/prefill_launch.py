@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..direct import KernelCall, TableKernel, direct_launch_enabled, tracing, untraceable
+from ..direct import KernelCall, TableKernel, direct_launch_enabled, tracing, untraced_output
 from ..buffers import split_buffers
 from ..launch import splitk_reduce_call
 from .config import SCHEME_OF_W_SCALE
@@ -163,8 +163,7 @@ class GluonPrefillLaunch:
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
         if tracing():
-            untraceable("_i4p_prefill_kernel")
-            return out if out is not None else torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
+            return untraced_output("_i4p_prefill_kernel", out, (self.m, self.n), self.out_dtype, self.device)
         if self.cast_to is not None:
             x2 = x2.to(self.cast_to)  # (a new tensor: 16-byte aligned, rows of stride K)
         if (x2.data_ptr() | wdata.data_ptr()) & 15:
