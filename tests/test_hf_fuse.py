@@ -453,3 +453,35 @@ def test_moe_fused_through_triton_kernels(monkeypatch):
     x = ids(batch=1, seq=5)
     monkeypatch.setenv("TILEQ_BACKEND", "triton")
     assert_logits_close(logits(fused, x), logits(model, x))
+
+
+@pytest.mark.parametrize("config", ["A8W8", "FP8Block", "W8A16"])
+def test_eager_fused_decode_steps_skip_validation(config, monkeypatch):
+    """After warm-up, an eager decode step of a fused model launches from kept launches only:
+    no QuantLinear call (forward or forward_quantized) goes back to the validating
+    ``quant_linear_forward`` / ``tileq.linear``, and the fused norm and SiLU quantizations plan
+    nothing anew (the Triton executor, interpreted here, as a GPU runs it)."""
+    import tileq.activation as act
+    import tileq.nn.linear as nl
+
+    monkeypatch.setenv("TILEQ_BACKEND", "triton")
+    fused, _ = fused_copy(tiny("qwen3", tnn.config_from_name(config), num_hidden_layers=1))
+    cache = transformers.StaticCache(config=fused.config, max_cache_len=16)
+    tok = ids(batch=1, seq=3)
+    with torch.inference_mode():
+        def step(tok, pos):
+            out = fused(input_ids=tok, past_key_values=cache, use_cache=True,
+                        cache_position=torch.arange(pos, pos + tok.shape[1]))
+            return out.logits[:, -1:].argmax(-1)
+
+        tok = step(tok, 0)
+        for pos in range(3, 6):  # a signature's second call builds its launch
+            tok = step(tok, pos)
+        slow = []
+        for name in ("linear", "quant_linear_forward"):
+            monkeypatch.setattr(nl, name, lambda *a, _f=getattr(nl, name), _n=name, **k: slow.append(_n) or _f(*a, **k))
+        for name in ("_build_fused", "_build_silu", "_build_quantize"):
+            monkeypatch.setattr(act, name, lambda *a, _f=getattr(act, name), _n=name, **k: slow.append(_n) or _f(*a, **k))
+        for pos in range(6, 8):
+            tok = step(tok, pos)
+    assert slow == []
