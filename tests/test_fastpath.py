@@ -508,3 +508,24 @@ def test_forward_quantized_keeps_a_launch_for_any_leading_shape(monkeypatch):
     again = ql.forward_quantized(q, s, torch.bfloat16)  # the kept launch
     assert first.shape == again.shape == (2, 3, 64)
     assert torch.equal(first, want) and torch.equal(again, want)
+
+
+def test_forward_quantized_honours_switches_changed_later(monkeypatch):
+    """A kept launch of forward_quantized belongs to the switches it was planned under: after
+    TILEQ_BACKEND changes, the next call plans again (here: the reference executor)."""
+    import tileq
+    import tileq.nn.linear as nl
+
+    monkeypatch.setenv("TILEQ_BACKEND", "triton")
+    lin = torch.nn.Linear(256, 64).to(torch.bfloat16)
+    ql = tileq.nn.QuantLinear.from_linear(lin, tileq.nn.A8W8Config())
+    q, s = tileq.quantize_activation(torch.randn(4, 256, dtype=torch.bfloat16), "int8")
+    ql.forward_quantized(q, s, torch.bfloat16)
+    ql.forward_quantized(q, s, torch.bfloat16)
+    planned = []
+    monkeypatch.setattr(nl, "linear", lambda *a, _f=nl.linear, **k: planned.append(k.get("scheme")) or _f(*a, **k))
+    ql.forward_quantized(q, s, torch.bfloat16)  # the kept launch
+    assert planned == []
+    monkeypatch.setenv("TILEQ_BACKEND", "reference")
+    ql.forward_quantized(q, s, torch.bfloat16)
+    assert planned == ["rowcol"]

@@ -329,7 +329,7 @@ class QuantLinear(nn.Module):
             return linear_op(q, self.weight, s, self.weight_scale, self.bias, spec.scheme, out_dtype,
                              spec.group_k, spec.group_n, spec.int4_k, self._counters())
         key = ("q", q.shape, q.stride(), q.dtype, q.device, None if s is None else (s.shape, s.stride()),
-               out_dtype)
+               out_dtype) + settings.key()  # (the switches the planner read: TILEQ_PDL, TILEQ_BACKEND, ...)
         call = self._runners.get(key)
         if call is not None:
             if q.dim() == 2:
