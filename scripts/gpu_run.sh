@@ -4,12 +4,12 @@
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
 #                          [tests-model] [tests-inline] [layerbench] [e2e] [e2e-opaque] [e2e-static] [e2e-small] [tests-gluon] [bench-gluon]
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
-#                          [e2e-moe] [moebench] [pack]
+#                          [e2e-moe] [moebench] [census] [pack]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
 #              GLUON_CASES, GLUON_ARGS (bench-gluon), INT4_CASES, INT4_ARGS (bench-int4),
 #              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench),
-#              OVERHEAD_ARGS (of tileq overhead), MOE_E2E_ARGS (of tileq e2e --model qwen3-moe), MOE_ARGS (of tileq moebench),
+#              OVERHEAD_ARGS (of tileq overhead), CENSUS_ARGS (of scripts/launch_census.py), MOE_E2E_ARGS (of tileq e2e --model qwen3-moe), MOE_ARGS (of tileq moebench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
 #              CKPT_ARGS (extra arguments of tileq e2e --make-checkpoint), CKPT_E2E_ARGS (of its tileq e2e runs).
 # tests-formats installs the wheels in .whl/ (compressed-tensors and what it needs, made by pip download in
@@ -178,6 +178,11 @@ for step in "${steps[@]}"; do
       # OVERHEAD_ARGS: more tileq overhead arguments (--configs, --m, ...; a later one wins).
       $PY -m tileq overhead --m 1 --n 5120 --k 5120 --csv "$OUT/overhead.csv" ${OVERHEAD_ARGS:-} 2>&1 | tail -24 \
         | tee "$OUT/overhead.log" ;;
+    census)
+      # Host cost of a decode step per config and mode (eager, eager without PDL, compiled): launches,
+      # direct-launch misses, syncs, wall against kernel ms (scripts/launch_census.py; CENSUS_ARGS).
+      $PY scripts/launch_census.py --csv "$OUT/census.csv" ${CENSUS_ARGS:-} 2>&1 | grep -v Warning \
+        | tee "$OUT/census.log" | tail -30 ;;
     demo)
       $PY -m tileq demo 2>&1 | tail -40 | tee "$OUT/demo.log" ;;
     e2e-moe)
