@@ -7,7 +7,10 @@ profiler), tileq launches made through ``KernelCall`` (all of them eager; compil
 ops left opaque), how many of those missed the direct-launch handle table (a JITFunction.run
 launch) or were not direct at all, and CUDA synchronizations (torch's sync debug mode).
 A step whose wall time is far above its kernel time is host-bound; the counts say where the host
-time goes. Runs on CPU tensors too (--small, Triton's interpreter: counts only, times mean nothing).
+time goes. Then, per config, the host microseconds of each call a fused decoder layer makes at one
+token (layer 0's modules; bf16: F.linear at the same shapes), issued OP_CALLS times without a sync
+(the launch queue does not fill, so this is host time even where the GPU is slower).
+Runs on CPU tensors too (--small, Triton's interpreter: counts only, times mean nothing).
 
     PYTHONPATH=src python3 scripts/launch_census.py --layers 4 --configs A8W8:fused,FP8Block:fused
 """
@@ -100,6 +103,64 @@ def census(config: str, mode: str, forward, cache, tok, steps: int, device) -> t
     return row, tok
 
 
+OP_CALLS = 200
+
+
+def _host_us(fn, device, calls: int | None = None) -> float:
+    """Host microseconds per call of ``fn``, issued ``calls`` times without a sync (after 3 warm calls)."""
+    calls = calls or OP_CALLS
+    for _ in range(3):
+        fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) * 1e6 / calls
+    _sync(device)
+    return us
+
+
+def op_costs(config: str, model, device) -> list[dict]:
+    """Host us per call of each call a decoder layer makes at one token (module docstring)."""
+    from torch.nn import functional as F
+
+    layer = model.model.layers[0]
+    dtype = layer.input_layernorm.weight.dtype
+    hidden = model.config.hidden_size
+    x = torch.randn(1, 1, hidden, dtype=dtype, device=device)
+    ops = {}
+    if config == "bf16":
+        attn, mlp = layer.self_attn, layer.mlp
+        for name, lin in (("q_proj", attn.q_proj), ("o_proj", attn.o_proj), ("gate_proj", mlp.gate_proj),
+                          ("down_proj", mlp.down_proj)):
+            xi = torch.randn(1, 1, lin.in_features, dtype=dtype, device=device)
+            ops[f"F.linear {name}"] = lambda lin=lin, xi=xi: F.linear(xi, lin.weight)
+        ops["add"] = lambda: x + x
+    elif getattr(layer, "_tileq_fused", False):
+        from tileq.integrations import hf
+
+        attn, mlp = layer.self_attn, layer.mlp
+        q, sc = hf.rmsnorm_quantize(x, layer.input_layernorm, attn.qkv_proj)
+        q2, s2, _ = hf.add_rmsnorm_quantize_for(x, x, layer.post_attention_layernorm, mlp.gate_up_proj)
+        gate_up = hf.linear_prequantized(mlp.gate_up_proj, q2, s2, dtype)
+        qd, sd = hf.silu_mul_quantize_for(gate_up, mlp.down_proj)
+        ops["rmsnorm_quantize"] = lambda: hf.rmsnorm_quantize(x, layer.input_layernorm, attn.qkv_proj)
+        ops["qkv forward_quantized"] = lambda: hf.linear_prequantized(attn.qkv_proj, q, sc, dtype)
+        ops["o_proj forward"] = lambda: attn.o_proj(x)
+        ops["add_rmsnorm_quantize"] = lambda: hf.add_rmsnorm_quantize_for(
+            x, x, layer.post_attention_layernorm, mlp.gate_up_proj)
+        ops["gate_up forward_quantized"] = lambda: hf.linear_prequantized(mlp.gate_up_proj, q2, s2, dtype)
+        ops["silu_mul_quantize"] = lambda: hf.silu_mul_quantize_for(gate_up, mlp.down_proj)
+        ops["down forward_quantized"] = lambda: hf.linear_prequantized(mlp.down_proj, qd, sd, dtype)
+    rows = []
+    with torch.inference_mode():
+        for name, fn in ops.items():
+            us = _host_us(fn, device)
+            print(f"{config:16s} {name:26s} {us:8.1f} us host per call", flush=True)
+            rows.append(dict(config=config, mode=f"op: {name}", wall_ms=us / 1e3))
+    return rows
+
+
 def run_config(config: str, args, device) -> list[dict]:
     torch._dynamo.reset()
     model = e2e.build_model(args.layers, device, args.seed, small=args.small)
@@ -134,6 +195,7 @@ def run_config(config: str, args, device) -> list[dict]:
             if row["misses_by_kernel"]:
                 print(f"{'':28s} misses: {row['misses_by_kernel']}", flush=True)
             rows.append(row)
+    rows += op_costs(config, model, device)
     del model, cache
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -160,7 +222,7 @@ def main() -> None:
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]), restval="")
             writer.writeheader()
             writer.writerows(rows)
 
