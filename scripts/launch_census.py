@@ -171,6 +171,8 @@ def run_config(config: str, args, device) -> list[dict]:
     modes = ["eager"] + (["eager-pdl0"] if config != "bf16" else []) + ["compile"]
     steps_needed = (len(modes) + 1) * (args.steps + e2e.WARM_STEPS + 2)
     rows = []
+    if device.type == "cuda":
+        e2e.warm_gpu()
     with torch.inference_mode():
         cache = e2e._cache(model, 1, args.prompt + steps_needed + 8)
         tok = e2e._prefill(model.forward, cache, prompt)

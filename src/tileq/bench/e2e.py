@@ -245,6 +245,21 @@ def _step(forward, cache, tok):
 
 
 WARM_STEPS = 4  # steps before each timing: kernels compiled, launch caches and runners built
+# Busy GPU seconds before a config's first timing: a GPU left idle (model building, host work)
+# drops to its idle clock, and a first eager measurement once ran 2.4x slow in a fresh process
+# (bench/results/h100/40layers-static/).
+GPU_WARM_S = 0.5
+
+
+def warm_gpu(seconds: float = GPU_WARM_S) -> None:
+    """Keep the GPU busy with bf16 matmuls for ``seconds`` (clocks up before timing)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
 
 
 @torch.inference_mode()
@@ -504,6 +519,7 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = dict(config=name, layers=args.layers, setup=how)
+    warm_gpu()
     logits = first_logits(model, prompts[1])
     agree = {}
     if ref_logits is not None and not checkpoint:  # a checkpoint's baseline has random weights
