@@ -254,12 +254,15 @@ GPU_WARM_S = 0.5
 def warm_gpu(seconds: float = GPU_WARM_S) -> None:
     """Keep the GPU busy with bf16 matmuls for ``seconds`` (clocks up before timing)."""
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(a)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         for _ in range(8):
-            a @ a
+            torch.matmul(a, a, out=out)
         torch.cuda.synchronize()
+    del a, out
+    torch.cuda.empty_cache()
 
 
 @torch.inference_mode()
@@ -516,10 +519,10 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
         model = build_model(args.layers, dev, args.seed, small=args.small, model=getattr(args, "model", "qwen3-14b"))
         how = quantize_model(model, name, args.fuse)
     setup_s = time.time() - t0
+    warm_gpu()  # (before the peak-memory count starts: its matrices are not the model's)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = dict(config=name, layers=args.layers, setup=how)
-    warm_gpu()
     logits = first_logits(model, prompts[1])
     agree = {}
     if ref_logits is not None and not checkpoint:  # a checkpoint's baseline has random weights
