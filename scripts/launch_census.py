@@ -57,26 +57,16 @@ def _install_counters() -> None:
     direct.KernelCall.__call__ = counted
 
 
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+_sync = e2e._sync
 
 
 def _kernel_ms(forward, cache, tok, device) -> float:
     """Summed GPU kernel time of one step (nan on a CPU)."""
     if device.type != "cuda":
         return float("nan")
-    from torch.profiler import ProfilerActivity, profile
-
-    _sync(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        e2e._step(forward, cache, tok)
-        _sync(device)
-    total = 0.0
-    for evt in prof.key_averages():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
-            total += getattr(evt, "device_time_total", getattr(evt, "cuda_time_total", 0.0))
-    return total / 1e3
+    parts = e2e.profiled_kernels(lambda: e2e._step(forward, cache, tok))
+    parts.pop("launches")
+    return sum(parts.values())
 
 
 def census(config: str, mode: str, forward, cache, tok, steps: int, device) -> tuple[dict, torch.Tensor]:

@@ -115,6 +115,12 @@ def runner_key(x: torch.Tensor, has_input_scale: bool):
     return (x.shape, x.stride(), x.dtype, dev, stream, has_input_scale) + settings.key()
 
 
+def keeps_launches(t: torch.Tensor) -> bool:
+    """Whether calls on ``t`` may keep a per-signature launch: CUDA tensors, or CPU ones on
+    Triton's interpreter (the tests run the same kept launches there)."""
+    return t.device.type == "cuda" or settings.current().interpreted
+
+
 class LayerRunner:
     """One QuantLinear call signature (CUDA), bound to its two launches: the activation
     quantization (into scratch for decode sizes) and the GEMM's cached launch (``linear_call``).
@@ -126,9 +132,7 @@ class LayerRunner:
     def build(cls, spec: LayerSpec, x, weight, weight_scale, bias, input_scale):
         """A runner, or None where the plain path must serve (CPU / reference executor, empty
         x, fp32 x on a weight-only layer, signatures the caches do not keep)."""
-        # (CUDA tensors, or CPU ones on Triton's interpreter: the tests run the same runner there)
-        if ((x.device.type != "cuda" and not settings.current().interpreted) or x.dim() < 1 or x.numel() == 0
-                or env_raw("TILEQ_CHECK_FINITE")):
+        if not keeps_launches(x) or x.dim() < 1 or x.numel() == 0 or env_raw("TILEQ_CHECK_FINITE"):
             return None
         r = cls()
         r.k = x.shape[-1]

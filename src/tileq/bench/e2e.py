@@ -245,9 +245,9 @@ def _step(forward, cache, tok):
 
 
 WARM_STEPS = 4  # steps before each timing: kernels compiled, launch caches and runners built
-# Busy GPU seconds before a config's first timing: a GPU left idle (model building, host work)
-# drops to its idle clock, and a first eager measurement once ran 2.4x slow in a fresh process
-# (bench/results/h100/40layers-static/).
+# Busy GPU seconds before a config's timings: a first eager measurement in a fresh process once ran
+# 2.4x slow, on a GPU at its idle clock when the call began (cause not established;
+# bench/results/h100/40layers-static/).
 GPU_WARM_S = 0.5
 
 
@@ -374,8 +374,6 @@ def kernel_breakdown(model, prompt, what: str, forward=None) -> dict:
     through ``forward`` (default: the eager ``model.forward``; the compiled step where one is
     measured, or the compiled forward for ``--profile-host``'s compiled prefill), from the torch
     profiler: where a step's device time goes."""
-    from torch.profiler import ProfilerActivity, profile
-
     eager = forward is None
     forward = forward or model.forward
     cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
@@ -384,12 +382,19 @@ def kernel_breakdown(model, prompt, what: str, forward=None) -> dict:
     elif not eager:  # a compiled prefill on this fresh cache once first: the profiled one is steady
         _prefill(forward, cache, prompt)
         cache.reset()
+    if what == "decode":
+        return profiled_kernels(lambda: _step(forward, cache, tok))
+    return profiled_kernels(lambda: _prefill(forward, cache, prompt))
+
+
+def profiled_kernels(run) -> dict:
+    """GPU kernel ms by category (``KERNEL_CATEGORIES``, else 'other') of one ``run()``, from the
+    torch profiler, and the kernel count as 'launches'."""
+    from torch.profiler import ProfilerActivity, profile
+
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        if what == "decode":
-            _step(forward, cache, tok)
-        else:
-            _prefill(forward, cache, prompt)
+        run()
         torch.cuda.synchronize()
     out = {cat: 0.0 for cat, _ in KERNEL_CATEGORIES}
     out["other"] = 0.0

@@ -32,7 +32,8 @@ from ..api import linear, linear_call
 from ..kernels.buffers import layer_tile_counters
 from ..quant import quantize_weight
 from .configs import QuantConfig, weight_scale_shape
-from ..quant_linear import LayerRunner, LayerSpec, learn, quant_linear_forward, runner_key, weight_operand
+from ..quant_linear import (LayerRunner, LayerSpec, keeps_launches, learn, quant_linear_forward, runner_key,
+                            weight_operand)
 
 # Eager fast path bookkeeping: call signatures kept per layer (quant_linear.learn marks a signature
 # seen once, builds its runner on its second call, or marks it for the plain path).
@@ -289,7 +290,7 @@ class QuantLinear(nn.Module):
 
     def _counters(self) -> torch.Tensor | None:
         """The layer's tile counters where they live with its weight (a layer built on the meta
-        device and filled later gets them with its weight, ``_adopt``)."""
+        device and filled later gets them with its weight, ``_set_weight``)."""
         c = self.tile_counters
         return c if c.device == self.weight.device else None
 
@@ -311,10 +312,8 @@ class QuantLinear(nn.Module):
         self._check_input(x)
         operand = self._weight_operand()
         y = quant_linear_forward(self.spec, x, operand, self.weight_scale, self.bias, scale)
-        # (CUDA, or CPU tensors on Triton's interpreter, as forward_quantized: the tests run it there)
-        room = (x.device.type == "cuda" or settings.current().interpreted) and len(self._runners) < MAX_RUNNERS
-        learn(self._runners, key, runner, MAX_RUNNERS, room, self.spec, x, operand, self.weight_scale, self.bias,
-              scale)
+        learn(self._runners, key, runner, MAX_RUNNERS, keeps_launches(x) and len(self._runners) < MAX_RUNNERS,
+              self.spec, x, operand, self.weight_scale, self.bias, scale)
         return y
 
     def forward_quantized(self, q: torch.Tensor, s: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
@@ -340,9 +339,7 @@ class QuantLinear(nn.Module):
         self._check_input(q)
         y = linear(q, self._weight_operand(), s, self.weight_scale, scheme=spec.scheme, out_dtype=out_dtype,
                    bias=self.bias, group_k=spec.group_k, group_n=spec.group_n)
-        # (CUDA, or CPU tensors on Triton's interpreter, as LayerRunner: the tests run it there)
-        if ((q.device.type == "cuda" or settings.current().interpreted) and q.dim() >= 2
-                and (s is None or s.dim() <= 2) and len(self._runners) < MAX_RUNNERS):
+        if keeps_launches(q) and q.dim() >= 2 and (s is None or s.dim() <= 2) and len(self._runners) < MAX_RUNNERS:
             call = linear_call(q.reshape(-1, q.shape[-1]), self._weight_operand(), s, self.weight_scale,
                                scheme=spec.scheme, out_dtype=out_dtype, bias=self.bias, group_k=spec.group_k,
                                group_n=spec.group_n)
