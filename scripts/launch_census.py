@@ -85,9 +85,15 @@ def census(config: str, mode: str, forward, cache, tok, steps: int, device) -> t
     if device.type == "cuda":
         torch.cuda.set_sync_debug_mode(0)
     syncs = sum("synchroniz" in str(w.message) for w in caught)
+    # Other warnings raised in the timed steps: recorded each time here ("always"), they cost host time
+    # that a normal run (each warned once) does not pay, so the wall ms above is suspect where any.
+    others = collections.Counter(f"{w.category.__name__}: {str(w.message)[:80]}" for w in caught
+                                 if "synchroniz" not in str(w.message))
     row = dict(config=config, mode=mode, wall_ms=wall, kernel_ms=_kernel_ms(forward, cache, tok, device),
                launches=sum(_CALLS.values()) / steps, handle_misses=sum(_MISSES.values()) / steps,
                not_direct=sum(_NOT_DIRECT.values()) / steps, syncs=syncs / steps,
+               other_warnings=sum(others.values()) / steps,
+               warnings_by_text=" | ".join(f"{n / steps:g}x {t}" for t, n in others.most_common(3)),
                by_kernel=" ".join(f"{k}={v / steps:g}" for k, v in sorted(_CALLS.items())),
                misses_by_kernel=" ".join(f"{k}={v / steps:g}" for k, v in sorted(_MISSES.items())))
     return row, tok
@@ -183,7 +189,10 @@ def run_config(config: str, args, device) -> list[dict]:
                         os.environ["TILEQ_PDL"] = saved
             print(f"{config:16s} {mode:11s} wall {row['wall_ms']:8.2f} ms  kernels {row['kernel_ms']:7.2f} ms  "
                   f"launches {row['launches']:6.1f}  misses {row['handle_misses']:5.1f}  "
-                  f"not direct {row['not_direct']:5.1f}  syncs {row['syncs']:4.1f}", flush=True)
+                  f"not direct {row['not_direct']:5.1f}  syncs {row['syncs']:4.1f}  "
+                  f"other warnings {row['other_warnings']:5.1f}", flush=True)
+            if row["warnings_by_text"]:
+                print(f"{'':28s} warnings: {row['warnings_by_text']}", flush=True)
             if row["misses_by_kernel"]:
                 print(f"{'':28s} misses: {row['misses_by_kernel']}", flush=True)
             rows.append(row)

@@ -174,14 +174,15 @@ def test_host_diagnostics_on_cpu(tmp_path, capsys):
     prompt = torch.randint(0, 4096, (1, 8))
     base = dict(config="A8W8:fused", layers=1, setup="s")
     rows = e2e._host_diagnostics("A8W8:fused", model, prompt, None, base, tmp_path)
-    assert [r["metric"] for r in rows] == ["host_profile_decode_eager_ms"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["A8W8-fused_decode_eager.txt"]
+    assert [r["metric"] for r in rows] == ["host_profile_decode_eager_ms", "host_profile_prefill_eager_ms"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["A8W8-fused_decode_eager.txt",
+                                                          "A8W8-fused_prefill_eager.txt"]
     compiled = torch.compile(model.forward, fullgraph=True, dynamic=False, backend="eager")
     rows = e2e._host_diagnostics("A8W8:fused", model, prompt, compiled, base, tmp_path)
     assert [r["metric"] for r in rows] == ["host_profile_decode_compile_ms", "host_profile_decode_eager_ms",
-                                           "host_profile_prefill_compile_ms"]
+                                           "host_profile_prefill_eager_ms", "host_profile_prefill_compile_ms"]
     assert all(r["value"] > 0 and r["batch"] == 1 for r in rows)
-    for what in ("decode_compile", "decode_eager", "prefill_compile"):
+    for what in ("decode_compile", "decode_eager", "prefill_eager", "prefill_compile"):
         assert "wall ms per call (without the profiler)" in (tmp_path / f"A8W8-fused_{what}.txt").read_text()
     out = capsys.readouterr().out
     assert "[A8W8:fused] compiled prefill breakdown not measured" in out

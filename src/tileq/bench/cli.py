@@ -230,7 +230,7 @@ def add_e2e(subparsers) -> argparse.ArgumentParser:
                    help="--make-checkpoint: the largest safetensors shard (save_pretrained's; default: 5GB)")
     p.add_argument("--profile-host", action="store_true",
                    help="diagnostic, per config after the timings: the kernel breakdown of one compiled prefill "
-                   "(a third table), and cProfile of 8 compiled and 8 eager decode steps and 3 compiled prefills, "
+                   "(a third table), and cProfile of 8 compiled and 8 eager decode steps and 3 eager and 3 compiled prefills, "
                    "each written to OUT/host_profile/<config>_<what>.txt with its wall ms per call")
     p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/e2e",
                    help="folder for e2e.csv, e2e.md and e2e.png (default: $OUT/e2e, else tileq-out/e2e)")

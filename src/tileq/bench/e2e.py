@@ -422,7 +422,7 @@ def _breakdown_rows(base: dict, prefix: str, parts: dict) -> list[dict]:
 
 HOST_PROFILE_STEPS = 8  # decode steps per --profile-host report (after HOST_PROFILE_WARM warm-up steps)
 HOST_PROFILE_WARM = 3
-HOST_PROFILE_PREFILLS = 3  # compiled prefills per report
+HOST_PROFILE_PREFILLS = 3  # prefills per report
 
 
 def _cuda_sync() -> None:
@@ -463,8 +463,9 @@ def write_host_profile(fn, path, label: str, calls: int = 1, sync=_cuda_sync) ->
 def profile_host(model, prompt, compiled, folder, config: str) -> dict:
     """``--profile-host``: cProfile of HOST_PROFILE_STEPS decode steps (compiled: ``decode_compile``,
     eager: ``decode_eager``; each on its own static cache after a prefill and HOST_PROFILE_WARM
-    steps) and of HOST_PROFILE_PREFILLS compiled prefills of ``prompt`` (``prefill_compile``, the
-    cache reset before each, after one warm prefill); without ``compiled`` only ``decode_eager``.
+    steps) and of HOST_PROFILE_PREFILLS eager and compiled prefills of ``prompt`` (``prefill_eager``,
+    ``prefill_compile``, the cache reset before each, after one warm prefill); without ``compiled``
+    only the eager ones.
     One file per report, ``folder/<config>_<what>.txt`` (':' as '-'); returns {what: wall ms per call}."""
     out = {}
     stem = config.replace(":", "-")
@@ -485,18 +486,19 @@ def profile_host(model, prompt, compiled, folder, config: str) -> dict:
         out[what] = write_host_profile(steps, Path(folder) / f"{stem}_{what}.txt",
                                        f"{config}: {what}, {HOST_PROFILE_STEPS} decode steps at batch "
                                        f"{prompt.shape[0]}", calls=HOST_PROFILE_STEPS)
-    if compiled is not None:
+    prefills = [("prefill_eager", model.forward)] + ([("prefill_compile", compiled)] if compiled is not None else [])
+    for what, forward in prefills:
         cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
-        _prefill(compiled, cache, prompt)  # a fresh cache object: the profiled prefills are steady ones
+        _prefill(forward, cache, prompt)  # a fresh cache object: the profiled prefills are steady ones
 
-        def prefills():
+        def run(forward=forward, cache=cache):
             for _ in range(HOST_PROFILE_PREFILLS):
                 cache.reset()
-                _prefill(compiled, cache, prompt)
+                _prefill(forward, cache, prompt)
 
-        out["prefill_compile"] = write_host_profile(
-            prefills, Path(folder) / f"{stem}_prefill_compile.txt",
-            f"{config}: prefill_compile, {HOST_PROFILE_PREFILLS} compiled prefills of a {prompt.shape[1]}-token "
+        out[what] = write_host_profile(
+            run, Path(folder) / f"{stem}_{what}.txt",
+            f"{config}: {what}, {HOST_PROFILE_PREFILLS} prefills of a {prompt.shape[1]}-token "
             f"prompt at batch {prompt.shape[0]}", calls=HOST_PROFILE_PREFILLS)
     return out
 
