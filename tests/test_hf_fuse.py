@@ -484,3 +484,29 @@ def test_eager_fused_decode_steps_skip_validation(config, monkeypatch):
             monkeypatch.setattr(act, name, lambda *a, _f=getattr(act, name), _n=name, **k: slow.append(_n) or _f(*a, **k))
         tok = step(tok, 5)
     assert slow == []
+
+
+@pytest.mark.parametrize("family,config", [("qwen3", "A8W8"), ("llama", "W8A16")])
+def test_eager_fused_attention_prepares_q_and_k_in_one_launch(family, config, monkeypatch):
+    """Eager fused layers (the Triton executor, interpreted) prepare q and k with tileq's one
+    kernel (Qwen3: per-head norms + rotary embedding; Llama: the rotation alone), once per layer,
+    and their logits stay close to the unfused model's; TILEQ_QK_ROPE=0 gives transformers'
+    operations back."""
+    from tileq.kernels import direct
+
+    monkeypatch.setenv("TILEQ_BACKEND", "triton")
+    model = tiny(family, tnn.config_from_name(config))
+    fused, _ = fused_copy(model)
+    x = ids(batch=2, seq=5)
+    launches = []
+    call = direct.KernelCall.__call__
+    monkeypatch.setattr(direct.KernelCall, "__call__",
+                        lambda self, ptrs, d: launches.append(self.name) or call(self, ptrs, d))
+    got = logits(fused, x)
+    assert launches.count("_qk_norm_rope_kernel") == TINY["num_hidden_layers"]
+    assert_logits_close(got, logits(model, x))
+    launches.clear()
+    monkeypatch.setenv("TILEQ_QK_ROPE", "0")
+    off = logits(fused, x)
+    assert "_qk_norm_rope_kernel" not in launches
+    assert_logits_close(got, off)

@@ -155,3 +155,40 @@ def test_eager_runner_matches_the_plain_path(name, shape):
         for _ in range(2):  # the second call builds the runner, the third runs it
             assert torch.equal(layer(x), y)
         assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 40, 8, 128), (4, 1, 40, 8, 128), (1, 37, 32, 8, 64), (2, 9, 16, 4, 256)])
+def test_qk_norm_rope_on_gpu_matches_transformers(shape, norm):
+    """tileq.qk_norm_rope on the GPU against transformers' Qwen3RMSNorm and apply_rotary_pos_emb
+    run on the same GPU: bit for bit without the norm; with it within 2 ulps of each head's largest
+    value (summation order, 1 / sqrt against the GPU's approximate rsqrt), nearly every value equal."""
+    from transformers.models.qwen3 import modeling_qwen3 as mq
+
+    from tileq.qk_rope import qk_norm_rope
+
+    b, t, hq, hkv, d = shape
+    g = torch.Generator(device="cuda").manual_seed(t)
+    qkv = torch.randn(b, t, (hq + 2 * hkv) * d, device="cuda", generator=g).mul(4).bfloat16()
+    angle = torch.rand(b, t, d // 2, device="cuda", generator=g) * 40
+    emb = torch.cat((angle, angle), -1)
+    cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
+    q = qkv[..., :hq * d].reshape(b, t, hq, d)
+    k = qkv[..., hq * d:(hq + hkv) * d].reshape(b, t, hkv, d)
+    kw = {}
+    if norm:
+        qn, kn = mq.Qwen3RMSNorm(d, eps=1e-6).cuda().bfloat16(), mq.Qwen3RMSNorm(d, eps=1e-6).cuda().bfloat16()
+        qn.weight.data.normal_(1, 0.2, generator=g)
+        kn.weight.data.normal_(1, 0.2, generator=g)
+        q, k = qn(q), kn(k)
+        kw = dict(q_weight=qn.weight.data, k_weight=kn.weight.data, eps=1e-6)
+    want = mq.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    got = qk_norm_rope(qkv, cos, sin, q_heads=hq, kv_heads=hkv, **kw)
+    for a, w in zip(got, want):
+        assert a.shape == w.shape and a.dtype == w.dtype
+        if norm:
+            scale = w.float().abs().amax(-1, keepdim=True)
+            assert ((a.float() - w.float()).abs() <= 2 * torch.finfo(w.dtype).eps * scale).all()
+            assert (a == w).float().mean() > 0.99
+        else:
+            assert torch.equal(a, w)

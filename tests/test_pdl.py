@@ -104,6 +104,7 @@ from tileq.kernels import act_quant as aq
 from tileq.kernels import launch as gl
 from tileq.kernels.gemm_kernel import _gemm_kernel, _splitk_reduce_kernel, _splitk_reduce_pdl_kernel
 from tileq.kernels.int4p.config import Int4pConfig
+from tileq.kernels.qk_rope import _qk_norm_rope_kernel
 from tileq.kernels.int4p.launch import compile_options, compile_source
 from tileq.dispatch.act_quant import act_quant_config
 from tileq.dtypes import OperandType as OT
@@ -161,6 +162,16 @@ for pdl in (False, True):
         cfg = Int4pConfig(bm=16, split_k=1 if streamk else 2, fixup=not streamk, streamk=streamk)
         c = triton.compile(compile_source("bf16", "group", cfg, pdl=pdl), target=T, options=compile_options(cfg))
         out[f"int4p{'_stk' if streamk else ''}{'_pdl' if pdl else ''}"] = counts(c.asm["ptx"])
+for pdl in (False, True):
+    names = ("x_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr")
+    sig = {n: "*bf16" for n in names}
+    sig.update(eps="fp32", T="i32", HQ="i32", HKV="i32", stride_xb="i32", stride_xt="i32", stride_cb="i32",
+               stride_ct="i32", D="constexpr", NORM="constexpr", X_TYPE="constexpr", INTERPRETED="constexpr",
+               PDL="constexpr")
+    consts = dict(D=128, NORM=True, X_TYPE="bf16", INTERPRETED=False, PDL=pdl)
+    c = triton.compile(triton.compiler.ASTSource(fn=_qk_norm_rope_kernel, signature=sig, constexprs=consts),
+                       target=T, options={"num_warps": 1, "launch_pdl": pdl})
+    out["qk_rope" + ("_pdl" if pdl else "")] = counts(c.asm["ptx"])
 print(json.dumps(out))
 '''
 
@@ -185,7 +196,7 @@ def test_sm90_builds_wait_exactly_when_pdl_is_on(builds):
         if on:
             # No load, store or atomic before the wait; the GEMMs prefetch their weight before it.
             assert 0 < c["wait_at"] < c["first_access"], (name, c)
-            if not name.startswith(("reduce", "act_quant", "rmsnorm_quant")):
+            if not name.startswith(("reduce", "act_quant", "rmsnorm_quant", "qk_rope")):
                 assert 0 < c["prefetch_at"] < c["wait_at"], (name, c)
         else:
             assert c["prefetch.global.L2"] == 0, name
@@ -206,3 +217,10 @@ def test_sm90_split_sum_in_the_kernel(builds):
     assert builds["gemm_split_fixup"]["atom."] >= 2 and builds["gemm_split_fixup_pdl"]["atom."] >= 2
     assert builds["gemm_split"]["atom."] == 0 and builds["gemm_split_pdl"]["atom."] == 0
     assert builds["gemm_split_fixup"]["wgmma"] > 0
+
+
+def test_sm90_qk_rope_build_rounds_its_norm(builds):
+    """The q/k norm + rotary kernel's sm_90 build takes the norm's mean and 1 / sqrt with
+    round-to-nearest divisions (what its bit-for-bit claim against the reference rests on)."""
+    for name in ("qk_rope", "qk_rope_pdl"):
+        assert builds[name]["div.rn.f32"] >= 2, (name, builds[name])

@@ -76,10 +76,13 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor, nn
 
+from .. import settings
 from ..activation import add_rmsnorm_quantize, silu_mul_quantize
 from ..errors import UnsupportedError, expect
 from ..nn.linear import QuantLinear
 from ..ops import _quantize_activation_fake, tileq_op
+from ..qk_rope import qk_norm_rope
+from ..quant_linear import keeps_launches
 
 log = logging.getLogger("tileq")
 
@@ -379,6 +382,28 @@ def linear_prequantized(layer: QuantLinear, q: Tensor, s: Tensor, out_dtype: tor
 # ----------------------------------------------------------------------------- fused modules
 
 
+_ROPE_HEAD_DIMS = (32, 64, 128, 256)
+
+
+def _rope_fuses(attn: nn.Module, qkv: Tensor, cos: Tensor, sin: Tensor) -> bool:
+    """Whether the fused attention prepares q and k with ``qk_norm_rope`` (one launch) instead of
+    transformers' operations: eager calls on a GPU (or Triton's interpreter), TILEQ_QK_ROPE not 0,
+    16-bit activations with cos / sin and the q/k norms' weights in the same dtype, the norms'
+    epsilons equal, k and v of one width, a head dimension the kernel holds in registers."""
+    if torch.compiler.is_compiling() or not keeps_launches(qkv) or not settings.current().qk_rope:
+        return False
+    dtype, split, d = qkv.dtype, attn._tileq_split, attn.head_dim
+    if (dtype not in (torch.bfloat16, torch.float16) or qkv.dim() != 3 or d not in _ROPE_HEAD_DIMS
+            or split[1] != split[2] or cos.dtype != dtype or sin.dtype != dtype or cos.dim() != 3
+            or cos.shape[-1] != d):
+        return False
+    if attn._tileq_qk_norm:
+        qn, kn = attn.q_norm, attn.k_norm
+        return (qn.weight.dtype == dtype and kn.weight.dtype == dtype
+                and qn.variance_epsilon == kn.variance_epsilon)
+    return True
+
+
 class _FusedAttention:
     """Mixin over a transformers attention class whose q/k/v projections are one ``qkv_proj``.
 
@@ -401,16 +426,23 @@ class _FusedAttention:
         hidden_shape = (*input_shape, -1, self.head_dim)
 
         q, k, v = qkv.split(self._tileq_split, dim=-1)
-        if self._tileq_qk_norm:
-            query_states = self.q_norm(q.view(hidden_shape)).transpose(1, 2)
-            key_states = self.k_norm(k.view(hidden_shape)).transpose(1, 2)
-        else:
-            query_states = q.view(hidden_shape).transpose(1, 2)
-            key_states = k.view(hidden_shape).transpose(1, 2)
-        value_states = v.view(hidden_shape).transpose(1, 2)
-
         cos, sin = position_embeddings
-        query_states, key_states = modeling.apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if _rope_fuses(self, qkv, cos, sin):
+            # One kernel for the q/k norms and the rotation (eager only: inductor fuses them itself).
+            norms = (self.q_norm.weight, self.k_norm.weight) if self._tileq_qk_norm else (None, None)
+            query_states, key_states = qk_norm_rope(
+                qkv, cos, sin, q_heads=self._tileq_split[0] // self.head_dim,
+                kv_heads=self._tileq_split[1] // self.head_dim, q_weight=norms[0], k_weight=norms[1],
+                eps=self.q_norm.variance_epsilon if self._tileq_qk_norm else 0.0)
+        else:
+            if self._tileq_qk_norm:
+                query_states = self.q_norm(q.view(hidden_shape)).transpose(1, 2)
+                key_states = self.k_norm(k.view(hidden_shape)).transpose(1, 2)
+            else:
+                query_states = q.view(hidden_shape).transpose(1, 2)
+                key_states = k.view(hidden_shape).transpose(1, 2)
+            query_states, key_states = modeling.apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        value_states = v.view(hidden_shape).transpose(1, 2)
 
         if past_key_values is not None:
             key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)

@@ -1,0 +1,135 @@
+"""The q/k preparation of an attention layer in one kernel: from a merged q/k/v projection's output,
+each q and k head's RMSNorm (Qwen3's ``q_norm`` / ``k_norm``; optional) and the rotary embedding,
+written as transformers computes them (``apply_rotary_pos_emb`` with ``rotate_half``).
+
+Eagerly, transformers spends about 25 small ATen launches per layer on this (two RMSNorms of
+eight operations, the rotation's slices, concatenations, products and sums), each a few
+microseconds of host time; here it is one launch. Every step rounds where transformers' does:
+the norm as ``_rms_scaled`` (``act_quant_kernel``: fp32 statistics, 1 / sqrt rounded to nearest,
+the normalized value rounded to x's dtype, then times the weight, rounded), the rotation as three
+x-dtype operations (``x * cos``, ``rotate_half(x) * sin``, their sum, each rounded). Without the
+norm the result equals transformers' bit for bit; with it, it may differ where torch's
+approximate GPU ``rsqrt`` and the summation order move a rounding (one ulp of x's dtype).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from .act_quant_kernel import _rms_scaled, _round_to, _to_f32
+from .direct import KernelCall, pdl_enabled
+from .pdl import wait_upstream
+
+_THIS = sys.modules[__name__]  # KernelCall looks the kernel up here at call time
+_X_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr,
+    eps, T, HQ, HKV, stride_xb, stride_xt, stride_cb, stride_ct,
+    D: tl.constexpr, NORM: tl.constexpr, X_TYPE: tl.constexpr, INTERPRETED: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Grid (B * T, HQ + HKV): program (r, h) reads head h of token r = b * T + t (q heads first,
+    then k heads; the v heads behind them are not touched), normalizes it (NORM) and rotates it:
+    out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[D/2:], x[:D/2]). q heads go to
+    q [B, T, HQ, D], k heads to k [B, T, HKV, D], both contiguous."""
+    if PDL:
+        wait_upstream()
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    b = (r // T).to(tl.int64)
+    t = (r % T).to(tl.int64)
+    HALF: tl.constexpr = D // 2
+    i = tl.arange(0, D)
+    j = (i + HALF) % D  # the partner element rotate_half brings to position i
+    row = x_ptr + b * stride_xb + t * stride_xt + h * D
+    x = tl.load(row + i)
+    xp = tl.load(row + j)
+    is_q = h < HQ
+    if NORM:
+        xf = _to_f32(x, INTERPRETED)
+        sumsq = tl.sum(xf * xf, 0)
+        var = tl.math.div_rn(sumsq, D * 1.0)
+        rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + tl.cast(eps, tl.float32)))
+        # q heads take q_norm's weight, k heads k_norm's (both loaded: a pointer select per head
+        # would need a branch per program; D values are one cache line pair).
+        ok = tl.full([D], 1, tl.int1)
+        xq = _rms_scaled(x, rstd, qw_ptr, i, ok, X_TYPE, INTERPRETED)
+        xk = _rms_scaled(x, rstd, kw_ptr, i, ok, X_TYPE, INTERPRETED)
+        pq = _rms_scaled(xp, rstd, qw_ptr, j, ok, X_TYPE, INTERPRETED)
+        pk = _rms_scaled(xp, rstd, kw_ptr, j, ok, X_TYPE, INTERPRETED)
+        x = tl.where(is_q, xq, xk)
+        xp = tl.where(is_q, pq, pk)
+    c = _to_f32(tl.load(cos_ptr + b * stride_cb + t * stride_ct + i), INTERPRETED)
+    s = _to_f32(tl.load(sin_ptr + b * stride_cb + t * stride_ct + i), INTERPRETED)
+    xf = _to_f32(x, INTERPRETED)
+    pf = _to_f32(xp, INTERPRETED)
+    pf = tl.where(i < HALF, -pf, pf)  # negation is exact
+    a = _to_f32(_round_to(xf * c, X_TYPE, INTERPRETED), INTERPRETED)
+    rot = _to_f32(_round_to(pf * s, X_TYPE, INTERPRETED), INTERPRETED)
+    out = _round_to(a + rot, X_TYPE, INTERPRETED)
+    tl.store(q_ptr + (r.to(tl.int64) * HQ + h) * D + i, out, mask=(i < D) & is_q)
+    tl.store(k_ptr + (r.to(tl.int64) * HKV + (h - HQ)) * D + i, out, mask=(i < D) & (h >= HQ))
+
+
+class QkNormRopeLaunch:
+    """``tileq.qk_rope.qk_norm_rope`` for one call signature: allocates q and k, launches once."""
+
+    __slots__ = ("call", "direct", "q_shape", "k_shape", "dtype", "device")
+
+    def __init__(self, *, batch: int, tokens: int, q_heads: int, kv_heads: int, head_dim: int,
+                 x_strides: tuple, cs_strides: tuple, dtype, device, norm: bool, eps: float,
+                 interpreted: bool):
+        self.q_shape = (batch, tokens, q_heads, head_dim)
+        self.k_shape = (batch, tokens, kv_heads, head_dim)
+        self.dtype, self.device = dtype, device
+        pdl = dict(PDL=True, launch_pdl=True) if pdl_enabled(device, interpreted) else dict(PDL=False)
+        # One warp per 128 values: a head is a row of D (64-256) values.
+        consts = dict(D=head_dim, NORM=norm, X_TYPE=_X_TYPES[dtype], INTERPRETED=interpreted,
+                      num_warps=max(1, head_dim // 128), num_stages=1, **pdl)
+        ints = (float(eps), tokens, q_heads, kv_heads) + tuple(x_strides) + tuple(cs_strides)
+        wdt = dtype if norm else None
+        dtypes = (dtype, wdt, wdt, dtype, dtype, dtype, dtype)
+        self.call = KernelCall(_THIS, "_qk_norm_rope_kernel", (batch * tokens, q_heads + kv_heads), ints,
+                               consts, dtypes)
+        self.direct = device.type == "cuda" and not interpreted
+
+    def __call__(self, qkv, q_weight, k_weight, cos, sin, direct_ok: bool):
+        q = torch.empty(self.q_shape, dtype=self.dtype, device=self.device)
+        k = torch.empty(self.k_shape, dtype=self.dtype, device=self.device)
+        self.call((qkv, q_weight, k_weight, cos, sin, q, k), self.direct and direct_ok)
+        return q.transpose(1, 2), k.transpose(1, 2)
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def qk_norm_rope_ref(qkv, cos, sin, q_heads: int, kv_heads: int, q_weight=None, k_weight=None,
+                     eps: float = 1e-6):
+    """The same (q, k) with torch operations, transformers' formulas (RMSNorm's rsqrt taken as
+    1 / sqrt, rounded to nearest, as the kernel does): q [B, HQ, T, D], k [B, HKV, T, D]."""
+    b, t, _ = qkv.shape
+    d = cos.shape[-1]
+    q = qkv[..., :q_heads * d].reshape(b, t, q_heads, d)
+    k = qkv[..., q_heads * d:(q_heads + kv_heads) * d].reshape(b, t, kv_heads, d)
+
+    def norm(x, w):
+        xf = x.float()
+        rstd = torch.reciprocal(torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
+        return w * (xf * rstd).to(x.dtype)
+
+    if q_weight is not None:
+        q, k = norm(q, q_weight), norm(k, k_weight)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def rotate_half(x):
+        return torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
+
+    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s

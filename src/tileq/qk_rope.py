@@ -1,0 +1,114 @@
+"""``qk_norm_rope``: an attention layer's q and k from its merged q/k/v projection, normalized per
+head (optional) and rotated, in one launch (``kernels/qk_rope.py``). The fused decoder layers of
+``tileq.integrations.hf`` call it in eager mode, where transformers spends about 25 small ATen
+launches per layer on the same work; compiled code keeps transformers' operations, which inductor
+fuses itself.
+
+Like the activation functions, a call's signature (shapes, strides, dtypes, devices, options)
+keys a bounded cache of launch objects: a repeated call allocates q and k and launches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import settings
+from ._runtime import bounded_put
+from .dispatch.plan import resolve_backend
+from .errors import DTypeError, LayoutError, ShapeError, UnsupportedError, expect
+from .kernels import qk_rope as _qr
+from .kernels.direct import direct_launch_enabled
+
+_CACHE: dict = {}
+_CACHE_CAP = 256
+_DTYPES = (torch.bfloat16, torch.float16)
+_HEAD_DIMS = (32, 64, 128, 256)
+
+
+def qk_norm_rope(qkv, cos, sin, *, q_heads: int, kv_heads: int, q_weight=None, k_weight=None,
+                 eps: float = 1e-6, backend=None):
+    """(q, k) of an attention layer as transformers computes them before its KV cache:
+
+    - ``qkv`` [B, T, (q_heads + 2 * kv_heads) * D]: the merged projection's output (q heads, then
+      k heads, then v heads), bf16 or fp16, unit stride along the last dimension;
+    - ``q_weight`` / ``k_weight`` [D]: the per-head RMSNorms' weights (Qwen3's ``q_norm`` /
+      ``k_norm``, epsilon ``eps``), both or neither;
+    - ``cos`` / ``sin`` [B or 1, T, D] in qkv's dtype (the rotary embedding's output), rotated as
+      ``apply_rotary_pos_emb`` with ``rotate_half`` does.
+
+    Returns q [B, q_heads, T, D] and k [B, kv_heads, T, D], transposed views of new [B, T, H, D]
+    tensors (transformers' ``.transpose(1, 2)`` layout). D must be 32, 64, 128 or 256.
+    ``backend``: 'auto' (Triton on CUDA tensors, the torch reference on CPU), 'triton', 'reference'.
+    """
+    try:
+        key = (_sig(qkv), _sig(cos), _sig(sin), q_heads, kv_heads, _sig(q_weight), _sig(k_weight),
+               eps.__class__, eps, backend, settings.key())
+        launch = _CACHE.get(key)
+    except (TypeError, AttributeError):  # odd arguments: validation reports them
+        key, launch = None, None
+    if launch is None:
+        launch = _build(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, backend)
+        if key is not None:
+            bounded_put(_CACHE, key, launch, _CACHE_CAP)
+    if isinstance(launch, _qr.QkNormRopeLaunch):
+        return launch(qkv, q_weight, k_weight, cos, sin, direct_launch_enabled())
+    return _qr.qk_norm_rope_ref(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps)
+
+
+def _sig(t):
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError
+    return (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _build(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, backend):
+    """The launch of a new signature after checking every argument; None for the reference."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dtype not in _DTYPES:
+        raise DTypeError(expect("qkv", "a bfloat16 or float16 tensor",
+                                getattr(qkv, "dtype", type(qkv).__name__)))
+    for name, v in (("q_heads", q_heads), ("kv_heads", kv_heads)):
+        if type(v) is not int or v < 1:
+            raise ShapeError(expect(name, "a positive int", repr(v)))
+    if qkv.dim() != 3 or qkv.stride(-1) != 1:
+        raise LayoutError(expect("qkv", "[B, T, (q_heads + 2 * kv_heads) * D] with unit stride along the last "
+                                 "dimension", f"shape {tuple(qkv.shape)} with strides {qkv.stride()}"))
+    b, t, n = qkv.shape
+    for name, c in (("cos", cos), ("sin", sin)):
+        if not isinstance(c, torch.Tensor) or c.dtype != qkv.dtype or c.device != qkv.device:
+            raise DTypeError(expect(name, f"a {qkv.dtype} tensor on {qkv.device} (qkv's)",
+                                    getattr(c, "dtype", type(c).__name__)))
+        if c.dim() != 3 or c.shape[0] not in (1, b) or c.shape[1] != t or c.stride(-1) != 1:
+            raise ShapeError(expect(name, f"[{b} or 1, {t}, D] with unit stride along D",
+                                    f"shape {tuple(c.shape)} with strides {c.stride()}"))
+    d = cos.shape[-1]
+    if d not in _HEAD_DIMS:
+        raise UnsupportedError(expect("cos", f"a head dimension D in {_HEAD_DIMS}", d))
+    if sin.shape != cos.shape or sin.stride() != cos.stride():
+        raise LayoutError(expect("sin", f"cos's shape and strides {tuple(cos.shape)}, {cos.stride()}",
+                                 f"{tuple(sin.shape)}, {sin.stride()}"))
+    if n != (q_heads + 2 * kv_heads) * d:
+        raise ShapeError(expect("qkv", f"last dimension (q_heads + 2 * kv_heads) * D = {(q_heads + 2 * kv_heads) * d}",
+                                n))
+    if (q_weight is None) != (k_weight is None):
+        raise ShapeError(expect("k_weight", "given exactly when q_weight is", type(k_weight).__name__))
+    norm = q_weight is not None
+    if norm:
+        for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+            if not isinstance(w, torch.Tensor) or w.dtype != qkv.dtype or w.device != qkv.device:
+                raise DTypeError(expect(name, f"a {qkv.dtype} tensor on {qkv.device}",
+                                        getattr(w, "dtype", type(w).__name__)))
+            if tuple(w.shape) != (d,) or (d > 1 and w.stride(0) != 1):
+                raise ShapeError(expect(name, f"a contiguous [{d}] tensor", tuple(w.shape)))
+    if type(eps) not in (float, int) or not eps >= 0:
+        raise ShapeError(expect("eps", "a non-negative number", repr(eps)))
+    executor, interpreted = resolve_backend(backend, qkv.device)
+    if executor == "reference" or qkv.numel() == 0:
+        return None
+    xs = qkv.stride()
+    cs = cos.stride()
+    return _qr.QkNormRopeLaunch(
+        batch=b, tokens=t, q_heads=q_heads, kv_heads=kv_heads, head_dim=d,
+        x_strides=(xs[0] if b > 1 else 0, xs[1]), cs_strides=(cs[0] if cos.shape[0] > 1 else 0, cs[1]),
+        dtype=qkv.dtype, device=qkv.device, norm=norm, eps=float(eps), interpreted=interpreted)

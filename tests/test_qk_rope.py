@@ -1,0 +1,114 @@
+"""tileq.qk_norm_rope (kernels/qk_rope.py) on Triton's interpreter: the kernel against its torch
+reference and against transformers' own operations, the argument checks, and the fused decoder's
+use of it (one launch per layer, TILEQ_QK_ROPE=0 turning it off). The sm_90 build is in
+tests/test_pdl.py; tests/test_model_gpu.py runs the kernel on a GPU."""
+
+import pytest
+import torch
+
+from tileq.errors import DTypeError, LayoutError, ShapeError, UnsupportedError
+from tileq.kernels.qk_rope import qk_norm_rope_ref
+from tileq.qk_rope import qk_norm_rope
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.qwen3 import modeling_qwen3 as mq  # noqa: E402
+
+
+def _inputs(b, t, hq, hkv, d, dtype=torch.bfloat16, seed=0, cos_batch=None, row_pad=0):
+    g = torch.Generator().manual_seed(seed)
+    n = (hq + 2 * hkv) * d
+    qkv = (torch.randn(b, t, n + row_pad, generator=g) * 4).to(dtype)[..., :n]  # row_pad: a strided view
+    cb = b if cos_batch is None else cos_batch
+    angle = torch.rand(cb, t, d // 2, generator=g) * 40
+    emb = torch.cat((angle, angle), dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    qw = (1 + torch.randn(d, generator=g) * 0.2).to(dtype)
+    kw = (1 + torch.randn(d, generator=g) * 0.2).to(dtype)
+    return qkv, cos, sin, qw, kw
+
+
+CASES = [  # (B, T, q heads, kv heads, D, dtype, cos batch, row padding)
+    (1, 1, 40, 8, 128, torch.bfloat16, None, 0),  # Qwen3-14B decode
+    (2, 5, 4, 2, 64, torch.bfloat16, 1, 0),  # cos shared by the batch
+    (3, 7, 6, 3, 128, torch.float16, None, 64),  # rows with a larger stride than their width
+    (1, 3, 2, 2, 256, torch.bfloat16, None, 0),
+    (2, 2, 8, 1, 32, torch.float16, None, 0),
+]
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_equals_reference(case, norm):
+    b, t, hq, hkv, d, dtype, cb, pad = case
+    qkv, cos, sin, qw, kw = _inputs(b, t, hq, hkv, d, dtype, cos_batch=cb, row_pad=pad)
+    w = (qw, kw) if norm else (None, None)
+    q, k = qk_norm_rope(qkv, cos, sin, q_heads=hq, kv_heads=hkv, q_weight=w[0], k_weight=w[1], eps=1e-6,
+                        backend="triton")
+    rq, rk = qk_norm_rope_ref(qkv, cos, sin, hq, hkv, *w, eps=1e-6)
+    assert q.shape == (b, hq, t, d) and k.shape == (b, hkv, t, d)
+    assert q.dtype == k.dtype == dtype
+    assert q.transpose(1, 2).is_contiguous() and k.transpose(1, 2).is_contiguous()  # transformers' layout
+    if norm:
+        # The mean square's summation order (a tree in the kernel) can move rstd by an ulp, and so
+        # a normalized value: within 2 ulps of the head's largest value, nearly all equal.
+        for got, want in ((q, rq), (k, rk)):
+            assert _close_by_ulps(got, want, 2)
+            assert (got == want).float().mean() > 0.99
+    else:
+        assert torch.equal(q, rq) and torch.equal(k, rk)
+    assert q.float().std() > 0.1  # not zeros
+
+
+def _close_by_ulps(got, want, ulps):
+    """|got - want| <= ulps x the dtype's eps x the largest |want| of each head row."""
+    scale = want.float().abs().amax(-1, keepdim=True)
+    return bool(((got.float() - want.float()).abs() <= ulps * torch.finfo(want.dtype).eps * scale).all())
+
+
+def test_kernel_equals_transformers_operations():
+    """Against transformers' Qwen3RMSNorm and apply_rotary_pos_emb themselves: bit for bit without
+    the norm; with it, within 2 ulps of each head's largest value (the norm's summation order and
+    1 / sqrt against torch's rsqrt), nearly every value equal."""
+    b, t, hq, hkv, d = 2, 3, 8, 4, 128
+    qkv, cos, sin, qw, kw = _inputs(b, t, hq, hkv, d, seed=3)
+    q = qkv[..., :hq * d].reshape(b, t, hq, d)
+    k = qkv[..., hq * d:(hq + hkv) * d].reshape(b, t, hkv, d)
+    tq, tk = mq.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    gq, gk = qk_norm_rope(qkv, cos, sin, q_heads=hq, kv_heads=hkv, backend="triton")
+    assert torch.equal(gq, tq) and torch.equal(gk, tk)
+
+    qn, kn = mq.Qwen3RMSNorm(d, eps=1e-6), mq.Qwen3RMSNorm(d, eps=1e-6)
+    qn.weight.data, kn.weight.data = qw.clone(), kw.clone()
+    tq, tk = mq.apply_rotary_pos_emb(qn(q).transpose(1, 2), kn(k).transpose(1, 2), cos, sin)
+    gq, gk = qk_norm_rope(qkv, cos, sin, q_heads=hq, kv_heads=hkv, q_weight=qw, k_weight=kw, eps=1e-6,
+                          backend="triton")
+    for got, want in ((gq, tq), (gk, tk)):
+        assert _close_by_ulps(got, want, 2)
+        assert (got == want).float().mean() > 0.99
+
+
+def test_argument_errors():
+    qkv, cos, sin, qw, kw = _inputs(1, 2, 4, 2, 64)
+    with pytest.raises(ShapeError, match="q_heads \\+ 2 \\* kv_heads"):
+        qk_norm_rope(qkv, cos, sin, q_heads=4, kv_heads=1)
+    with pytest.raises(ShapeError, match="k_weight"):
+        qk_norm_rope(qkv, cos, sin, q_heads=4, kv_heads=2, q_weight=qw)
+    with pytest.raises(DTypeError, match="qkv"):
+        qk_norm_rope(qkv.float(), cos, sin, q_heads=4, kv_heads=2)
+    with pytest.raises(DTypeError, match="cos"):
+        qk_norm_rope(qkv, cos.float(), sin, q_heads=4, kv_heads=2)
+    with pytest.raises(LayoutError, match="qkv"):
+        qk_norm_rope(qkv.transpose(1, 2), cos, sin, q_heads=4, kv_heads=2)
+    with pytest.raises(ShapeError, match="cos"):
+        qk_norm_rope(qkv, cos[:, :1], sin[:, :1], q_heads=4, kv_heads=2)
+    q48, c48, s48, _, _ = _inputs(1, 2, 4, 2, 48)
+    with pytest.raises(UnsupportedError, match="head dimension"):
+        qk_norm_rope(q48, c48, s48, q_heads=4, kv_heads=2)
+
+
+def test_reference_backend_and_cpu_default_match_the_kernel():
+    qkv, cos, sin, qw, kw = _inputs(1, 4, 4, 2, 64, seed=5)
+    want = qk_norm_rope(qkv, cos, sin, q_heads=4, kv_heads=2, q_weight=qw, k_weight=kw, backend="triton")
+    for backend in ("reference", None):  # None: 'auto', the reference on CPU tensors
+        got = qk_norm_rope(qkv, cos, sin, q_heads=4, kv_heads=2, q_weight=qw, k_weight=kw, backend=backend)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
