@@ -111,7 +111,7 @@ from tileq.dtypes import OperandType as OT
 
 T = GPUTarget("cuda", 90, 32)
 MARKS = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "prefetch.global.L2", "wgmma", "mma.sync", "atom.",
-         "0f4B400000", "cvt.rn.satfinite.e4m3x2.f32", "max.NaN.f32", "div.rn.f32")
+         "0f4B400000", "cvt.rn.satfinite.e4m3x2.f32", "max.NaN.f32", "div.rn.f32", "fma.rn.bf16", "mul.rn.f32")
 def counts(ptx):
     c = {p: len(re.findall(re.escape(p), ptx)) for p in MARKS}
     # Where the first memory access and the wait stand in the code (a kernel that waits must not
@@ -219,8 +219,10 @@ def test_sm90_split_sum_in_the_kernel(builds):
     assert builds["gemm_split_fixup"]["wgmma"] > 0
 
 
-def test_sm90_qk_rope_build_rounds_its_norm(builds):
+def test_sm90_qk_rope_build_rounds_where_torch_does(builds):
     """The q/k norm + rotary kernel's sm_90 build takes the norm's mean and 1 / sqrt with
-    round-to-nearest divisions (what its bit-for-bit claim against the reference rests on)."""
+    round-to-nearest divisions, and rotates with uncontracted fp32 products and sums (no bf16
+    fma, which would round once where torch rounds three times)."""
     for name in ("qk_rope", "qk_rope_pdl"):
-        assert builds[name]["div.rn.f32"] >= 2, (name, builds[name])
+        c = builds[name]
+        assert c["div.rn.f32"] >= 2 and c["mul.rn.f32"] >= 4 and c["fma.rn.bf16"] == 0, (name, c)

@@ -29,6 +29,27 @@ _X_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @triton.jit
+def _mul(a, b, INTERPRETED: tl.constexpr):
+    # mul.rn / add.rn are never contracted: with plain operators LLVM turns round(x * cos) +
+    # round(r * sin) into one bf16 fma, rounding once where torch rounds three times (and
+    # libdevice's __fmul_rn flushes subnormals here).
+    if INTERPRETED:
+        return a * b
+    else:
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _add(a, b, INTERPRETED: tl.constexpr):
+    if INTERPRETED:
+        return a + b
+    else:
+        return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
 def _qk_norm_rope_kernel(
     x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr,
     eps, T, HQ, HKV, stride_xb, stride_xt, stride_cb, stride_ct,
@@ -71,9 +92,9 @@ def _qk_norm_rope_kernel(
     xf = _to_f32(x, INTERPRETED)
     pf = _to_f32(xp, INTERPRETED)
     pf = tl.where(i < HALF, -pf, pf)  # negation is exact
-    a = _to_f32(_round_to(xf * c, X_TYPE, INTERPRETED), INTERPRETED)
-    rot = _to_f32(_round_to(pf * s, X_TYPE, INTERPRETED), INTERPRETED)
-    out = _round_to(a + rot, X_TYPE, INTERPRETED)
+    a = _to_f32(_round_to(_mul(xf, c, INTERPRETED), X_TYPE, INTERPRETED), INTERPRETED)
+    rot = _to_f32(_round_to(_mul(pf, s, INTERPRETED), X_TYPE, INTERPRETED), INTERPRETED)
+    out = _round_to(_add(a, rot, INTERPRETED), X_TYPE, INTERPRETED)
     tl.store(q_ptr + (r.to(tl.int64) * HQ + h) * D + i, out, mask=(i < D) & is_q)
     tl.store(k_ptr + (r.to(tl.int64) * HKV + (h - HQ)) * D + i, out, mask=(i < D) & (h >= HQ))
 
