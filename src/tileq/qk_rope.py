@@ -22,7 +22,7 @@ from .kernels.direct import direct_launch_enabled
 _CACHE: dict = {}
 _CACHE_CAP = 256
 _DTYPES = (torch.bfloat16, torch.float16)
-_HEAD_DIMS = (32, 64, 128, 256)
+HEAD_DIMS = (32, 64, 128, 256)  # a head is one register row of the kernel's program
 
 
 def qk_norm_rope(qkv, cos, sin, *, q_heads: int, kv_heads: int, q_weight=None, k_weight=None,
@@ -83,8 +83,8 @@ def _build(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, backend):
             raise ShapeError(expect(name, f"[{b} or 1, {t}, D] with unit stride along D",
                                     f"shape {tuple(c.shape)} with strides {c.stride()}"))
     d = cos.shape[-1]
-    if d not in _HEAD_DIMS:
-        raise UnsupportedError(expect("cos", f"a head dimension D in {_HEAD_DIMS}", d))
+    if d not in HEAD_DIMS:
+        raise UnsupportedError(expect("cos", f"a head dimension D in {HEAD_DIMS}", d))
     if sin.shape != cos.shape or sin.stride() != cos.stride():
         raise LayoutError(expect("sin", f"cos's shape and strides {tuple(cos.shape)}, {cos.stride()}",
                                  f"{tuple(sin.shape)}, {sin.stride()}"))

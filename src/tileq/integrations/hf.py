@@ -81,7 +81,7 @@ from ..activation import add_rmsnorm_quantize, silu_mul_quantize
 from ..errors import UnsupportedError, expect
 from ..nn.linear import QuantLinear
 from ..ops import _quantize_activation_fake, tileq_op
-from ..qk_rope import qk_norm_rope
+from ..qk_rope import HEAD_DIMS as _ROPE_HEAD_DIMS, qk_norm_rope
 from ..quant_linear import keeps_launches
 
 log = logging.getLogger("tileq")
@@ -380,9 +380,6 @@ def linear_prequantized(layer: QuantLinear, q: Tensor, s: Tensor, out_dtype: tor
 
 
 # ----------------------------------------------------------------------------- fused modules
-
-
-_ROPE_HEAD_DIMS = (32, 64, 128, 256)
 
 
 def _rope_fuses(attn: nn.Module, qkv: Tensor, cos: Tensor, sin: Tensor) -> bool:
