@@ -2,12 +2,15 @@
 quantization on a small model, the report's table."""
 
 import argparse
+import os
 
 import pytest
 import torch
 
 import tileq.cli
+from tileq import settings
 from tileq.bench import e2e
+from tileq.errors import UnsupportedError
 
 pytest.importorskip("transformers")
 
@@ -223,10 +226,29 @@ def test_torchao_peer_unavailable_is_said_not_failed(monkeypatch, capsys):
 
 def test_peer_names_pass_the_config_check(monkeypatch):
     """--configs accepts the peers by name and refuses unknown ones, naming the peers."""
-    from tileq.errors import UnsupportedError
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     args = argparse.Namespace(model="qwen3-14b", layers=1, make_checkpoint=None, checkpoint=None,
                               configs=["torchao.nope"])
     with pytest.raises(UnsupportedError, match="torchao.FP8Row"):
         e2e.run(args)
+
+
+def test_config_variants_with_switches(monkeypatch):
+    """NAME@SWITCH=VALUE: the config's name and the tileq switches set while it is measured (put
+    back after); anything but a tileq switch is refused before any work."""
+    assert e2e.split_config("A8W8:fused") == ("A8W8:fused", {})
+    assert e2e.split_config("A8W8:fused@TILEQ_QK_ROPE=0@TILEQ_PDL=0") == (
+        "A8W8:fused", {"TILEQ_QK_ROPE": "0", "TILEQ_PDL": "0"})
+    for bad in ("A8W8@PATH=/x", "A8W8@TILEQ_QK_ROPE", "A8W8@TRITON_INTERPRET=0"):
+        with pytest.raises(UnsupportedError, match="SWITCH=VALUE"):
+            e2e.split_config(bad)
+    monkeypatch.setenv("TILEQ_PDL", "1")
+    monkeypatch.delenv("TILEQ_QK_ROPE", raising=False)
+    with e2e.switches({"TILEQ_QK_ROPE": "0", "TILEQ_PDL": "0"}):
+        assert os.environ["TILEQ_QK_ROPE"] == "0" and os.environ["TILEQ_PDL"] == "0"
+        assert settings.current().qk_rope is False
+    assert "TILEQ_QK_ROPE" not in os.environ and os.environ["TILEQ_PDL"] == "1"
+    with pytest.raises(UnsupportedError, match="TILEQ_QK_ROPE"):
+        with e2e.switches({"TILEQ_QK_ROPE": "maybe"}):
+            pass
+    assert "TILEQ_QK_ROPE" not in os.environ

@@ -200,7 +200,9 @@ def add_e2e(subparsers) -> argparse.ArgumentParser:
                    help="decoder layers (default: the model's, 40 for qwen3-14b, 48 for qwen3-moe)")
     p.add_argument("--configs", type=_names, default=None,
                    help=f"comma list from {','.join(('bf16', *NN_CONFIGS))} (default: all); NAME:fused adds the "
-                   f"fused decoder path; peers where importable: {','.join(E2E_PEERS)} (torchao's quantize_ on "
+                   f"fused decoder path; NAME@SWITCH=VALUE measures NAME with a TILEQ_* switch set (e.g. "
+                   f"A8W8:fused@TILEQ_QK_ROPE=0; several: @A=1@B=0) against the same bf16; peers where "
+                   f"importable: {','.join(E2E_PEERS)} (torchao's quantize_ on "
                    f"the same layers); with --make-checkpoint the configs to write (default: "
                    f"{','.join(E2E_CHECKPOINT_CONFIGS)})")
     p.add_argument("--batches", type=positive_ints, default=[1, 16],

@@ -26,10 +26,12 @@ where it has an equivalent, else tileq's format), on the GPU when there is one, 
 from __future__ import annotations
 
 import cProfile
+import contextlib
 import csv
 import gc
 import io
 import math
+import os
 import pstats
 import statistics
 import time
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from .. import settings
 from ..errors import UnsupportedError, expect
 from ..nn.configs import CONFIGS
 
@@ -140,6 +143,38 @@ def _bf16_model(make, device, seed: int):
     finally:
         torch.set_default_dtype(old)
     return model.eval()
+
+
+def split_config(name: str) -> tuple[str, dict]:
+    """('A8W8:fused', {'TILEQ_QK_ROPE': '0'}) from 'A8W8:fused@TILEQ_QK_ROPE=0': a config measured with
+    tileq switches set while it is built and timed (several: '@A=1@B=0'), so that one run (one bf16
+    baseline) compares them. Only ``settings.SWITCHES`` names, never TRITON_INTERPRET."""
+    base, *pairs = name.split("@")
+    env = {}
+    for pair in pairs:
+        var, eq, value = pair.partition("=")
+        if not eq or var not in settings.SWITCHES or var == "TRITON_INTERPRET":
+            raise UnsupportedError(expect("--configs", f"NAME@SWITCH=VALUE with a tileq switch "
+                                          f"({', '.join(v for v in settings.SWITCHES if v != 'TRITON_INTERPRET')})",
+                                          repr(name)))
+        env[var] = value
+    return base, env
+
+
+@contextlib.contextmanager
+def switches(env: dict):
+    """The environment with ``env`` set inside (each switch put back as it was after)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        settings.current()  # an unknown value is refused here, before any work
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def quantize_model(model, name: str, fuse: bool):
@@ -468,7 +503,7 @@ def profile_host(model, prompt, compiled, folder, config: str) -> dict:
     only the eager ones.
     One file per report, ``folder/<config>_<what>.txt`` (':' as '-'); returns {what: wall ms per call}."""
     out = {}
-    stem = config.replace(":", "-")
+    stem = config.replace(":", "-").replace("@", "_").replace("=", "")
     length = prompt.shape[1] + HOST_PROFILE_WARM + 2 * HOST_PROFILE_STEPS + 8
     decodes = ([("decode_compile", compiled)] if compiled is not None else []) + [("decode_eager", model.forward)]
     for what, forward in decodes:
@@ -509,7 +544,9 @@ def first_logits(model, prompt) -> torch.Tensor:
     return model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1].float()
 
 
-def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], torch.Tensor | None]:
+def run_config(label: str, args, prompts: dict, ref_logits) -> tuple[list[dict], torch.Tensor | None]:
+    """Build and time config ``label`` (its rows carry the label; switches after '@' are set by the caller)."""
+    name = split_config(label)[0]
     rows = []
     dev = torch.device("cuda")
     torch._dynamo.reset()  # transformers' forward wrapper is one code object: each config starts its own cache
@@ -529,7 +566,9 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
     warm_gpu()  # (before the peak-memory count starts: its matrices are not the model's)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    base = dict(config=name, layers=args.layers, setup=how)
+    if label != name:
+        how += f"; with {', '.join(label.split('@')[1:])}"
+    base = dict(config=label, layers=args.layers, setup=how)
     logits = first_logits(model, prompts[1])
     agree = {}
     if ref_logits is not None and not checkpoint:  # a checkpoint's baseline has random weights
@@ -538,7 +577,7 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
         agree = dict(logits_rel_err=rel, logits_cos=cos,
                      top1_match=float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean()))
     if not torch.isfinite(logits).all():
-        raise RuntimeError(f"{name}: non-finite logits on the first step")
+        raise RuntimeError(f"{label}: non-finite logits on the first step")
     modes = args.modes
     ttft_cache = _cache(model, 1, prompts[1].shape[1] + 8)
     rows.append(dict(base, metric="ttft_eager_ms", batch=1, value=measure_ttft(model.forward, prompts[1], ttft_cache),
@@ -565,13 +604,13 @@ def run_config(name: str, args, prompts: dict, ref_logits) -> tuple[list[dict], 
                 rows.append(dict(base, metric="quant_share", batch=1,
                                  value=parts["act_quant"] / total if total else float("nan")))
     except Exception as e:  # noqa: BLE001 - the profiler is optional: say why it is missing
-        print(f"  [{name}] profiler breakdown not measured: {e}")
+        print(f"  [{label}] profiler breakdown not measured: {e}")
     rows.append(dict(base, metric="peak_mem_gb", batch=max(args.batches),
                      value=torch.cuda.max_memory_allocated() / 1e9))
     rows.append(dict(base, metric="setup_s", batch=0, value=setup_s))
     if getattr(args, "profile_host", False):  # diagnostics, after the peak memory is read
-        rows += _host_diagnostics(name, model, prompts[1], compiled, base, Path(args.out) / "host_profile")
-    keep = logits if name == "bf16" else None
+        rows += _host_diagnostics(label, model, prompts[1], compiled, base, Path(args.out) / "host_profile")
+    keep = logits if label == "bf16" else None
     del model
     gc.collect()
     torch.cuda.empty_cache()
@@ -806,12 +845,13 @@ def run(args) -> int:
         from transformers import AutoConfig
 
         args.vocab = AutoConfig.from_pretrained(args.checkpoint).vocab_size
-    bad = [c for c in args.configs if c not in TORCHAO_PEERS and (c.partition(":")[0] not in (*ALL_CONFIGS, "checkpoint")
-           or c.partition(":")[2] not in ("", "fused"))]
+    bases = {c: split_config(c)[0] for c in args.configs}
+    bad = [c for c, b in bases.items() if b not in TORCHAO_PEERS and (b.partition(":")[0] not in (*ALL_CONFIGS, "checkpoint")
+           or b.partition(":")[2] not in ("", "fused"))]
     if bad:
         raise UnsupportedError(expect("--configs", f"names from {', '.join(ALL_CONFIGS)}, each optionally "
-                                                   f"with ':fused', or peers {', '.join(TORCHAO_PEERS)}",
-                                      ",".join(bad)))
+                                                   f"with ':fused' and '@SWITCH=VALUE', or peers "
+                                                   f"{', '.join(TORCHAO_PEERS)}", ",".join(bad)))
     if "bf16" not in args.configs:
         args.configs.insert(0, "bf16")
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
@@ -823,7 +863,8 @@ def run(args) -> int:
         t0 = time.time()
         print(f"[e2e] {name}: building and measuring ...", flush=True)
         try:
-            got, keep = run_config(name, args, prompts, ref)
+            with switches(split_config(name)[1]):
+                got, keep = run_config(name, args, prompts, ref)
         except PeerUnavailable as e:  # a peer is measured where importable: said, not failed
             print(f"[e2e] {name}: not measured: {e}", flush=True)
             rows.append(dict(config=name, layers=args.layers, metric="unavailable", batch=0, value=float("nan"),
