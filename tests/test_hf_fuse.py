@@ -510,3 +510,35 @@ def test_eager_fused_attention_prepares_q_and_k_in_one_launch(family, config, mo
     off = logits(fused, x)
     assert "_qk_norm_rope_kernel" not in launches
     assert_logits_close(got, off)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_eager_fused_decode_writes_the_static_cache_itself(family, monkeypatch):
+    """Eager decode steps of a fused model over a StaticCache (the Triton executor, interpreted):
+    after the prefill (whose update makes the cache's tensors), each layer's k and v go into the
+    cache from the q/k kernel, StaticLayer.update is not called, and the logits, the cache's
+    contents and its length follow the unfused model's over the same steps."""
+    from transformers.cache_utils import StaticLayer
+
+    monkeypatch.setenv("TILEQ_BACKEND", "triton")
+    model = tiny(family, tnn.config_from_name("A8W8"))
+    fused, _ = fused_copy(model)
+    updates = []
+    update = StaticLayer.update
+    monkeypatch.setattr(StaticLayer, "update", lambda self, *a, **k: updates.append(1) or update(self, *a, **k))
+    caches = [transformers.StaticCache(config=m.config, max_cache_len=16) for m in (fused, model)]
+    tok = ids(batch=2, seq=4)
+    with torch.inference_mode():
+        outs = [m(input_ids=tok, past_key_values=c, use_cache=True).logits for m, c in zip((fused, model), caches)]
+        for step in range(3):
+            assert_logits_close(outs[0].float(), outs[1].float())
+            updates.clear()
+            tok = outs[1][:, -1:].argmax(-1)
+            logits = fused(input_ids=tok, past_key_values=caches[0], use_cache=True).logits
+            assert updates == []  # no layer went through StaticLayer.update
+            outs = [logits, model(input_ids=tok, past_key_values=caches[1], use_cache=True).logits]
+    for got, want in zip(caches[0].layers, caches[1].layers):
+        assert int(got.cumulative_length) == int(want.cumulative_length) == 7
+        for a, b in ((got.keys, want.keys), (got.values, want.values)):
+            assert (a[:, :, 7:] == 0).all() and (b[:, :, 7:] == 0).all()
+            assert (a[:, :, :7].float() - b[:, :, :7].float()).abs().max() <= 0.05 * b.float().abs().max()

@@ -162,16 +162,21 @@ for pdl in (False, True):
         cfg = Int4pConfig(bm=16, split_k=1 if streamk else 2, fixup=not streamk, streamk=streamk)
         c = triton.compile(compile_source("bf16", "group", cfg, pdl=pdl), target=T, options=compile_options(cfg))
         out[f"int4p{'_stk' if streamk else ''}{'_pdl' if pdl else ''}"] = counts(c.asm["ptx"])
-for pdl in (False, True):
-    names = ("x_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "q_ptr", "k_ptr")
-    sig = {n: "*bf16" for n in names}
-    sig.update(eps="fp32", T="i32", HQ="i32", HKV="i32", stride_xb="i32", stride_xt="i32", stride_cb="i32",
-               stride_ct="i32", D="constexpr", NORM="constexpr", X_TYPE="constexpr", INTERPRETED="constexpr",
-               PDL="constexpr")
-    consts = dict(D=128, NORM=True, X_TYPE="bf16", INTERPRETED=False, PDL=pdl)
+for cache, pdl in ((False, False), (True, False), (True, True)):
+    sig = {n: "*bf16" for n in ("x_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "q_ptr")}
+    ptrs = dict(k_ptr=None, kc_ptr="*bf16", vc_ptr="*bf16", len_ptr="*i64") if cache else dict(
+        k_ptr="*bf16", kc_ptr=None, vc_ptr=None, len_ptr=None)
+    consts = dict(D=128, NORM=True, CACHE=cache, X_TYPE="bf16", INTERPRETED=False, PDL=pdl)
+    for n, t in ptrs.items():
+        sig[n] = "constexpr" if t is None else t
+        if t is None:
+            consts[n] = None
+    sig.update(eps="fp32", T="i32", HQ="i32", HKV="i32", L="i32", stride_xb="i32", stride_xt="i32",
+               stride_cb="i32", stride_ct="i32", D="constexpr", NORM="constexpr", CACHE="constexpr",
+               X_TYPE="constexpr", INTERPRETED="constexpr", PDL="constexpr")
     c = triton.compile(triton.compiler.ASTSource(fn=_qk_norm_rope_kernel, signature=sig, constexprs=consts),
                        target=T, options={"num_warps": 1, "launch_pdl": pdl})
-    out["qk_rope" + ("_pdl" if pdl else "")] = counts(c.asm["ptx"])
+    out["qk_rope" + ("_cache" if cache else "") + ("_pdl" if pdl else "")] = counts(c.asm["ptx"])
 print(json.dumps(out))
 '''
 
@@ -223,6 +228,6 @@ def test_sm90_qk_rope_build_rounds_where_torch_does(builds):
     """The q/k norm + rotary kernel's sm_90 build takes the norm's mean and 1 / sqrt with
     round-to-nearest divisions, and rotates with uncontracted fp32 products and sums (no bf16
     fma, which would round once where torch rounds three times)."""
-    for name in ("qk_rope", "qk_rope_pdl"):
+    for name in ("qk_rope", "qk_rope_cache", "qk_rope_cache_pdl"):
         c = builds[name]
         assert c["div.rn.f32"] >= 2 and c["mul.rn.f32"] >= 4 and c["fma.rn.bf16"] == 0, (name, c)

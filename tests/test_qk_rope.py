@@ -112,3 +112,86 @@ def test_reference_backend_and_cpu_default_match_the_kernel():
     for backend in ("reference", None):  # None: 'auto', the reference on CPU tensors
         got = qk_norm_rope(qkv, cos, sin, q_heads=4, kv_heads=2, q_weight=qw, k_weight=kw, backend=backend)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def _static_cache(b, hkv, length, d, dtype, start, seed=9):
+    """(keys, values, length) as transformers' StaticLayer holds them, already holding data."""
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randn(b, hkv, length, d, generator=g).to(dtype)
+    values = torch.randn(b, hkv, length, d, generator=g).to(dtype)
+    return keys, values, torch.tensor(start, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("b,t,start", [(1, 1, 7), (2, 4, 0), (3, 2, 13)])
+def test_cache_write_equals_reference(b, t, start, norm):
+    """With a cache: q as without one, k and v written at length + t, length advanced, the rest of
+    the cache untouched; the kernel against the reference, positions and values bit for bit."""
+    hq, hkv, d, big = 4, 2, 64, 16
+    qkv, cos, sin, qw, kw = _inputs(b, t, hq, hkv, d, seed=t)
+    w = (qw, kw) if norm else (None, None)
+    got_cache, want_cache = _static_cache(b, hkv, big, d, qkv.dtype, start), _static_cache(b, hkv, big, d, qkv.dtype, start)
+    q, keys, values = qk_norm_rope(qkv, cos, sin, q_heads=hq, kv_heads=hkv, q_weight=w[0], k_weight=w[1],
+                                   cache=got_cache, backend="triton")
+    rq, rkeys, rvalues = qk_norm_rope_ref(qkv, cos, sin, hq, hkv, *w, cache=want_cache)
+    assert keys is got_cache[0] and values is got_cache[1]
+    assert int(got_cache[2]) == int(want_cache[2]) == start + t
+    assert torch.equal(values, rvalues)  # v copied as it is
+    if norm:
+        assert _close_by_ulps(q, rq, 2) and _close_by_ulps(keys, rkeys, 2)
+    else:
+        assert torch.equal(q, rq) and torch.equal(keys, rkeys)
+    plain_q, plain_k = qk_norm_rope(qkv, cos, sin, q_heads=hq, kv_heads=hkv, q_weight=w[0], k_weight=w[1],
+                                    backend="triton")
+    assert torch.equal(q, plain_q) and torch.equal(keys[:, :, start:start + t], plain_k)
+    untouched = torch.ones(big, dtype=torch.bool)
+    untouched[start:start + t] = False
+    fresh = _static_cache(b, hkv, big, d, qkv.dtype, start)
+    assert torch.equal(keys[:, :, untouched], fresh[0][:, :, untouched])
+
+
+def test_cache_write_matches_transformers_static_layer():
+    """k and v through the kernel's cache write against transformers' StaticLayer.update of the
+    same k and v (rotated by transformers' own apply_rotary_pos_emb), over three calls."""
+    from transformers.cache_utils import StaticLayer
+
+    b, hq, hkv, d, big = 2, 4, 2, 64, 12
+    layer = StaticLayer(max_cache_len=big)
+    ours = None
+    for step, t in enumerate((5, 1, 1)):
+        qkv, cos, sin, _, _ = _inputs(b, t, hq, hkv, d, seed=20 + step)
+        q = qkv[..., :hq * d].reshape(b, t, hq, d).transpose(1, 2)
+        k = qkv[..., hq * d:(hq + hkv) * d].reshape(b, t, hkv, d).transpose(1, 2)
+        v = qkv[..., (hq + hkv) * d:].reshape(b, t, hkv, d).transpose(1, 2)
+        tq, tk = mq.apply_rotary_pos_emb(q, k, cos, sin)
+        want_keys, want_values = layer.update(tk, v)
+        if ours is None:  # the layer's tensors as lazily made: zeros, length 0 before the first call
+            ours = (torch.zeros_like(want_keys), torch.zeros_like(want_values), torch.tensor(0))
+        gq, keys, values = qk_norm_rope(qkv, cos, sin, q_heads=hq, kv_heads=hkv, cache=ours, backend="triton")
+        assert torch.equal(gq, tq)
+        assert torch.equal(keys, want_keys) and torch.equal(values, want_values)
+        assert int(ours[2]) == int(layer.cumulative_length)
+
+
+def test_cache_overflow_poisons_q_and_writes_nothing_past_the_end():
+    hq, hkv, d, big = 4, 2, 64, 8
+    qkv, cos, sin, _, _ = _inputs(1, 3, hq, hkv, d, seed=4)
+    cache = _static_cache(1, hkv, big, d, qkv.dtype, big - 1)
+    before = cache[0].clone()
+    q, keys, _ = qk_norm_rope(qkv, cos, sin, q_heads=hq, kv_heads=hkv, cache=cache, backend="triton")
+    assert torch.isfinite(q[:, :, 0]).all() and torch.isnan(q[:, :, 1:]).all()
+    assert torch.equal(keys[:, :, :big - 1], before[:, :, :big - 1]) and not torch.equal(keys[:, :, -1], before[:, :, -1])
+    assert int(cache[2]) == big + 2
+
+
+def test_cache_argument_errors():
+    qkv, cos, sin, _, _ = _inputs(1, 2, 4, 2, 64)
+    keys, values, length = _static_cache(1, 2, 8, 64, qkv.dtype, 0)
+    with pytest.raises(ShapeError, match="cache keys"):
+        qk_norm_rope(qkv, cos, sin, q_heads=4, kv_heads=2, cache=(keys[:, :1], values, length))
+    with pytest.raises(DTypeError, match="cache values"):
+        qk_norm_rope(qkv, cos, sin, q_heads=4, kv_heads=2, cache=(keys, values.float(), length))
+    with pytest.raises(DTypeError, match="cache length"):
+        qk_norm_rope(qkv, cos, sin, q_heads=4, kv_heads=2, cache=(keys, values, length.int()))
+    with pytest.raises(ShapeError, match="cache keys"):
+        qk_norm_rope(qkv, cos, sin, q_heads=4, kv_heads=2, cache=(keys.transpose(2, 3), values, length))

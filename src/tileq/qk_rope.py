@@ -1,5 +1,6 @@
 """``qk_norm_rope``: an attention layer's q and k from its merged q/k/v projection, normalized per
-head (optional) and rotated, in one launch (``kernels/qk_rope.py``). The fused decoder layers of
+head (optional) and rotated, in one launch (``kernels/qk_rope.py``), optionally writing k and v into
+a static KV cache. The fused decoder layers of
 ``tileq.integrations.hf`` call it in eager mode, where transformers spends about 25 small ATen
 launches per layer on the same work; compiled code keeps transformers' operations, which inductor
 fuses itself.
@@ -26,7 +27,7 @@ HEAD_DIMS = (32, 64, 128, 256)  # a head is one register row of the kernel's pro
 
 
 def qk_norm_rope(qkv, cos, sin, *, q_heads: int, kv_heads: int, q_weight=None, k_weight=None,
-                 eps: float = 1e-6, backend=None):
+                 eps: float = 1e-6, cache=None, backend=None):
     """(q, k) of an attention layer as transformers computes them before its KV cache:
 
     - ``qkv`` [B, T, (q_heads + 2 * kv_heads) * D]: the merged projection's output (q heads, then
@@ -38,21 +39,29 @@ def qk_norm_rope(qkv, cos, sin, *, q_heads: int, kv_heads: int, q_weight=None, k
 
     Returns q [B, q_heads, T, D] and k [B, kv_heads, T, D], transposed views of new [B, T, H, D]
     tensors (transformers' ``.transpose(1, 2)`` layout). D must be 32, 64, 128 or 256.
+
+    ``cache=(keys, values, length)``: a static KV cache as transformers' ``StaticLayer`` keeps it
+    (keys / values [B, kv_heads, L, D] contiguous in qkv's dtype, ``length`` the int64 0-d count of
+    positions written, on the device). k and qkv's v heads are written at positions length ..
+    length + T - 1 (read on the device: no synchronization), length advances by T, and the call
+    returns (q, keys, values), what ``StaticLayer.update`` returns. A position at or past L is
+    written nowhere and makes its token's q NaN (transformers' ``index_copy_`` would fail there).
+
     ``backend``: 'auto' (Triton on CUDA tensors, the torch reference on CPU), 'triton', 'reference'.
     """
     try:
         key = (_sig(qkv), _sig(cos), _sig(sin), q_heads, kv_heads, _sig(q_weight), _sig(k_weight),
-               eps.__class__, eps, backend, settings.key())
+               eps.__class__, eps, None if cache is None else tuple(map(_sig, cache)), backend, settings.key())
         launch = _CACHE.get(key)
     except (TypeError, AttributeError):  # odd arguments: validation reports them
         key, launch = None, None
     if launch is None:
-        launch = _build(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, backend)
+        launch = _build(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, cache, backend)
         if key is not None:
             bounded_put(_CACHE, key, launch, _CACHE_CAP)
     if isinstance(launch, _qr.QkNormRopeLaunch):
-        return launch(qkv, q_weight, k_weight, cos, sin, direct_launch_enabled())
-    return _qr.qk_norm_rope_ref(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps)
+        return launch(qkv, q_weight, k_weight, cos, sin, direct_launch_enabled(), cache)
+    return _qr.qk_norm_rope_ref(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, cache)
 
 
 def _sig(t):
@@ -63,7 +72,7 @@ def _sig(t):
     return (t.shape, t.stride(), t.dtype, t.device)
 
 
-def _build(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, backend):
+def _build(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, cache, backend):
     """The launch of a new signature after checking every argument; None for the reference."""
     if not isinstance(qkv, torch.Tensor) or qkv.dtype not in _DTYPES:
         raise DTypeError(expect("qkv", "a bfloat16 or float16 tensor",
@@ -103,6 +112,7 @@ def _build(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, backend):
                 raise ShapeError(expect(name, f"a contiguous [{d}] tensor", tuple(w.shape)))
     if type(eps) not in (float, int) or not eps >= 0:
         raise ShapeError(expect("eps", "a non-negative number", repr(eps)))
+    cache_len = 0 if cache is None else _check_cache(cache, qkv, b, kv_heads, d)
     executor, interpreted = resolve_backend(backend, qkv.device)
     if executor == "reference" or qkv.numel() == 0:
         return None
@@ -111,4 +121,25 @@ def _build(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, backend):
     return _qr.QkNormRopeLaunch(
         batch=b, tokens=t, q_heads=q_heads, kv_heads=kv_heads, head_dim=d,
         x_strides=(xs[0] if b > 1 else 0, xs[1]), cs_strides=(cs[0] if cos.shape[0] > 1 else 0, cs[1]),
-        dtype=qkv.dtype, device=qkv.device, norm=norm, eps=float(eps), interpreted=interpreted)
+        dtype=qkv.dtype, device=qkv.device, norm=norm, eps=float(eps), interpreted=interpreted,
+        cache_len=cache_len)
+
+
+def _check_cache(cache, qkv, b: int, kv_heads: int, d: int) -> int:
+    """The cache's length L after checking (keys, values, length)."""
+    if type(cache) not in (tuple, list) or len(cache) != 3:
+        raise ShapeError(expect("cache", "(keys, values, length)", type(cache).__name__))
+    keys, values, length = cache
+    for name, t in (("cache keys", keys), ("cache values", values)):
+        if not isinstance(t, torch.Tensor) or t.dtype != qkv.dtype or t.device != qkv.device:
+            raise DTypeError(expect(name, f"a {qkv.dtype} tensor on {qkv.device}", getattr(t, "dtype", type(t).__name__)))
+        if t.dim() != 4 or tuple(t.shape[:2]) != (b, kv_heads) or t.shape[3] != d or not t.is_contiguous():
+            raise ShapeError(expect(name, f"a contiguous [{b}, {kv_heads}, L, {d}] tensor",
+                                    f"shape {tuple(t.shape)} with strides {t.stride()}"))
+    if values.shape != keys.shape:
+        raise ShapeError(expect("cache values", f"the keys' shape {tuple(keys.shape)}", tuple(values.shape)))
+    if (not isinstance(length, torch.Tensor) or length.dtype != torch.int64 or length.numel() != 1
+            or length.device != qkv.device):
+        raise DTypeError(expect("cache length", f"a one-element int64 tensor on {qkv.device}",
+                                getattr(length, "dtype", type(length).__name__)))
+    return keys.shape[2]

@@ -401,6 +401,32 @@ def _rope_fuses(attn: nn.Module, qkv: Tensor, cos: Tensor, sin: Tensor) -> bool:
     return True
 
 
+def _static_cache_of(cache, idx: int, qkv: Tensor, kv_heads: int, d: int):
+    """(keys, values, length) of layer ``idx`` of a transformers ``StaticCache`` (the class itself,
+    5.17) that ``qk_norm_rope`` may write in place of ``StaticLayer.update``: no offloading, the
+    layer made and initialized (its first update, the prefill, made its tensors), its tensors of
+    this call's batch, heads, head size, dtype and device; else None (the cache's own update runs)."""
+    cls = type(cache)
+    if cls.__name__ != "StaticCache" or cls.__module__ != "transformers.cache_utils" or cache.offloading:
+        return None
+    layers = cache.layers
+    if idx >= len(layers):
+        return None
+    layer = layers[idx]
+    lcls = type(layer)
+    if lcls.__name__ != "StaticLayer" or lcls.__module__ != "transformers.cache_utils" or not layer.is_initialized:
+        return None
+    keys, values, length = layer.keys, layer.values, layer.cumulative_length
+    want = (qkv.shape[0], kv_heads)
+    for t in (keys, values):
+        if (t.dtype != qkv.dtype or t.device != qkv.device or t.dim() != 4 or tuple(t.shape[:2]) != want
+                or t.shape[3] != d or not t.is_contiguous()):
+            return None
+    if values.shape != keys.shape or length.dtype != torch.int64 or length.device != qkv.device:
+        return None
+    return keys, values, length
+
+
 class _FusedAttention:
     """Mixin over a transformers attention class whose q/k/v projections are one ``qkv_proj``.
 
@@ -424,13 +450,22 @@ class _FusedAttention:
 
         q, k, v = qkv.split(self._tileq_split, dim=-1)
         cos, sin = position_embeddings
+        written = False  # k and v already in past_key_values
         if _rope_fuses(self, qkv, cos, sin):
-            # One kernel for the q/k norms and the rotation (eager only: inductor fuses them itself).
+            # One kernel for the q/k norms and the rotation (eager only: inductor fuses them itself),
+            # writing k and v into a static cache as StaticLayer.update would.
+            kv_heads = self._tileq_split[1] // self.head_dim
+            static = _static_cache_of(past_key_values, self.layer_idx, qkv, kv_heads, self.head_dim)
             norms = (self.q_norm.weight, self.k_norm.weight) if self._tileq_qk_norm else (None, None)
-            query_states, key_states = qk_norm_rope(
-                qkv, cos, sin, q_heads=self._tileq_split[0] // self.head_dim,
-                kv_heads=self._tileq_split[1] // self.head_dim, q_weight=norms[0], k_weight=norms[1],
-                eps=self.q_norm.variance_epsilon if self._tileq_qk_norm else 0.0)
+            out = qk_norm_rope(
+                qkv, cos, sin, q_heads=self._tileq_split[0] // self.head_dim, kv_heads=kv_heads,
+                q_weight=norms[0], k_weight=norms[1],
+                eps=self.q_norm.variance_epsilon if self._tileq_qk_norm else 0.0, cache=static)
+            if static is not None:
+                query_states, key_states, value_states = out
+                written = True
+            else:
+                query_states, key_states = out
         else:
             if self._tileq_qk_norm:
                 query_states = self.q_norm(q.view(hidden_shape)).transpose(1, 2)
@@ -439,10 +474,10 @@ class _FusedAttention:
                 query_states = q.view(hidden_shape).transpose(1, 2)
                 key_states = k.view(hidden_shape).transpose(1, 2)
             query_states, key_states = modeling.apply_rotary_pos_emb(query_states, key_states, cos, sin)
-        value_states = v.view(hidden_shape).transpose(1, 2)
-
-        if past_key_values is not None:
-            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+        if not written:
+            value_states = v.view(hidden_shape).transpose(1, 2)
+            if past_key_values is not None:
+                key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
 
         attention_interface = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, modeling.eager_attention_forward)

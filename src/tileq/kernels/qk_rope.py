@@ -1,6 +1,8 @@
 """The q/k preparation of an attention layer in one kernel: from a merged q/k/v projection's output,
 each q and k head's RMSNorm (Qwen3's ``q_norm`` / ``k_norm``; optional) and the rotary embedding,
-written as transformers computes them (``apply_rotary_pos_emb`` with ``rotate_half``).
+written as transformers computes them (``apply_rotary_pos_emb`` with ``rotate_half``), and
+optionally k and v written into a static KV cache as transformers' ``StaticLayer.update`` writes
+them (its arange, two adds and two ``index_copy_`` launches become one ``add_``).
 
 Eagerly, transformers spends about 25 small ATen launches per layer on this (two RMSNorms of
 eight operations, the rotation's slices, concatenations, products and sums), each a few
@@ -50,29 +52,16 @@ def _add(a, b, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _qk_norm_rope_kernel(
-    x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr,
-    eps, T, HQ, HKV, stride_xb, stride_xt, stride_cb, stride_ct,
-    D: tl.constexpr, NORM: tl.constexpr, X_TYPE: tl.constexpr, INTERPRETED: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    """Grid (B * T, HQ + HKV): program (r, h) reads head h of token r = b * T + t (q heads first,
-    then k heads; the v heads behind them are not touched), normalizes it (NORM) and rotates it:
-    out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[D/2:], x[:D/2]). q heads go to
-    q [B, T, HQ, D], k heads to k [B, T, HKV, D], both contiguous."""
-    if PDL:
-        wait_upstream()
-    r = tl.program_id(0)
-    h = tl.program_id(1)
-    b = (r // T).to(tl.int64)
-    t = (r % T).to(tl.int64)
+def _rotated(row, qw_ptr, kw_ptr, cos_row, sin_row, eps, is_q, D: tl.constexpr, NORM: tl.constexpr,
+             X_TYPE: tl.constexpr, INTERPRETED: tl.constexpr):
+    """One q or k head (``row``: its D values) normalized (NORM) and rotated, in fp32:
+    x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[D/2:], x[:D/2]), each product and the
+    sum rounded to x's dtype as torch rounds them (the sum's rounding is the caller's)."""
     HALF: tl.constexpr = D // 2
     i = tl.arange(0, D)
     j = (i + HALF) % D  # the partner element rotate_half brings to position i
-    row = x_ptr + b * stride_xb + t * stride_xt + h * D
     x = tl.load(row + i)
     xp = tl.load(row + j)
-    is_q = h < HQ
     if NORM:
         xf = _to_f32(x, INTERPRETED)
         sumsq = tl.sum(xf * xf, 0)
@@ -87,44 +76,98 @@ def _qk_norm_rope_kernel(
         pk = _rms_scaled(xp, rstd, kw_ptr, j, ok, X_TYPE, INTERPRETED)
         x = tl.where(is_q, xq, xk)
         xp = tl.where(is_q, pq, pk)
-    c = _to_f32(tl.load(cos_ptr + b * stride_cb + t * stride_ct + i), INTERPRETED)
-    s = _to_f32(tl.load(sin_ptr + b * stride_cb + t * stride_ct + i), INTERPRETED)
+    c = _to_f32(tl.load(cos_row + i), INTERPRETED)
+    s = _to_f32(tl.load(sin_row + i), INTERPRETED)
     xf = _to_f32(x, INTERPRETED)
     pf = _to_f32(xp, INTERPRETED)
     pf = tl.where(i < HALF, -pf, pf)  # negation is exact
     a = _to_f32(_round_to(_mul(xf, c, INTERPRETED), X_TYPE, INTERPRETED), INTERPRETED)
     rot = _to_f32(_round_to(_mul(pf, s, INTERPRETED), X_TYPE, INTERPRETED), INTERPRETED)
-    out = _round_to(_add(a, rot, INTERPRETED), X_TYPE, INTERPRETED)
-    tl.store(q_ptr + (r.to(tl.int64) * HQ + h) * D + i, out, mask=(i < D) & is_q)
-    tl.store(k_ptr + (r.to(tl.int64) * HKV + (h - HQ)) * D + i, out, mask=(i < D) & (h >= HQ))
+    return _add(a, rot, INTERPRETED)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, kc_ptr, vc_ptr, len_ptr,
+    eps, T, HQ, HKV, L, stride_xb, stride_xt, stride_cb, stride_ct,
+    D: tl.constexpr, NORM: tl.constexpr, CACHE: tl.constexpr, X_TYPE: tl.constexpr,
+    INTERPRETED: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """Grid (B * T, HQ + HKV), with CACHE (B * T, HQ + 2 * HKV): program (r, h) takes head h of
+    token r = b * T + t of x (q heads, then k heads, then v heads). q heads are normalized (NORM),
+    rotated (``_rotated``) and stored to q [B, T, HQ, D] (contiguous). k heads likewise, to k
+    [B, T, HKV, D], or with CACHE into the static cache kc [B, HKV, L, D] at position
+    p = length + t (``len_ptr``: the cache's length before this call, read on the device), where
+    the v heads are copied too (vc, same layout). A position past the cache (p >= L) is written
+    nowhere and makes that token's q NaN, so the attention's output shows it."""
+    if PDL:
+        wait_upstream()
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    b = (r // T).to(tl.int64)
+    t = (r % T).to(tl.int64)
+    i = tl.arange(0, D)
+    row = x_ptr + b * stride_xb + t * stride_xt + h * D
+    cos_row = cos_ptr + b * stride_cb + t * stride_ct
+    sin_row = sin_ptr + b * stride_cb + t * stride_ct
+    q_out = q_ptr + (r.to(tl.int64) * HQ + h) * D + i
+    is_q = h < HQ
+    if CACHE:
+        p = tl.load(len_ptr) + t
+        fits = p < L
+        if h >= HQ + HKV:
+            kv = (b * HKV + (h - HQ - HKV)) * L + p
+            tl.store(vc_ptr + kv * D + i, tl.load(row + i), mask=(i < D) & fits)
+        else:
+            out = _rotated(row, qw_ptr, kw_ptr, cos_row, sin_row, eps, is_q, D, NORM, X_TYPE, INTERPRETED)
+            nan = tl.full([D], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
+            out = _round_to(tl.where(fits, out, nan), X_TYPE, INTERPRETED)
+            kv = (b * HKV + (h - HQ)) * L + p
+            tl.store(q_out, out, mask=(i < D) & is_q)
+            tl.store(kc_ptr + kv * D + i, out, mask=(i < D) & (h >= HQ) & fits)
+    else:
+        out = _round_to(_rotated(row, qw_ptr, kw_ptr, cos_row, sin_row, eps, is_q, D, NORM, X_TYPE, INTERPRETED),
+                        X_TYPE, INTERPRETED)
+        tl.store(q_out, out, mask=(i < D) & is_q)
+        tl.store(k_ptr + (r.to(tl.int64) * HKV + (h - HQ)) * D + i, out, mask=(i < D) & (h >= HQ))
 
 
 class QkNormRopeLaunch:
-    """``tileq.qk_rope.qk_norm_rope`` for one call signature: allocates q and k, launches once."""
+    """``tileq.qk_rope.qk_norm_rope`` for one call signature: allocates q (and k without a cache),
+    launches once."""
 
-    __slots__ = ("call", "direct", "q_shape", "k_shape", "dtype", "device")
+    __slots__ = ("call", "direct", "q_shape", "k_shape", "dtype", "device", "cached")
 
     def __init__(self, *, batch: int, tokens: int, q_heads: int, kv_heads: int, head_dim: int,
                  x_strides: tuple, cs_strides: tuple, dtype, device, norm: bool, eps: float,
-                 interpreted: bool):
+                 interpreted: bool, cache_len: int = 0):
         self.q_shape = (batch, tokens, q_heads, head_dim)
         self.k_shape = (batch, tokens, kv_heads, head_dim)
-        self.dtype, self.device = dtype, device
+        self.dtype, self.device, self.cached = dtype, device, cache_len > 0
         pdl = dict(PDL=True, launch_pdl=True) if pdl_enabled(device, interpreted) else dict(PDL=False)
         # One warp per 128 values: a head is a row of D (64-256) values.
-        consts = dict(D=head_dim, NORM=norm, X_TYPE=_X_TYPES[dtype], INTERPRETED=interpreted,
+        consts = dict(D=head_dim, NORM=norm, CACHE=self.cached, X_TYPE=_X_TYPES[dtype], INTERPRETED=interpreted,
                       num_warps=max(1, head_dim // 128), num_stages=1, **pdl)
-        ints = (float(eps), tokens, q_heads, kv_heads) + tuple(x_strides) + tuple(cs_strides)
+        ints = (float(eps), tokens, q_heads, kv_heads, cache_len) + tuple(x_strides) + tuple(cs_strides)
         wdt = dtype if norm else None
-        dtypes = (dtype, wdt, wdt, dtype, dtype, dtype, dtype)
-        self.call = KernelCall(_THIS, "_qk_norm_rope_kernel", (batch * tokens, q_heads + kv_heads), ints,
-                               consts, dtypes)
+        cdt = dtype if self.cached else None
+        dtypes = (dtype, wdt, wdt, dtype, dtype, dtype, None if self.cached else dtype, cdt, cdt,
+                  torch.int64 if self.cached else None)
+        heads = q_heads + (2 if self.cached else 1) * kv_heads
+        self.call = KernelCall(_THIS, "_qk_norm_rope_kernel", (batch * tokens, heads), ints, consts, dtypes)
         self.direct = device.type == "cuda" and not interpreted
 
-    def __call__(self, qkv, q_weight, k_weight, cos, sin, direct_ok: bool):
+    def __call__(self, qkv, q_weight, k_weight, cos, sin, direct_ok: bool, cache=None):
+        """(q, k) as [B, H, T, D] views; with ``cache`` = (keys, values, length): writes k and v into
+        it, advances length by T and returns (q, keys, values)."""
         q = torch.empty(self.q_shape, dtype=self.dtype, device=self.device)
+        if self.cached:
+            keys, values, length = cache
+            self.call((qkv, q_weight, k_weight, cos, sin, q, None, keys, values, length), self.direct and direct_ok)
+            length.add_(self.q_shape[1])  # after the kernel read it (same stream)
+            return q.transpose(1, 2), keys, values
         k = torch.empty(self.k_shape, dtype=self.dtype, device=self.device)
-        self.call((qkv, q_weight, k_weight, cos, sin, q, k), self.direct and direct_ok)
+        self.call((qkv, q_weight, k_weight, cos, sin, q, k, None, None, None), self.direct and direct_ok)
         return q.transpose(1, 2), k.transpose(1, 2)
 
 
@@ -132,9 +175,12 @@ class QkNormRopeLaunch:
 
 
 def qk_norm_rope_ref(qkv, cos, sin, q_heads: int, kv_heads: int, q_weight=None, k_weight=None,
-                     eps: float = 1e-6):
+                     eps: float = 1e-6, cache=None):
     """The same (q, k) with torch operations, transformers' formulas (RMSNorm's rsqrt taken as
-    1 / sqrt, rounded to nearest, as the kernel does): q [B, HQ, T, D], k [B, HKV, T, D]."""
+    1 / sqrt, rounded to nearest, as the kernel does): q [B, HQ, T, D], k [B, HKV, T, D]. With
+    ``cache`` = (keys, values, length): k and v written at positions length + t as
+    ``StaticLayer.update`` writes them (positions past the cache: nothing written, q NaN), length
+    advanced, (q, keys, values) returned."""
     b, t, _ = qkv.shape
     d = cos.shape[-1]
     q = qkv[..., :q_heads * d].reshape(b, t, q_heads, d)
@@ -153,4 +199,15 @@ def qk_norm_rope_ref(qkv, cos, sin, q_heads: int, kv_heads: int, q_weight=None, 
     def rotate_half(x):
         return torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
 
-    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+    q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+    if cache is None:
+        return q, k
+    keys, values, length = cache
+    v = qkv[..., (q_heads + kv_heads) * d:(q_heads + 2 * kv_heads) * d].reshape(b, t, kv_heads, d).transpose(1, 2)
+    pos = torch.arange(t, device=length.device) + length.reshape(())
+    fits = pos < keys.shape[2]
+    keys[:, :, pos[fits]] = k[:, :, fits]
+    values[:, :, pos[fits]] = v[:, :, fits]
+    q = q.masked_fill(~fits.view(1, 1, t, 1), float("nan"))
+    length.add_(t)
+    return q, keys, values
