@@ -194,3 +194,31 @@ def test_qk_norm_rope_on_gpu_matches_transformers(shape, norm):
             assert (a == w).float().mean() > 0.97
         else:
             assert torch.equal(a, w)
+
+
+def test_qk_norm_rope_cache_write_on_gpu_matches_static_layer():
+    """The kernel's static-cache write on the GPU against transformers' StaticLayer.update of
+    transformers' own rotated k and v, over a prefill and two decode steps: bit for bit."""
+    from transformers.cache_utils import StaticLayer
+    from transformers.models.qwen3 import modeling_qwen3 as mq
+
+    from tileq.qk_rope import qk_norm_rope
+
+    b, hq, hkv, d, big = 2, 40, 8, 128, 64
+    layer, ours = StaticLayer(max_cache_len=big), None
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for t in (37, 1, 1):
+        qkv = torch.randn(b, t, (hq + 2 * hkv) * d, device="cuda", generator=g).mul(4).bfloat16()
+        angle = torch.rand(b, t, d // 2, device="cuda", generator=g) * 40
+        cos, sin = torch.cat((angle, angle), -1).cos().bfloat16(), torch.cat((angle, angle), -1).sin().bfloat16()
+        q = qkv[..., :hq * d].reshape(b, t, hq, d).transpose(1, 2)
+        k = qkv[..., hq * d:(hq + hkv) * d].reshape(b, t, hkv, d).transpose(1, 2)
+        v = qkv[..., (hq + hkv) * d:].reshape(b, t, hkv, d).transpose(1, 2)
+        tq, tk = mq.apply_rotary_pos_emb(q, k, cos, sin)
+        want_keys, want_values = layer.update(tk, v)
+        if ours is None:
+            ours = (torch.zeros_like(want_keys), torch.zeros_like(want_values),
+                    torch.zeros((), dtype=torch.int64, device="cuda"))
+        gq, keys, values = qk_norm_rope(qkv, cos, sin, q_heads=hq, kv_heads=hkv, cache=ours)
+        assert torch.equal(gq, tq) and torch.equal(keys, want_keys) and torch.equal(values, want_values)
+        assert int(ours[2]) == int(layer.cumulative_length)
