@@ -18,7 +18,6 @@ from ._runtime import bounded_put
 from .dispatch.plan import resolve_backend
 from .errors import DTypeError, LayoutError, ShapeError, UnsupportedError, expect
 from .kernels import qk_rope as _qr
-from .kernels.direct import direct_launch_enabled
 
 _CACHE: dict = {}
 _CACHE_CAP = 256
@@ -60,7 +59,7 @@ def qk_norm_rope(qkv, cos, sin, *, q_heads: int, kv_heads: int, q_weight=None, k
         if key is not None:
             bounded_put(_CACHE, key, launch, _CACHE_CAP)
     if isinstance(launch, _qr.QkNormRopeLaunch):
-        return launch(qkv, q_weight, k_weight, cos, sin, direct_launch_enabled(), cache)
+        return launch(qkv, q_weight, k_weight, cos, sin, cache)
     return _qr.qk_norm_rope_ref(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, cache)
 
 

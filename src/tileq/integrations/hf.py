@@ -448,7 +448,6 @@ class _FusedAttention:
         input_shape = qkv.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
 
-        q, k, v = qkv.split(self._tileq_split, dim=-1)
         cos, sin = position_embeddings
         written = False  # k and v already in past_key_values
         if _rope_fuses(self, qkv, cos, sin):
@@ -467,6 +466,7 @@ class _FusedAttention:
             else:
                 query_states, key_states = out
         else:
+            q, k, _ = qkv.split(self._tileq_split, dim=-1)
             if self._tileq_qk_norm:
                 query_states = self.q_norm(q.view(hidden_shape)).transpose(1, 2)
                 key_states = self.k_norm(k.view(hidden_shape)).transpose(1, 2)
@@ -475,7 +475,7 @@ class _FusedAttention:
                 key_states = k.view(hidden_shape).transpose(1, 2)
             query_states, key_states = modeling.apply_rotary_pos_emb(query_states, key_states, cos, sin)
         if not written:
-            value_states = v.view(hidden_shape).transpose(1, 2)
+            value_states = qkv[..., qkv.shape[-1] - self._tileq_split[2]:].view(hidden_shape).transpose(1, 2)
             if past_key_values is not None:
                 key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
 

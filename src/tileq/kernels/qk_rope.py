@@ -11,7 +11,8 @@ the norm as ``_rms_scaled`` (``act_quant_kernel``: fp32 statistics, 1 / sqrt rou
 the normalized value rounded to x's dtype, then times the weight, rounded), the rotation as three
 x-dtype operations (``x * cos``, ``rotate_half(x) * sin``, their sum, each rounded). Without the
 norm the result equals transformers' bit for bit; with it, it may differ where torch's
-approximate GPU ``rsqrt`` and the summation order move a rounding (one ulp of x's dtype).
+approximate GPU ``rsqrt`` and the summation order move a rounding (an ulp of a normalized value,
+carried through the rotation).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .act_quant import rms_normalize_ref
 from .act_quant_kernel import _rms_scaled, _round_to, _to_f32
-from .direct import KernelCall, pdl_enabled
+from .direct import KernelCall, direct_launch_enabled, pdl_enabled
 from .pdl import wait_upstream
 
 _THIS = sys.modules[__name__]  # KernelCall looks the kernel up here at call time
@@ -157,17 +159,18 @@ class QkNormRopeLaunch:
         self.call = KernelCall(_THIS, "_qk_norm_rope_kernel", (batch * tokens, heads), ints, consts, dtypes)
         self.direct = device.type == "cuda" and not interpreted
 
-    def __call__(self, qkv, q_weight, k_weight, cos, sin, direct_ok: bool, cache=None):
+    def __call__(self, qkv, q_weight, k_weight, cos, sin, cache=None):
         """(q, k) as [B, H, T, D] views; with ``cache`` = (keys, values, length): writes k and v into
         it, advances length by T and returns (q, keys, values)."""
+        direct = self.direct and direct_launch_enabled()
         q = torch.empty(self.q_shape, dtype=self.dtype, device=self.device)
         if self.cached:
             keys, values, length = cache
-            self.call((qkv, q_weight, k_weight, cos, sin, q, None, keys, values, length), self.direct and direct_ok)
+            self.call((qkv, q_weight, k_weight, cos, sin, q, None, keys, values, length), direct)
             length.add_(self.q_shape[1])  # after the kernel read it (same stream)
             return q.transpose(1, 2), keys, values
         k = torch.empty(self.k_shape, dtype=self.dtype, device=self.device)
-        self.call((qkv, q_weight, k_weight, cos, sin, q, k, None, None, None), self.direct and direct_ok)
+        self.call((qkv, q_weight, k_weight, cos, sin, q, k, None, None, None), direct)
         return q.transpose(1, 2), k.transpose(1, 2)
 
 
@@ -187,9 +190,7 @@ def qk_norm_rope_ref(qkv, cos, sin, q_heads: int, kv_heads: int, q_weight=None, 
     k = qkv[..., q_heads * d:(q_heads + kv_heads) * d].reshape(b, t, kv_heads, d)
 
     def norm(x, w):
-        xf = x.float()
-        rstd = torch.reciprocal(torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
-        return w * (xf * rstd).to(x.dtype)
+        return rms_normalize_ref(x.reshape(-1, d), None, w, eps)[0].view(x.shape)
 
     if q_weight is not None:
         q, k = norm(q, q_weight), norm(k, k_weight)
