@@ -309,3 +309,47 @@ def test_decode_split_sums_in_the_kernel(family, m, n, k, split, monkeypatch):
         check_close(out, fresh.call(tileq.gemm, backend="reference", bias=args.kwargs["bias"]), spec.out_dtype)
     counters = buffers.tile_counters(torch.device("cuda"), 1)
     assert int(counters.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("family,m,n,k", [
+    ("rowcol_i8xi8_rcr_decode", 1, 5120, 5120),
+    ("rowcol_i8xi8_rcr_decode", 16, 7168, 5120),
+    ("rowcol_fp8xfp8_rcr_decode", 3, 5120, 17408),
+    ("rowcol_fp8xfp8_rcr_decode", 1, 1000, 3000),    # partial tiles and a partial last K tile
+    ("abquant_fp8xfp8_rcr_decode", 8, 4096, 7168),
+])
+def test_decode_stream_k(family, m, n, k):
+    """Stream-K (dispatch.plan.stream_k_config) on the GPU's own SM count: equal to the reference,
+    the same bits on every run, and on new data replayed in a CUDA graph (its tile counters back at
+    zero after every call)."""
+    from tileq.dispatch import plan as plan_mod
+    from tileq.kernels import buffers
+    from tileq.problem import build_problem
+
+    spec = family_spec(parse_family(family), m, n, k)
+    args = make_args(spec, seed=6, device="cuda", bias=True)
+    problem = args.call(build_problem)
+    base = plan_mod.make_plan(problem.spec, torch.device("cuda"))
+    plan = plan_mod.with_config(base, plan_mod.stream_k_config(base.config))
+
+    def run():
+        problem.out = torch.full((m, n), float("nan"), dtype=spec.out_dtype, device="cuda")
+        return plan_mod.execute(plan, problem)
+
+    first, second = run(), run()
+    torch.cuda.synchronize()
+    assert torch.equal(first, second)
+    check_close(first, args.call(tileq.gemm, backend="reference"), spec.out_dtype)
+    out = torch.empty(m, n, dtype=spec.out_dtype, device="cuda")
+    problem.out = out
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan_mod.execute(plan, problem)
+    for seed in (7, 8):
+        fresh = make_args(spec, seed=seed, device="cuda", bias=True)
+        _refill(args, fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_close(out, fresh.call(tileq.gemm, backend="reference", bias=args.kwargs["bias"]), spec.out_dtype)
+    counters = buffers.tile_counters(torch.device("cuda"), 1)
+    assert int(counters.abs().sum()) == 0
