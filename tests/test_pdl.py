@@ -111,8 +111,7 @@ from tileq.dtypes import OperandType as OT
 
 T = GPUTarget("cuda", 90, 32)
 MARKS = ("griddepcontrol.wait", "griddepcontrol.launch_dependents", "prefetch.global.L2", "wgmma", "mma.sync", "atom.",
-         "0f4B400000", "cvt.rn.satfinite.e4m3x2.f32", "max.NaN.f32", "div.rn.f32", "fma.rn.bf16", "mul.rn.f32",
-         "cp.async.commit_group")
+         "0f4B400000", "cvt.rn.satfinite.e4m3x2.f32", "max.NaN.f32", "div.rn.f32", "fma.rn.bf16", "mul.rn.f32")
 def counts(ptx):
     c = {p: len(re.findall(re.escape(p), ptx)) for p in MARKS}
     # Where the first memory access and the wait stand in the code (a kernel that waits must not
@@ -124,10 +123,9 @@ def counts(ptx):
     return c
 
 out = {}
-def gemm(name, fam, swap=False, split=None, stk=False, **kw):
+def gemm(name, fam, swap=False, split=None, **kw):
     inst, spec = instance_for(parse_family(fam), get_arch("sm_90"), swap)
     cfg = inst.config if split is None else replace(inst.config, split_k=split)
-    cfg = replace(cfg, stream_k=stk)
     sig, consts, attrs = gl.signature(spec, cfg, **kw)
     c = triton.compile(triton.compiler.ASTSource(fn=_gemm_kernel, signature=sig, constexprs=consts, attrs=attrs),
                        target=T, options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
@@ -141,9 +139,6 @@ gemm("gemm_split", "rowcol_i8xi8_rcr_decode", split=2)
 gemm("gemm_split_pdl", "rowcol_i8xi8_rcr_decode", split=2, pdl=True)
 gemm("gemm_split_fixup", "rowcol_i8xi8_rcr_decode", swap=True, split=3, fixup=True)
 gemm("gemm_split_fixup_pdl", "rowcol_i8xi8_rcr_decode", swap=True, split=3, fixup=True, pdl=True)
-gemm("gemm_i8_swap", "rowcol_i8xi8_rcr_decode", swap=True)
-gemm("gemm_stk", "rowcol_i8xi8_rcr_decode", swap=True, stk=True)
-gemm("gemm_stk_pdl", "rowcol_i8xi8_rcr_decode", swap=True, stk=True, pdl=True)
 for name, fn in (("reduce", _splitk_reduce_kernel), ("reduce_pdl", _splitk_reduce_pdl_kernel)):
     sig = {"w_ptr": "*fp32", "c_ptr": "*bf16", "total": "i32", "N": "i32", "ldc": "i32",
            "SPLIT_K": "constexpr", "BLOCK": "constexpr", "SWAPPED": "constexpr"}
@@ -227,16 +222,6 @@ def test_sm90_split_sum_in_the_kernel(builds):
     assert builds["gemm_split_fixup"]["atom."] >= 2 and builds["gemm_split_fixup_pdl"]["atom."] >= 2
     assert builds["gemm_split"]["atom."] == 0 and builds["gemm_split_pdl"]["atom."] == 0
     assert builds["gemm_split_fixup"]["wgmma"] > 0
-
-
-def test_sm90_stream_k_build(builds):
-    """Stream-K keeps the swapped kernel's pipelined K loop (its wgmma and its groups of async
-    copies) and counts programs in on the tile counters with atomics."""
-    for name in ("gemm_stk", "gemm_stk_pdl"):
-        assert builds[name]["wgmma"] == builds["gemm_i8_swap"]["wgmma"] > 0, name
-        assert builds[name]["cp.async.commit_group"] >= builds["gemm_i8_swap"]["cp.async.commit_group"] > 0, name
-        assert builds[name]["atom."] >= 2, name
-    assert builds["gemm_i8_swap"]["atom."] == 0
 
 
 def test_sm90_qk_rope_build_rounds_where_torch_does(builds):

@@ -10,9 +10,6 @@ dispatch layer forced, through the same launcher (``kernels.launch.make_launch``
                          serve the problem or cannot run here
   tileq_triton           ``--impls triton``: the plan forced onto the portable Triton kernel
                          (``dispatch.plan.with_config`` with the plan's own TileConfig)
-  tileq_streamk          ``--impls streamk``: the same with that config run as stream-K
-                         (``dispatch.plan.stream_k_config``: one pass over K, shared tiles summed
-                         by their last program)
   tileq_gluon:<tiling>   ``--gluon-tilings``: the Gluon kernel with one candidate tiling of its wave
                          model (``dispatch.gluon.tile_costs``: 128, 128+split, 64, 256), as the
                          planner would finish it (``gluon_tilings``); one row per candidate for
@@ -130,19 +127,6 @@ def build_triton(ops: Operands, ctx: Context) -> Runnable:
                          kernel=forced.instance.name)
 
 
-def build_streamk(ops: Operands, ctx: Context) -> Runnable:
-    from ..dispatch.plan import stream_k_config, with_config
-
-    problem = _problem(ops)
-    plan = _plan(problem, ctx)
-    if plan.config is None:
-        raise NotApplicable(f"the {plan.executor} executor runs no tile kernel")
-    forced = with_config(plan, stream_k_config(plan.config), source=plan.config_source)
-    same = " (the plan's own call)" if forced.config == plan.config and plan.impl == "triton" else ""
-    return plan_runnable(ops, problem, forced, note=f"the plan's portable-kernel config as stream-K{same} "
-                         f"[{plan.config_source}]", kernel=forced.instance.name)
-
-
 PREPACKED = "a prepacked int4 weight runs its own kernels (its variants: --int4-variants)"
 
 
@@ -155,14 +139,11 @@ IMPLS: dict[str, Impl] = {
                   "and the plan's tiling", _not_prepacked, build_gluon, default=False),
     "triton": Impl("tileq_triton", KIND, "tileq's plan forced onto the portable Triton kernel "
                    "(dispatch.plan.with_config)", _not_prepacked, build_triton, default=False),
-    "streamk": Impl("tileq_streamk", KIND, "tileq's plan forced onto the portable Triton kernel with its "
-                    "config run as stream-K (dispatch.plan.stream_k_config)", _not_prepacked, build_streamk,
-                    default=False),
 }
 
 
 def select_impls(names: list[str]) -> tuple[Impl, ...]:
-    """``--impls``: the variant entries named ('gluon', 'triton', 'streamk'), in that order."""
+    """``--impls``: the variant entries named ('gluon', 'triton'), in that order."""
     unknown = [n for n in names if n not in IMPLS]
     if unknown:
         raise UnsupportedError(expect("impls", f"names from {', '.join(IMPLS)}", ", ".join(unknown)))

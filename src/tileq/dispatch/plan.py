@@ -123,10 +123,7 @@ class Plan:
             lines.append("kernel    : " + "; ".join(kernel_notes(s, c)))
         else:
             lines.append("config    : n/a (the reference runs the same lowering in torch)")
-        if self.config is not None and self.config.stream_k:
-            lines.append("reduction : stream-K: equal ranges of (tile, K tile) units per program; a shared tile "
-                         "summed by its last program, in program order (one launch; bit-identical run to run)")
-        elif self.in_kernel_sum:
+        if self.in_kernel_sum:
             lines.append("reduction : split over K summed in the kernel by each tile's last program, in split order "
                          "(one launch; bit-identical run to run)")
         else:
@@ -242,11 +239,6 @@ def make_plan(spec: ProblemSpec, device: torch.device, *, backend=None, determin
         arch_name, sms, device_name = facts.arch.name, facts.num_sms, facts.name
     gluon = _settings.current().gluon if executor == "triton" else None
     return _plan_cached(spec, executor, interpreted, arch_name, sms, det, forced, device_name, gluon)
-
-
-def stream_k_config(cfg: TileConfig) -> TileConfig:
-    """``cfg`` run as stream-K: its tiles, one pass over K cut into equal ranges per program."""
-    return replace(cfg, split_k=1, stream_k=True)
 
 
 def with_config(plan: Plan, cfg: TileConfig, source: str = "forced") -> Plan:

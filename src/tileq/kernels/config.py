@@ -23,30 +23,25 @@ class TileConfig:
     # Compute C^T = B^T A^T (block_m then tiles N, block_n tiles M): the weight becomes the
     # mma's A operand (int4 unpacked without a transpose) and a small M fills the N side.
     swap_ab: bool = False
-    # Stream-K: as many programs as the SMs hold at once, each summing an equal contiguous range
-    # of the (tile, K tile) units, shared tiles summed by their last program (gemm_kernel.py).
-    stream_k: bool = False
 
     @property
     def tag(self) -> str:
-        """Name fragment: m128n128k128_w8_s4 (+ _sk4 when split over K, + _stk for stream-K,
-        + _swap when swapped)."""
+        """Name fragment: m128n128k128_w8_s4 (+ _sk4 when split over K, + _swap when swapped)."""
         t = f"m{self.block_m}n{self.block_n}k{self.block_k}_w{self.num_warps}_s{self.num_stages}"
         t += f"_sk{self.split_k}" if self.split_k > 1 else ""
-        t += "_stk" if self.stream_k else ""
         return t + ("_swap" if self.swap_ab else "")
 
     @classmethod
     def parse_tag(cls, tag: str) -> "TileConfig":
         m = _TAG.fullmatch(tag)
         if not m:
-            raise ValueError(f"config tag: expected m<BM>n<BN>k<BK>_w<W>_s<S>[_sk<SK>|_stk][_swap], got {tag!r}")
-        bm, bn, bk, w, s, sk, stk, swap = m.groups()
+            raise ValueError(f"config tag: expected m<BM>n<BN>k<BK>_w<W>_s<S>[_sk<SK>][_swap], got {tag!r}")
+        bm, bn, bk, w, s, sk, swap = m.groups()
         return cls(int(bm), int(bn), int(bk), int(w), int(s), int(sk) if sk else 1,
-                   swap_ab=bool(swap), stream_k=bool(stk))
+                   swap_ab=bool(swap))
 
 
-_TAG = re.compile(r"m(\d+)n(\d+)k(\d+)_w(\d+)_s(\d+)(?:_sk(\d+)|(_stk))?(_swap)?")
+_TAG = re.compile(r"m(\d+)n(\d+)k(\d+)_w(\d+)_s(\d+)(?:_sk(\d+))?(_swap)?")
 
 _STORAGE_BYTES = {
     OperandType.I8: 1.0, OperandType.FP8: 1.0, OperandType.BF8: 1.0, OperandType.I4: 0.5,
@@ -74,12 +69,6 @@ def smem_estimate(spec: ProblemSpec, cfg: TileConfig) -> int:
     return int(per_stage * max(cfg.num_stages, 1) + converted)
 
 
-def programs_per_sm(spec: ProblemSpec, cfg: TileConfig, arch: ArchInfo, most: int) -> int:
-    """How many programs of ``cfg`` one SM holds at once by shared memory (at least 1, at most
-    ``most``): a stream-K grid's programs per SM."""
-    return max(1, min(most, arch.smem_bytes // max(smem_estimate(spec, cfg), 1)))
-
-
 def config_problem(spec: ProblemSpec, cfg: TileConfig, arch: ArchInfo) -> str | None:
     """Why ``cfg`` cannot run ``spec`` on ``arch``, or None when it is legal."""
     for name, hi in (("block_m", 256), ("block_n", 256), ("block_k", 512)):
@@ -98,8 +87,6 @@ def config_problem(spec: ProblemSpec, cfg: TileConfig, arch: ArchInfo) -> str | 
         return f"block_k={cfg.block_k} must divide group_k={spec.group_k} (promotion per K-group)"
     if cfg.split_k < 1:
         return f"split_k={cfg.split_k}: expected >= 1"
-    if cfg.stream_k and cfg.split_k > 1:
-        return f"stream_k with split_k={cfg.split_k}: stream-K cuts K itself (split_k 1)"
     if cfg.split_k > 1 and spec.k and cfg.split_k > -(-spec.k // cfg.block_k):
         return f"split_k={cfg.split_k} exceeds the {-(-spec.k // cfg.block_k)} K tiles"
     smem = smem_estimate(spec, cfg)

@@ -156,83 +156,10 @@ def _gemm_kernel(
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, INTERPRETED: tl.constexpr,
     FAST_ACCUM: tl.constexpr, SWAPPED: tl.constexpr, SA_ROW_GROUP: tl.constexpr,
     EVEN_K: tl.constexpr, I4_WORDS: tl.constexpr, PDL: tl.constexpr = False, FIXUP: tl.constexpr = False,
-    STREAMK: tl.constexpr = False,
 ):
-    if STREAMK:
-        _stream_k(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr, out_ptr, sem_ptr, M, N, K, lda, ldb,
-                  ldc, ld_acc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
-                  A_TYPE, B_TYPE, A_CT, B_CT, A_LAYOUT, B_LAYOUT, A_SCALE, B_SCALE, SA_PRESHUFFLED,
-                  GROUP_K, GROUP_N, INT_DOT, GROUPED, HAS_BIAS, HAS_ACC, BM, BN, BK, INTERPRETED, FAST_ACCUM,
-                  SWAPPED, SA_ROW_GROUP, EVEN_K, I4_WORDS, GROUP_M, PDL)
-    else:
-        pid_k = tl.program_id(1)
-        pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
-        k_first = pid_k * BK
-        if PDL:
-            _prefetch_weight(a_ptr, b_ptr, lda, ldb, M, N, K, pid_m, pid_n, k_first, A_TYPE, B_TYPE, A_LAYOUT,
-                             B_LAYOUT, BM, BN, BK, SWAPPED)
-            wait_upstream()  # before the first read of the activations and the first store
-        y = _tile_result(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr, M, N, K, lda, ldb, ld_acc,
-                         stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n, pid_m, pid_n, k_first, K,
-                         BK * SPLIT_K, pid_k == 0,
-                         A_TYPE, B_TYPE, A_CT, B_CT, A_LAYOUT, B_LAYOUT, A_SCALE, B_SCALE, SA_PRESHUFFLED,
-                         GROUP_K, GROUP_N, INT_DOT, GROUPED, HAS_BIAS, HAS_ACC, BM, BN, BK, INTERPRETED,
-                         FAST_ACCUM, SWAPPED, SA_ROW_GROUP, EVEN_K, I4_WORDS, SPLIT_K == 1)
+    pid_k = tl.program_id(1)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
 
-        # ---- store (SWAPPED: C^T's tile, so C is addressed transposed) ----
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        m_ok = rm < M
-        n_ok = rn < N
-        rm64 = rm.to(tl.int64)
-        rn64 = rn.to(tl.int64)
-        c_mask = m_ok[:, None] & n_ok[None, :]
-        if SPLIT_K == 1:
-            if SWAPPED:
-                c_ptrs = c_ptr + rn64[None, :] * ldc + rm[:, None]
-            else:
-                c_ptrs = c_ptr + rm64[:, None] * ldc + rn[None, :]
-            tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty), mask=c_mask)
-        else:
-            # Workspace [SPLIT_K, M, N] fp32, contiguous; ldc is N here (FIXUP: the output's).
-            slab = rm64[:, None] * N + rn[None, :]
-            tl.store(c_ptr + pid_k.to(tl.int64) * M * N + slab, y, mask=c_mask)
-            if FIXUP:
-                # Every thread's partial is stored before one thread counts the program in (a CTA
-                # barrier, then a gpu-scope release); the count's acquire and Triton's broadcast of it
-                # (a barrier) order the last program's loads after the other programs' stores.
-                tl.debug_barrier()
-                tile = tl.program_id(0)
-                arrived = tl.atomic_add(sem_ptr + tile, 1, sem="acq_rel", scope="gpu")
-                if arrived == SPLIT_K - 1:
-                    total = tl.zeros((BM, BN), dtype=tl.float32)
-                    for i in tl.static_range(SPLIT_K):  # (L2 only: other SMs wrote them)
-                        total += tl.load(c_ptr + i * M * N + slab, mask=c_mask, other=0.0, cache_modifier=".cg")
-                    if SWAPPED:
-                        o_ptrs = out_ptr + rn64[None, :] * ldc + rm[:, None]
-                    else:
-                        o_ptrs = out_ptr + rm64[:, None] * ldc + rn[None, :]
-                    tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=c_mask)
-                    tl.atomic_xchg(sem_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next call
-
-
-@triton.jit
-def _tile_result(
-    a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr, M, N, K, lda, ldb, ld_acc,
-    stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n, pid_m, pid_n, k_first, k_end, k_step, lead,
-    A_TYPE: tl.constexpr, B_TYPE: tl.constexpr, A_CT: tl.constexpr, B_CT: tl.constexpr,
-    A_LAYOUT: tl.constexpr, B_LAYOUT: tl.constexpr,
-    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, SA_PRESHUFFLED: tl.constexpr,
-    GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
-    INT_DOT: tl.constexpr, GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ACC: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERPRETED: tl.constexpr,
-    FAST_ACCUM: tl.constexpr, SWAPPED: tl.constexpr, SA_ROW_GROUP: tl.constexpr,
-    EVEN_K: tl.constexpr, I4_WORDS: tl.constexpr,
-    ONE_PIECE: tl.constexpr,
-):
-    """Tile (pid_m, pid_n) summed over the K tiles k_first, k_first + k_step, ... below k_end,
-    through every epilogue stage but the cast: fp32 [BM, BN]. ``lead`` (or ONE_PIECE: the only
-    piece of the tile) adds acc_in and the bias; the other pieces of a split tile leave them out."""
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -241,7 +168,9 @@ def _tile_result(
     rm64 = rm.to(tl.int64)
     rn64 = rn.to(tl.int64)
 
-    # Base pointers of the first K tile; advanced by a fixed step per iteration.
+    # Base pointers of this program's first K tile; advanced by a fixed step per iteration.
+    k_first = pid_k * BK
+    k_step = BK * SPLIT_K
     if A_TYPE == "i4":
         if A_LAYOUT == "r":  # packed along K: bytes [BM, BK/2]
             rkh = k_first // 2 + tl.arange(0, BK // 2)
@@ -308,6 +237,15 @@ def _tile_result(
                 p_ptrs = a_ptr + rk4[None, :].to(tl.int64) * lda + rm64[:, None]
                 p_kstride = lda
 
+    if PDL:
+        # The weight (the kernel's A when swapped) does not depend on the previous kernel: its
+        # first K tile is on its way to L2 while that kernel finishes.
+        if SWAPPED:
+            prefetch_tile(a_ptr, lda, A_TYPE, A_LAYOUT == "r", pid_m * BM, BM, M, k_first, BK, K)
+        else:
+            prefetch_tile(b_ptr, ldb, B_TYPE, B_LAYOUT == "c", pid_n * BN, BN, N, k_first, BK, K)
+        wait_upstream()  # before the first read of the activations and the first store
+
     if INT_DOT and not GROUPED:
         acc = tl.zeros((BM, BN), dtype=tl.int32)
     else:
@@ -320,7 +258,7 @@ def _tile_result(
         I4_PAD: tl.constexpr = 0
     else:
         I4_PAD: tl.constexpr = 136  # 0x88 unpacks to two zeros
-    for k0 in range(k_first, k_end, k_step):
+    for k0 in range(k_first, K, k_step):
         k_left = K - k0
         if EVEN_K:
             k_ok = rk < BK
@@ -417,12 +355,12 @@ def _tile_result(
         a_ptrs += a_step
         b_ptrs += b_step
 
-    # ---- epilogue (every stage before the store) ----
+    # ---- epilogue ----
     # SWAPPED: this program computed a tile of C^T = B^T A^T (rows are C's columns), so C, acc_in
     # and the bias are addressed transposed; every other stage is unchanged.
     c_mask = m_ok[:, None] & n_ok[None, :]
     if HAS_ACC:
-        if ONE_PIECE or lead:
+        if SPLIT_K == 1 or pid_k == 0:
             if SWAPPED:
                 acc_in = tl.load(acc_ptr + rn64[None, :] * ld_acc + rm[:, None], mask=c_mask, other=0)
             else:
@@ -440,102 +378,40 @@ def _tile_result(
         sb_col = tl.load(sb_ptr + rn * stride_sb_n, mask=n_ok, other=0.0)
         y = y * sb_col[None, :]
     if HAS_BIAS:
-        if ONE_PIECE or lead:
+        if SPLIT_K == 1 or pid_k == 0:
             if SWAPPED:
                 bias_r = tl.load(bias_ptr + rm, mask=m_ok, other=0.0)
                 y = y + bias_r[:, None]
             else:
                 bias = tl.load(bias_ptr + rn, mask=n_ok, other=0.0)
                 y = y + bias[None, :]
-    return y
-
-
-@triton.jit
-def _prefetch_weight(a_ptr, b_ptr, lda, ldb, M, N, K, pid_m, pid_n, k_first, A_TYPE: tl.constexpr,
-                     B_TYPE: tl.constexpr, A_LAYOUT: tl.constexpr, B_LAYOUT: tl.constexpr, BM: tl.constexpr,
-                     BN: tl.constexpr, BK: tl.constexpr, SWAPPED: tl.constexpr):
-    """PDL: the weight (the kernel's A when swapped) does not depend on the previous kernel, so
-    the program's first K tile of it is on its way to L2 while that kernel finishes."""
-    if SWAPPED:
-        prefetch_tile(a_ptr, lda, A_TYPE, A_LAYOUT == "r", pid_m * BM, BM, M, k_first, BK, K)
-    else:
-        prefetch_tile(b_ptr, ldb, B_TYPE, B_LAYOUT == "c", pid_n * BN, BN, N, k_first, BK, K)
-
-
-@triton.jit
-def _first_program(u, units, programs):
-    """The stream-K program whose range holds unit ``u`` (ranges [p U / P, (p + 1) U / P))."""
-    return ((u + 1) * programs + units - 1) // units - 1
-
-
-@triton.jit
-def _stream_k(
-    a_ptr, b_ptr, ws_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr, out_ptr, sem_ptr, M, N, K, lda, ldb, ldc,
-    ld_acc, stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n,
-    A_TYPE: tl.constexpr, B_TYPE: tl.constexpr, A_CT: tl.constexpr, B_CT: tl.constexpr,
-    A_LAYOUT: tl.constexpr, B_LAYOUT: tl.constexpr,
-    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, SA_PRESHUFFLED: tl.constexpr,
-    GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
-    INT_DOT: tl.constexpr, GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ACC: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERPRETED: tl.constexpr,
-    FAST_ACCUM: tl.constexpr, SWAPPED: tl.constexpr, SA_ROW_GROUP: tl.constexpr,
-    EVEN_K: tl.constexpr, I4_WORDS: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr,
-):
-    """Stream-K: the call's (tile, K tile) units, tile by tile, cut into one contiguous range per
-    program (the grid is what the SMs hold at once), so every SM streams the same number of K
-    tiles whatever the tile count. A tile one program covers whole is stored as usual; a shared
-    tile gets an fp32 partial from each of its programs, in workspace slot 2 p (the program's
-    first tile) or 2 p + 1 (its last), and the last to count itself in on the tile's counter
-    (``sem_ptr``, zero between calls) sums the partials in program order (the same bits every
-    run), stores the tile to ``out_ptr`` and puts the counter back to zero."""
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    num_pid_m = tl.cdiv(M, BM)
-    num_pid_n = tl.cdiv(N, BN)
-    kb = tl.cdiv(K, BK)
-    units = num_pid_m * num_pid_n * kb
-    u0 = pid * units // programs
-    u1 = (pid + 1) * units // programs
-    if PDL:
-        pm0, pn0 = grouped_tile(u0 // kb, num_pid_m, num_pid_n, GROUP_M)
-        _prefetch_weight(a_ptr, b_ptr, lda, ldb, M, N, K, pm0, pn0, (u0 % kb) * BK, A_TYPE, B_TYPE, A_LAYOUT,
-                         B_LAYOUT, BM, BN, BK, SWAPPED)
-        wait_upstream()  # the workspace and the counters are upstream's too
-    own = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]  # a slot's [BM, BN] values
-    for t in range(u0 // kb, (u1 - 1) // kb + 1):
-        b0 = tl.maximum(u0 - t * kb, 0)
-        b1 = tl.minimum(u1 - t * kb, kb)
-        pid_m, pid_n = grouped_tile(t, num_pid_m, num_pid_n, GROUP_M)
-        y = _tile_result(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, acc_ptr, M, N, K, lda, ldb, ld_acc,
-                         stride_sa_m, stride_sa_g, stride_sb_g, stride_sb_n, pid_m, pid_n, b0 * BK,
-                         tl.minimum(b1 * BK, K), BK, b0 == 0,
-                         A_TYPE, B_TYPE, A_CT, B_CT, A_LAYOUT, B_LAYOUT, A_SCALE, B_SCALE, SA_PRESHUFFLED,
-                         GROUP_K, GROUP_N, INT_DOT, GROUPED, HAS_BIAS, HAS_ACC, BM, BN, BK, INTERPRETED,
-                         FAST_ACCUM, SWAPPED, SA_ROW_GROUP, EVEN_K, I4_WORDS, False)
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        c_mask = (rm < M)[:, None] & (rn < N)[None, :]
+    if SPLIT_K == 1:
         if SWAPPED:
-            o_ptrs = out_ptr + rn.to(tl.int64)[None, :] * ldc + rm[:, None]
+            c_ptrs = c_ptr + rn64[None, :] * ldc + rm[:, None]
         else:
-            o_ptrs = out_ptr + rm.to(tl.int64)[:, None] * ldc + rn[None, :]
-        if (b0 == 0) & (b1 == kb):
-            tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=c_mask)
-        else:
-            slot = 2 * pid + (u0 < t * kb).to(tl.int32)
-            tl.store(ws_ptr + slot.to(tl.int64) * (BM * BN) + own, y)
-            # As FIXUP's sum: every thread's partial stored (a CTA barrier), then counted in.
+            c_ptrs = c_ptr + rm64[:, None] * ldc + rn[None, :]
+        tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty), mask=c_mask)
+    else:
+        # Workspace [SPLIT_K, M, N] fp32, contiguous; ldc is N here (FIXUP: the output's).
+        slab = rm64[:, None] * N + rn[None, :]
+        tl.store(c_ptr + pid_k.to(tl.int64) * M * N + slab, y, mask=c_mask)
+        if FIXUP:
+            # Every thread's partial is stored before one thread counts the program in (a CTA
+            # barrier, then a gpu-scope release); the count's acquire and Triton's broadcast of it
+            # (a barrier) order the last program's loads after the other programs' stores.
             tl.debug_barrier()
-            arrived = tl.atomic_add(sem_ptr + t, 1, sem="acq_rel", scope="gpu")
-            first = _first_program(t * kb, units, programs)
-            last = _first_program(t * kb + kb - 1, units, programs)
-            if arrived == last - first:
+            tile = tl.program_id(0)
+            arrived = tl.atomic_add(sem_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
                 total = tl.zeros((BM, BN), dtype=tl.float32)
-                for q in range(first, last + 1):  # (L2 only: other SMs wrote them)
-                    q_slot = 2 * q + (q * units // programs < t * kb).to(tl.int32)
-                    total += tl.load(ws_ptr + q_slot.to(tl.int64) * (BM * BN) + own, cache_modifier=".cg")
+                for i in tl.static_range(SPLIT_K):  # (L2 only: other SMs wrote them)
+                    total += tl.load(c_ptr + i * M * N + slab, mask=c_mask, other=0.0, cache_modifier=".cg")
+                if SWAPPED:
+                    o_ptrs = out_ptr + rn64[None, :] * ldc + rm[:, None]
+                else:
+                    o_ptrs = out_ptr + rm64[:, None] * ldc + rn[None, :]
                 tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=c_mask)
-                tl.atomic_xchg(sem_ptr + t, 0, sem="relaxed", scope="gpu")  # ready for the next call
+                tl.atomic_xchg(sem_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
 
 @triton.jit

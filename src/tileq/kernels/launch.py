@@ -13,8 +13,7 @@ import torch
 from ..dtypes import OperandType, PackedInt4
 from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
 from . import buffers
-from .. import device as _device
-from .config import TileConfig, programs_per_sm
+from .config import TileConfig
 from .direct import KernelCall, direct_launch_enabled, pdl_enabled, tracing
 from .gluon.launch import GluonLaunch
 from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel, _splitk_reduce_pdl_kernel  # noqa: F401 (on _THIS)
@@ -42,7 +41,6 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
     an int4 operand's storage allows the 16-bit word path (``i4_storage_word_aligned``).
     ``pdl``: the kernel prefetches and waits for the previous kernel (``kernels/pdl.py``).
     ``fixup``: a split over K summed by the kernel itself (the plan's ``in_kernel_sum``).
-    A stream-K config (``cfg.stream_k``) always sums its shared tiles itself.
     """
     tk = triton_kernel(spec, cfg)
     o = tk.orientation
@@ -58,7 +56,7 @@ def specialization(spec: ProblemSpec, cfg: TileConfig, interpreted: bool = False
         I4_WORDS=tk.i4_words and i4_word_aligned,
         A_TYPE=o.a_type.value, B_TYPE=o.b_type.value, A_CT=o.a_ct.value, B_CT=o.b_ct.value,
         A_LAYOUT=o.a_layout, B_LAYOUT=o.b_layout, A_SCALE=o.a_scale.value, B_SCALE=o.b_scale.value,
-        PDL=pdl, FIXUP=fixup and cfg.split_k > 1, STREAMK=cfg.stream_k,
+        PDL=pdl, FIXUP=fixup and cfg.split_k > 1,
     )
     a_group = spec.a_scale_kind is ScaleKind.GROUP
     b_group = spec.b_scale_kind is ScaleKind.GROUP
@@ -91,16 +89,15 @@ def signature(spec: ProblemSpec, cfg: TileConfig, *, pdl: bool = False, fixup: b
     consts = specialization(spec, cfg, pdl=pdl, fixup=fixup)
     o = triton_kernel(spec, cfg).orientation
     a_t, b_t, sa_k, sb_k = o.a_type, o.b_type, o.a_scale, o.b_scale
-    sums = consts["FIXUP"] or consts["STREAMK"]  # partials in c_ptr, the output in out_ptr
     sig = {
         "a_ptr": _PTR[a_t], "b_ptr": _PTR[b_t],
-        "c_ptr": "*fp32" if cfg.split_k > 1 or cfg.stream_k else _OUT_PTR[spec.out_dtype],
+        "c_ptr": "*fp32" if cfg.split_k > 1 else _OUT_PTR[spec.out_dtype],
         "sa_ptr": "*fp32" if sa_k is not ScaleKind.NONE else "constexpr",
         "sb_ptr": "*fp32" if sb_k is not ScaleKind.NONE else "constexpr",
         "bias_ptr": "*fp32" if spec.has_bias else "constexpr",
         "acc_ptr": ("*i32" if spec.acc_dtype == torch.int32 else "*fp32") if spec.has_acc else "constexpr",
-        "out_ptr": _OUT_PTR[spec.out_dtype] if sums else "constexpr",
-        "sem_ptr": "*i32" if sums else "constexpr",
+        "out_ptr": _OUT_PTR[spec.out_dtype] if consts["FIXUP"] else "constexpr",
+        "sem_ptr": "*i32" if consts["FIXUP"] else "constexpr",
     }
     for name in ("M", "N", "K", "lda", "ldb", "ldc", "ld_acc",
                  "stride_sa_m", "stride_sa_g", "stride_sb_g", "stride_sb_n"):
@@ -170,7 +167,7 @@ class GemmLaunch:
     strides fixed here): ``linear`` passes the weight itself for its transposed view.
     """
 
-    __slots__ = ("m", "n", "out_dtype", "device", "swapped", "ws_numel", "ws_shape", "direct",
+    __slots__ = ("m", "n", "out_dtype", "device", "swapped", "split_k", "ws_shape", "direct",
                  "main", "main_bytes", "i4_arg", "i4_ld", "reduce", "counters")
 
     def __init__(self, problem: Problem, plan):
@@ -206,33 +203,24 @@ class GemmLaunch:
             km, kn, klda, kldb = m, n, lda, ldb
             strides = (sa_rows, sa_g, sb_g, sb_cols)
         self.m, self.n, self.out_dtype, self.device = m, n, spec.out_dtype, problem.device
-        self.swapped = swapped
+        self.swapped, self.split_k = swapped, cfg.split_k
+        self.ws_shape = (cfg.split_k, km, kn)
         # Straight through the compiled kernel's launcher only on a GPU: the interpreter has no
         # compiled kernels and keeps the ordinary JIT launch.
         self.direct = problem.device.type == "cuda" and not plan.interpreted
-        tiles = _cdiv(km, cfg.block_m) * _cdiv(kn, cfg.block_n)
-        if cfg.stream_k:
-            # Two fp32 slots per program (its first and last tile may be shared), no split view.
-            programs = stream_k_programs(spec, cfg, plan.arch, _sm_count(problem.device, plan.interpreted),
-                                         tiles * _cdiv(k, cfg.block_k))
-            grid = (programs, 1)
-            self.ws_numel, self.ws_shape = 2 * programs * cfg.block_m * cfg.block_n, None
-        else:
-            grid = (tiles, cfg.split_k)
-            self.ws_numel = cfg.split_k * km * kn if cfg.split_k > 1 else 0
-            self.ws_shape = (cfg.split_k, km, kn)
+        grid = (_cdiv(km, cfg.block_m) * _cdiv(kn, cfg.block_n), cfg.split_k)
         ints = (km, kn, k, klda, kldb, ldc, ld_acc) + strides
         options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if pdl:
             options["launch_pdl"] = True
         # The pointer arguments' dtypes, as the kernel sees them (a call passes the same ones).
-        target_dtype = torch.float32 if self.ws_numel else spec.out_dtype
+        target_dtype = torch.float32 if cfg.split_k > 1 else spec.out_dtype
         ka, kb, ksa, ksb = (b, a, sb, sa) if swapped else (a, b, sa, sb)
-        fixed = consts["FIXUP"] or consts["STREAMK"]
+        fixed = consts["FIXUP"]
         dtypes = (ka.dtype, kb.dtype, target_dtype, _dtype(ksa), _dtype(ksb), _dtype(problem.bias),
                   _dtype(problem.acc), spec.out_dtype if fixed else None, torch.int32 if fixed else None)
-        # The kernel's own sum counts on one counter per output tile.
-        self.counters = tiles if fixed else 0
+        # The kernel's own sum counts on one counter per output tile (the grid's first axis).
+        self.counters = grid[0] if fixed else 0
         self.main = KernelCall(_THIS, "_gemm_kernel", grid, ints, dict(options, **consts), dtypes)
         self.main_bytes = None
         if self.i4_arg is not None:
@@ -247,14 +235,13 @@ class GemmLaunch:
             out = torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device)
         direct = self.direct and direct_launch_enabled()
         target = out
-        if self.ws_numel:
+        if self.split_k > 1:
             if direct:
                 # The whole buffer: same pointer and dtype as the view, without making the view.
-                target = buffers._stream_workspace(self.device, self.ws_numel)
+                target = buffers._stream_workspace(self.device, self.split_k * self.ws_shape[1] * self.ws_shape[2])
             else:
-                target = buffers._workspace(self.device, self.ws_numel)
-                if self.ws_shape is not None:
-                    target = target.view(self.ws_shape)
+                target = buffers._workspace(self.device, self.split_k * self.ws_shape[1] * self.ws_shape[2])
+                target = target.view(self.ws_shape)
         main = self.main
         # Traced into a graph, the storage's address is unknown: the byte path serves any.
         if self.i4_arg is not None and (tracing() or not i4_storage_word_aligned(b if self.i4_arg else a,
@@ -274,22 +261,6 @@ class GemmLaunch:
 
 def _dtype(t):
     return None if t is None else t.dtype
-
-
-# A stream-K grid: up to this many programs per SM where shared memory holds them (int4p's decode
-# kernel gained nothing from more: its SMs' rate hardly depends on programs per SM).
-STREAM_K_MOST_PER_SM = 2
-
-
-def stream_k_programs(spec: ProblemSpec, cfg: TileConfig, arch, sms: int, units: int) -> int:
-    """A stream-K launch's programs: as many as ``sms`` SMs hold at once (``programs_per_sm``), at
-    most one per (tile, K tile) unit."""
-    return max(1, min(units, programs_per_sm(spec, cfg, arch, STREAM_K_MOST_PER_SM) * sms))
-
-
-def _sm_count(device: torch.device, interpreted: bool) -> int:
-    """The SMs a launch spreads over: the GPU's own, or the default arch's under the interpreter."""
-    return _device.num_sms(device if not interpreted else torch.device("cpu"))
 
 
 def _cdiv(a: int, b: int) -> int:
