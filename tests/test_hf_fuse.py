@@ -258,9 +258,10 @@ def test_compile_fullgraph(config):
     assert all("_inline." in t for t in seen if "tileq" in t), seen  # every op through its twin
     ops = _tileq_ops(seen)
     if config.act_dtype is None:
-        assert ops == {"tileq.quant_linear.default"}
+        assert ops == {"tileq.quant_linear.default", "tileq.qk_norm_rope.default"}
     else:
-        assert {"tileq.rmsnorm_quantize.default", "tileq.add_rmsnorm_quantize.default", "tileq.linear.default"} <= ops
+        assert {"tileq.rmsnorm_quantize.default", "tileq.add_rmsnorm_quantize.default", "tileq.linear.default",
+                "tileq.qk_norm_rope.default"} <= ops
 
 
 def test_compile_inductor():
@@ -277,12 +278,24 @@ def test_compile_inductor():
 
 def test_compile_static_cache_generate():
     # transformers' recipe for compiled decoding: a StaticCache keeps the shapes fixed, so one
-    # prefill graph and one decode graph serve every step.
+    # prefill graph and one decode graph serve every step. The decode graph writes k and v into
+    # the cache with the q/k op (mutating the cache's tensors), not StaticLayer.update's index_copy_.
     torch._dynamo.reset()
     model = tiny("qwen3", tnn.A8W8Config())
     fused, _ = fused_copy(model)
-    fused.forward = torch.compile(fused.forward, fullgraph=True, backend="aot_eager")
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")])
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    fused.forward = torch.compile(fused.forward, fullgraph=True, backend=record)
     assert_same_greedy(fused, model, ids(batch=1), cache_implementation="static")
+    writers = [g for g in graphs if "tileq.qk_norm_rope_cache_inline.default" in g]
+    assert writers, graphs
+    for g in writers:
+        assert g.count("tileq.qk_norm_rope_cache_inline.default") == TINY["num_hidden_layers"]
+        assert not [t for t in g if "index_copy" in t], g
 
 
 # ----------------------------------------------------------------------------- refusals

@@ -222,3 +222,40 @@ def test_qk_norm_rope_cache_write_on_gpu_matches_static_layer():
         gq, keys, values = qk_norm_rope(qkv, cos, sin, q_heads=hq, kv_heads=hkv, cache=ours)
         assert torch.equal(gq, tq) and torch.equal(keys, want_keys) and torch.equal(values, want_values)
         assert int(ours[2]) == int(layer.cumulative_length)
+
+
+def test_compiled_decode_step_writes_the_static_cache_with_the_qk_kernel():
+    """A fused Qwen3 decode step compiled by inductor over a StaticCache: the generated code
+    launches tileq's q/k kernel itself (no tileq op call, no index_copy, no copy of a cache
+    tensor), writes k and v in place, and its logits and cache follow the eager fused step's."""
+    import transformers
+    from torch._inductor.utils import run_and_get_code
+
+    from tileq.integrations.hf import fuse_decoder_
+
+    cfg = transformers.Qwen3Config(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=4, head_dim=128,
+                                   vocab_size=1000, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    quantize_(model, config_from_name("A8W8"))
+    fuse_decoder_(model)
+    caches = [transformers.StaticCache(config=cfg, max_cache_len=64) for _ in range(2)]
+    prompt = torch.randint(0, 1000, (1, 12), device="cuda")
+    tok = torch.randint(0, 1000, (1, 1), device="cuda")
+    torch._dynamo.reset()
+    step = torch.compile(model.forward, fullgraph=True, dynamic=False)
+    with torch.inference_mode():
+        for c in caches:
+            model(input_ids=prompt, past_key_values=c, use_cache=True)
+        eager = model(input_ids=tok, past_key_values=caches[0], use_cache=True).logits
+        got, code = run_and_get_code(lambda: step(input_ids=tok, past_key_values=caches[1], use_cache=True).logits)
+    torch.cuda.synchronize()
+    code = "\n".join(code)
+    assert "_qk_norm_rope_kernel" in code and "tileq.qk_norm_rope" not in code
+    assert "index_copy" not in code and ".copy_(" not in code.split("def call(")[-1]  # written in place
+    torch.testing.assert_close(got.float(), eager.float(), rtol=0.02, atol=0.02 * float(eager.abs().max()))
+    for ours, want in zip(caches[1].layers, caches[0].layers):
+        assert int(ours.cumulative_length) == int(want.cumulative_length) == 13
+        torch.testing.assert_close(ours.keys.float(), want.keys.float(), rtol=0.02, atol=0.02)
+        torch.testing.assert_close(ours.values.float(), want.values.float(), rtol=0.02, atol=0.02)

@@ -5,9 +5,13 @@ and strides, or its kernels' launches, below) and what CUDA graphs capture.
     torch.ops.tileq.linear(x, w, x_scale, w_scale, bias, scheme, out_dtype, group_k, group_n, w_int4_k)
     torch.ops.tileq.quantize_activation(x, dtype, granularity, group_k, scale, preshuffled)
     torch.ops.tileq.quant_linear(x, weight, weight_scale, bias, input_scale, layer)
+    torch.ops.tileq.qk_norm_rope(qkv, cos, sin, q_weight, k_weight, q_heads, kv_heads, eps)
+    torch.ops.tileq.qk_norm_rope_cache(qkv, cos, sin, q_weight, k_weight, keys, values, length, q_heads,
+                                       kv_heads, eps)
 
 The implementations are the public functions (``tileq.linear``, ``tileq.quantize_activation``,
-each with its per-signature launch cache) and, for ``quant_linear``, a runner per call signature
+``tileq.qk_rope.qk_norm_rope``, each with its per-signature launch cache) and, for
+``quant_linear``, a runner per call signature
 (``quant_linear.quant_linear_cached``: after a signature's second call no validation, two
 launches). ``QuantLinear`` calls them directly
 when not compiling: a dispatcher round trip per layer would add host time to every eager decode
@@ -39,6 +43,7 @@ from .api import linear
 from .errors import TileqError
 from .kernels.buffers import given_tile_counters
 from .kernels.direct import launch_mode
+from .qk_rope import qk_norm_rope
 from .quant_linear import quant_linear_cached, spec_of_key, weight_operand
 
 log = logging.getLogger("tileq")
@@ -195,3 +200,37 @@ def quant_linear_op(x: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tenso
 @quant_linear_op.register_fake
 def _quant_linear_fake(x, weight, weight_scale, bias, input_scale, layer, tile_counters=None):
     return x.new_empty((*x.shape[:-1], spec_of_key(layer).n))
+
+
+@tileq_op("qk_norm_rope")
+def qk_norm_rope_op(qkv: Tensor, cos: Tensor, sin: Tensor, q_weight: Tensor | None, k_weight: Tensor | None,
+                    q_heads: int, kv_heads: int, eps: float) -> tuple[Tensor, Tensor]:
+    """``tileq.qk_norm_rope`` without a cache: (q, k), [B, H, T, D] transposed views of new tensors."""
+    return qk_norm_rope(qkv, cos, sin, q_heads=q_heads, kv_heads=kv_heads, q_weight=q_weight, k_weight=k_weight,
+                        eps=eps)
+
+
+def _qk_shapes(qkv, cos, q_heads, kv_heads):
+    b, t, d = qkv.shape[0], qkv.shape[1], cos.shape[-1]
+    return (b, t, q_heads, d), (b, t, kv_heads, d)
+
+
+@qk_norm_rope_op.register_fake
+def _qk_norm_rope_fake(qkv, cos, sin, q_weight, k_weight, q_heads, kv_heads, eps):
+    qs, ks = _qk_shapes(qkv, cos, q_heads, kv_heads)
+    return qkv.new_empty(qs).transpose(1, 2), qkv.new_empty(ks).transpose(1, 2)
+
+
+@tileq_op("qk_norm_rope_cache", mutates_args=("keys", "values", "length"))
+def qk_norm_rope_cache_op(qkv: Tensor, cos: Tensor, sin: Tensor, q_weight: Tensor | None, k_weight: Tensor | None,
+                          keys: Tensor, values: Tensor, length: Tensor, q_heads: int, kv_heads: int,
+                          eps: float) -> Tensor:
+    """``tileq.qk_norm_rope`` writing k and v into a static cache (keys, values, length: mutated in
+    place); returns q (the caller has keys and values)."""
+    return qk_norm_rope(qkv, cos, sin, q_heads=q_heads, kv_heads=kv_heads, q_weight=q_weight, k_weight=k_weight,
+                        eps=eps, cache=(keys, values, length))[0]
+
+
+@qk_norm_rope_cache_op.register_fake
+def _qk_norm_rope_cache_fake(qkv, cos, sin, q_weight, k_weight, keys, values, length, q_heads, kv_heads, eps):
+    return qkv.new_empty(_qk_shapes(qkv, cos, q_heads, kv_heads)[0]).transpose(1, 2)

@@ -80,7 +80,7 @@ from .. import settings
 from ..activation import add_rmsnorm_quantize, silu_mul_quantize
 from ..errors import UnsupportedError, expect
 from ..nn.linear import QuantLinear
-from ..ops import _quantize_activation_fake, tileq_op
+from ..ops import _quantize_activation_fake, qk_norm_rope_cache_op, qk_norm_rope_op, tileq_op
 from ..qk_rope import HEAD_DIMS as _ROPE_HEAD_DIMS, qk_norm_rope
 from ..quant_linear import keeps_launches
 
@@ -384,10 +384,11 @@ def linear_prequantized(layer: QuantLinear, q: Tensor, s: Tensor, out_dtype: tor
 
 def _rope_fuses(attn: nn.Module, qkv: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """Whether the fused attention prepares q and k with ``qk_norm_rope`` (one launch) instead of
-    transformers' operations: eager calls on a GPU (or Triton's interpreter), TILEQ_QK_ROPE not 0,
-    16-bit activations with cos / sin and the q/k norms' weights in the same dtype, the norms'
-    epsilons equal, k and v of one width, a head dimension the kernel holds in registers."""
-    if torch.compiler.is_compiling() or not keeps_launches(qkv) or not settings.current().qk_rope:
+    transformers' operations: calls on a GPU (or Triton's interpreter), eager or compiled (then
+    through ``torch.ops.tileq.qk_norm_rope[_cache]``), TILEQ_QK_ROPE not 0, 16-bit activations with
+    cos / sin and the q/k norms' weights in the same dtype, the norms' epsilons equal, k and v of
+    one width, a head dimension the kernel holds in registers."""
+    if not keeps_launches(qkv) or not settings.current().qk_rope:
         return False
     dtype, split, d = qkv.dtype, attn._tileq_split, attn.head_dim
     if (dtype not in (torch.bfloat16, torch.float16) or qkv.dim() != 3 or d not in _ROPE_HEAD_DIMS
@@ -427,6 +428,22 @@ def _static_cache_of(cache, idx: int, qkv: Tensor, kv_heads: int, d: int):
     return keys, values, length
 
 
+def _prepare_qk(attn: nn.Module, qkv: Tensor, cos: Tensor, sin: Tensor, kv_heads: int, static):
+    """(q, k, v) from ``qk_norm_rope``: v is the cache's values where ``static`` (the layer's
+    (keys, values, length)) took k and v, else None. Compiled code calls the custom ops (inductor
+    launches the kernel); eager code the function (its per-signature launch, no dispatcher)."""
+    q_heads = attn._tileq_split[0] // attn.head_dim
+    qw, kw = (attn.q_norm.weight, attn.k_norm.weight) if attn._tileq_qk_norm else (None, None)
+    eps = attn.q_norm.variance_epsilon if attn._tileq_qk_norm else 0.0
+    if torch.compiler.is_compiling():
+        if static is None:
+            return (*qk_norm_rope_op(qkv, cos, sin, qw, kw, q_heads, kv_heads, eps), None)
+        return qk_norm_rope_cache_op(qkv, cos, sin, qw, kw, *static, q_heads, kv_heads, eps), static[0], static[1]
+    out = qk_norm_rope(qkv, cos, sin, q_heads=q_heads, kv_heads=kv_heads, q_weight=qw, k_weight=kw, eps=eps,
+                       cache=static)
+    return out if static is not None else (*out, None)
+
+
 class _FusedAttention:
     """Mixin over a transformers attention class whose q/k/v projections are one ``qkv_proj``.
 
@@ -451,20 +468,12 @@ class _FusedAttention:
         cos, sin = position_embeddings
         written = False  # k and v already in past_key_values
         if _rope_fuses(self, qkv, cos, sin):
-            # One kernel for the q/k norms and the rotation (eager only: inductor fuses them itself),
-            # writing k and v into a static cache as StaticLayer.update would.
+            # One kernel for the q/k norms and the rotation, writing k and v into a static cache as
+            # StaticLayer.update would.
             kv_heads = self._tileq_split[1] // self.head_dim
             static = _static_cache_of(past_key_values, self.layer_idx, qkv, kv_heads, self.head_dim)
-            norms = (self.q_norm.weight, self.k_norm.weight) if self._tileq_qk_norm else (None, None)
-            out = qk_norm_rope(
-                qkv, cos, sin, q_heads=self._tileq_split[0] // self.head_dim, kv_heads=kv_heads,
-                q_weight=norms[0], k_weight=norms[1],
-                eps=self.q_norm.variance_epsilon if self._tileq_qk_norm else 0.0, cache=static)
-            if static is not None:
-                query_states, key_states, value_states = out
-                written = True
-            else:
-                query_states, key_states = out
+            query_states, key_states, value_states = _prepare_qk(self, qkv, cos, sin, kv_heads, static)
+            written = static is not None
         else:
             q, k, _ = qkv.split(self._tileq_split, dim=-1)
             if self._tileq_qk_norm:
