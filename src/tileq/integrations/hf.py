@@ -382,13 +382,20 @@ def linear_prequantized(layer: QuantLinear, q: Tensor, s: Tensor, out_dtype: tor
 # ----------------------------------------------------------------------------- fused modules
 
 
+@torch.compiler.assume_constant_result
+def _qk_rope_switch() -> bool:
+    """TILEQ_QK_ROPE; a compiled graph reads it once while tracing and keeps the answer (dynamo
+    cannot trace the settings' environment lookup)."""
+    return settings.current().qk_rope
+
+
 def _rope_fuses(attn: nn.Module, qkv: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """Whether the fused attention prepares q and k with ``qk_norm_rope`` (one launch) instead of
     transformers' operations: calls on a GPU (or Triton's interpreter), eager or compiled (then
     through ``torch.ops.tileq.qk_norm_rope[_cache]``), TILEQ_QK_ROPE not 0, 16-bit activations with
     cos / sin and the q/k norms' weights in the same dtype, the norms' epsilons equal, k and v of
     one width, a head dimension the kernel holds in registers."""
-    if not keeps_launches(qkv) or not settings.current().qk_rope:
+    if not keeps_launches(qkv) or not _qk_rope_switch():
         return False
     dtype, split, d = qkv.dtype, attn._tileq_split, attn.head_dim
     if (dtype not in (torch.bfloat16, torch.float16) or qkv.dim() != 3 or d not in _ROPE_HEAD_DIMS
