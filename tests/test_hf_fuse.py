@@ -258,10 +258,10 @@ def test_compile_fullgraph(config):
     assert all("_inline." in t for t in seen if "tileq" in t), seen  # every op through its twin
     ops = _tileq_ops(seen)
     if config.act_dtype is None:
-        assert ops == {"tileq.quant_linear.default", "tileq.qk_norm_rope.default"}
+        assert ops == {"tileq.quant_linear.default"}  # q/k: transformers' operations unless TILEQ_QK_ROPE=1
     else:
-        assert {"tileq.rmsnorm_quantize.default", "tileq.add_rmsnorm_quantize.default", "tileq.linear.default",
-                "tileq.qk_norm_rope.default"} <= ops
+        assert {"tileq.rmsnorm_quantize.default", "tileq.add_rmsnorm_quantize.default", "tileq.linear.default"} <= ops
+        assert "tileq.qk_norm_rope.default" not in ops
 
 
 def test_compile_inductor():
@@ -276,10 +276,14 @@ def test_compile_inductor():
         assert_logits_close(logits(compiled, x), logits(fused, x))
 
 
-def test_compile_static_cache_generate():
+@pytest.mark.parametrize("qk_rope", ["unset", "1"])
+def test_compile_static_cache_generate(qk_rope, monkeypatch):
     # transformers' recipe for compiled decoding: a StaticCache keeps the shapes fixed, so one
-    # prefill graph and one decode graph serve every step. The decode graph writes k and v into
-    # the cache with the q/k op (mutating the cache's tensors), not StaticLayer.update's index_copy_.
+    # prefill graph and one decode graph serve every step. With TILEQ_QK_ROPE=1 the decode graph
+    # writes k and v into the cache with the q/k op (mutating the cache's tensors), not
+    # StaticLayer.update's index_copy_; unset, compiled code keeps transformers' operations.
+    if qk_rope != "unset":
+        monkeypatch.setenv("TILEQ_QK_ROPE", qk_rope)
     torch._dynamo.reset()
     model = tiny("qwen3", tnn.A8W8Config())
     fused, _ = fused_copy(model)
@@ -292,6 +296,9 @@ def test_compile_static_cache_generate():
     fused.forward = torch.compile(fused.forward, fullgraph=True, backend=record)
     assert_same_greedy(fused, model, ids(batch=1), cache_implementation="static")
     writers = [g for g in graphs if "tileq.qk_norm_rope_cache_inline.default" in g]
+    if qk_rope == "unset":
+        assert not writers and not [g for g in graphs if "tileq.qk_norm_rope_inline.default" in g]
+        return
     assert writers, graphs
     for g in writers:
         assert g.count("tileq.qk_norm_rope_cache_inline.default") == TINY["num_hidden_layers"]

@@ -224,8 +224,9 @@ def test_qk_norm_rope_cache_write_on_gpu_matches_static_layer():
         assert int(ours[2]) == int(layer.cumulative_length)
 
 
-def test_compiled_decode_step_writes_the_static_cache_with_the_qk_kernel():
-    """A fused Qwen3 decode step compiled by inductor over a StaticCache: the generated code
+def test_compiled_decode_step_writes_the_static_cache_with_the_qk_kernel(monkeypatch):
+    """A fused Qwen3 decode step compiled by inductor over a StaticCache with TILEQ_QK_ROPE=1 (the
+    compiled route is opt-in until measured): the generated code
     launches tileq's q/k kernel itself (no tileq op call, no index_copy, no copy of a cache
     tensor), writes k and v in place, and its logits and cache follow the eager fused step's."""
     import transformers
@@ -233,6 +234,7 @@ def test_compiled_decode_step_writes_the_static_cache_with_the_qk_kernel():
 
     from tileq.integrations.hf import fuse_decoder_
 
+    monkeypatch.setenv("TILEQ_QK_ROPE", "1")
     cfg = transformers.Qwen3Config(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
                                    num_attention_heads=8, num_key_value_heads=4, head_dim=128,
                                    vocab_size=1000, max_position_embeddings=256)

@@ -26,7 +26,7 @@ SWITCHES = {
     "TILEQ_TUNED_TABLES": "os.pathsep-separated tuned-table files read besides the shipped ones",
     "TILEQ_PDL": "unset: programmatic dependent launch of the decode kernels on sm_90+ GPUs; 0: off; 1: on (sm_90+)",
     "TILEQ_INLINE_LAUNCH": "unset or 1: torch.compile traces the launches of tileq ops into its graph where it can (inductor launches them); 0: every tileq op stays one opaque call",
-    "TILEQ_QK_ROPE": "unset or 1: eager fused decoder layers prepare q and k (per-head RMSNorm, rotary embedding) in one tileq kernel; 0: transformers' operations",
+    "TILEQ_QK_ROPE": "unset: eager fused decoder layers prepare q and k (per-head RMSNorm, rotary embedding, static-cache write) in one tileq kernel; 1: compiled ones too (not yet measured on a GPU); 0: transformers' operations",
     "TRITON_INTERPRET": "1 (set before tileq and triton are imported): Triton's interpreter runs the kernels on CPU tensors",
 }
 _KEYED = tuple(SWITCHES)
@@ -50,7 +50,9 @@ class Settings:
     interpreted: bool
     pdl: bool | None = None  # None: on where the GPU has it (sm_90+); True / False: forced
     inline_launch: bool = True  # torch.compile traces tileq's launches into its graph (ops.py)
-    qk_rope: bool = True  # eager fused attention: q/k norm + rotary embedding in one kernel (qk_rope.py)
+    # Fused attention's q/k norm + rotary embedding in one kernel (qk_rope.py): None eager code only,
+    # True compiled code too, False never.
+    qk_rope: bool | None = None
 
 
 def _text(raw) -> str:
@@ -108,7 +110,7 @@ def current() -> Settings:
             interpreted=interpreter_active(),
             pdl=parse_pdl(raw["TILEQ_PDL"]),
             inline_launch=parse_switch("TILEQ_INLINE_LAUNCH", raw["TILEQ_INLINE_LAUNCH"]) is not False,
-            qk_rope=parse_switch("TILEQ_QK_ROPE", raw["TILEQ_QK_ROPE"]) is not False,
+            qk_rope=parse_switch("TILEQ_QK_ROPE", raw["TILEQ_QK_ROPE"]),
         )
         if len(_PARSED) > 64:
             _PARSED.clear()

@@ -383,19 +383,27 @@ def linear_prequantized(layer: QuantLinear, q: Tensor, s: Tensor, out_dtype: tor
 
 
 @torch.compiler.assume_constant_result
-def _qk_rope_switch() -> bool:
-    """TILEQ_QK_ROPE; a compiled graph reads it once while tracing and keeps the answer (dynamo
-    cannot trace the settings' environment lookup)."""
-    return settings.current().qk_rope
+def _qk_rope_switch() -> int:
+    """TILEQ_QK_ROPE as 0 (off), 1 (eager code: the default) or 2 (eager and compiled code); a
+    compiled graph reads it once while tracing and keeps the answer (torch 2.11's dynamo cannot
+    trace the settings' environment lookup)."""
+    value = settings.current().qk_rope
+    return 1 if value is None else 2 * int(value)
 
 
 def _rope_fuses(attn: nn.Module, qkv: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """Whether the fused attention prepares q and k with ``qk_norm_rope`` (one launch) instead of
-    transformers' operations: calls on a GPU (or Triton's interpreter), eager or compiled (then
-    through ``torch.ops.tileq.qk_norm_rope[_cache]``), TILEQ_QK_ROPE not 0, 16-bit activations with
-    cos / sin and the q/k norms' weights in the same dtype, the norms' epsilons equal, k and v of
-    one width, a head dimension the kernel holds in registers."""
-    if not keeps_launches(qkv) or not _qk_rope_switch():
+    transformers' operations: calls on a GPU (or Triton's interpreter), eager ones unless
+    TILEQ_QK_ROPE=0, compiled ones (through ``torch.ops.tileq.qk_norm_rope[_cache]``) with
+    TILEQ_QK_ROPE=1 (the compiled route has not been measured on a GPU yet); 16-bit activations
+    with cos / sin and the q/k norms' weights in the same dtype, the norms' epsilons equal, k and v
+    of one width, a head dimension the kernel holds in registers."""
+    if torch.compiler.is_compiling():
+        if _qk_rope_switch() < 2:
+            return False
+    elif not _qk_rope_switch():
+        return False
+    if not keeps_launches(qkv):
         return False
     dtype, split, d = qkv.dtype, attn._tileq_split, attn.head_dim
     if (dtype not in (torch.bfloat16, torch.float16) or qkv.dim() != 3 or d not in _ROPE_HEAD_DIMS
