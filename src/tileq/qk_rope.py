@@ -3,7 +3,7 @@ head (optional) and rotated, in one launch (``kernels/qk_rope.py``), optionally 
 a static KV cache. The fused decoder layers of
 ``tileq.integrations.hf`` call it in eager mode, where transformers spends about 25 small ATen
 launches per layer on the same work; compiled code keeps transformers' operations, which inductor
-fuses itself.
+fuses itself, unless TILEQ_QK_ROPE=1 (then through the custom ops of ``tileq.ops``).
 
 Like the activation functions, a call's signature (shapes, strides, dtypes, devices, options)
 keys a bounded cache of launch objects: a repeated call allocates q and k and launches.
