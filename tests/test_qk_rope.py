@@ -195,3 +195,18 @@ def test_cache_argument_errors():
         qk_norm_rope(qkv, cos, sin, q_heads=4, kv_heads=2, cache=(keys, values, length.int()))
     with pytest.raises(ShapeError, match="cache keys"):
         qk_norm_rope(qkv, cos, sin, q_heads=4, kv_heads=2, cache=(keys.transpose(2, 3), values, length))
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_custom_ops_pass_opcheck(norm):
+    """The ops compiled fused layers call with TILEQ_QK_ROPE=1 (``tileq.ops``): schema, fake
+    implementation (shapes and strides), the cache op's declared mutations."""
+    from torch.library import opcheck
+
+    from tileq import ops
+
+    qkv, cos, sin, qw, kw = _inputs(2, 3, 4, 2, 64)
+    w = (qw, kw) if norm else (None, None)
+    opcheck(ops.qk_norm_rope_op.op, (qkv, cos, sin, *w, 4, 2, 1e-6))
+    keys, values, length = _static_cache(2, 2, 16, 64, torch.bfloat16, 5)
+    opcheck(ops.qk_norm_rope_cache_op.op, (qkv, cos, sin, *w, keys, values, length, 4, 2, 1e-6))

@@ -177,6 +177,12 @@ class QkNormRopeLaunch:
 # ----------------------------------------------------------------------------- reference
 
 
+def _kernel_layout(x):
+    """[B, H, T, D] as the kernel returns it: a transposed view of a contiguous [B, T, H, D] (the
+    custom ops' fake implementations promise these strides whichever executor runs)."""
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def qk_norm_rope_ref(qkv, cos, sin, q_heads: int, kv_heads: int, q_weight=None, k_weight=None,
                      eps: float = 1e-6, cache=None):
     """The same (q, k) with torch operations, transformers' formulas (RMSNorm's rsqrt taken as
@@ -200,7 +206,7 @@ def qk_norm_rope_ref(qkv, cos, sin, q_heads: int, kv_heads: int, q_weight=None, 
     def rotate_half(x):
         return torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
 
-    q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+    q, k = _kernel_layout(q * c + rotate_half(q) * s), _kernel_layout(k * c + rotate_half(k) * s)
     if cache is None:
         return q, k
     keys, values, length = cache
@@ -209,6 +215,6 @@ def qk_norm_rope_ref(qkv, cos, sin, q_heads: int, kv_heads: int, q_weight=None, 
     fits = pos < keys.shape[2]
     keys[:, :, pos[fits]] = k[:, :, fits]
     values[:, :, pos[fits]] = v[:, :, fits]
-    q = q.masked_fill(~fits.view(1, 1, t, 1), float("nan"))
+    q = _kernel_layout(q.masked_fill(~fits.view(1, 1, t, 1), float("nan")))
     length.add_(t)
     return q, keys, values
