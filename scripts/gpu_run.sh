@@ -4,14 +4,15 @@
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
 #                          [tests-model] [tests-inline] [layerbench] [e2e] [e2e-opaque] [e2e-static] [e2e-small] [tests-gluon] [bench-gluon]
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
-#                          [e2e-moe] [moebench] [census] [pack]
+#                          [e2e-moe] [moebench] [census] [qk-compile] [pack]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
 #              GLUON_CASES, GLUON_ARGS (bench-gluon), INT4_CASES, INT4_ARGS (bench-int4),
 #              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench),
 #              OVERHEAD_ARGS (of tileq overhead), CENSUS_ARGS (of scripts/launch_census.py), MOE_E2E_ARGS (of tileq e2e --model qwen3-moe), MOE_ARGS (of tileq moebench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
-#              CKPT_ARGS (extra arguments of tileq e2e --make-checkpoint), CKPT_E2E_ARGS (of its tileq e2e runs).
+#              CKPT_ARGS (extra arguments of tileq e2e --make-checkpoint), CKPT_E2E_ARGS (of its tileq e2e runs),
+#              QK_ARGS (of qk-compile's tileq e2e run).
 # tests-formats installs the wheels in .whl/ (compressed-tensors and what it needs, made by pip download in
 # the checkout; pass carry [".whl"]) into /tmp/site, used by that step only.
 # Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src.
@@ -178,6 +179,16 @@ for step in "${steps[@]}"; do
       # OVERHEAD_ARGS: more tileq overhead arguments (--configs, --m, ...; a later one wins).
       $PY -m tileq overhead --m 1 --n 5120 --k 5120 --csv "$OUT/overhead.csv" ${OVERHEAD_ARGS:-} 2>&1 | tail -24 \
         | tee "$OUT/overhead.log" ;;
+    qk-compile)
+      # The compiled q/k route (TILEQ_QK_ROPE=1): its GPU test (inductor's code launches the kernel,
+      # writes the cache in place), then a 12-layer compile / graph A/B against TILEQ_QK_ROPE=0 and
+      # the default (QK_ARGS: more tileq e2e arguments; --layers 40 takes about 3 min per config).
+      $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_model_gpu.py -k "compiled_decode_step or qk_norm_rope" \
+        2>&1 | grep -E "passed|failed|Error" | tail -5 | tee "$OUT/qk_compile_tests.log"
+      $PY -m tileq e2e --out "$OUT/qk_compile" --layers 12 --configs \
+        bf16,A8W8:fused,A8W8:fused@TILEQ_QK_ROPE=1,FP8Block:fused@TILEQ_QK_ROPE=1 --modes compile,graph \
+        --batches 1 --no-compile-ttft --eager-tokens 16 --tokens 64 ${QK_ARGS:-} 2>&1 \
+        | tee "$OUT/qk_compile.log" | grep -E "^\| (config|bf16|A8W8|FP8)" | head -12 ;;
     census)
       # Host cost of a decode step per config and mode (eager, eager without PDL, compiled): launches,
       # direct-launch misses, syncs, wall against kernel ms (scripts/launch_census.py; CENSUS_ARGS).
