@@ -594,8 +594,34 @@ def test_bench_impls_and_gluon_tilings_on_cpu(tmp_path, capsys):
     assert len(forced) == 5 and all(r.status == R.NA and "Gluon needs a GPU" in r.note for r in forced)
     assert "## tileq forced" not in (out / "report.md").read_text()  # nothing timed on CPU
     assert tileq.cli.main(["bench", "--suite", "smoke", "--impls", "cuda", "--out", str(tmp_path)]) == 2
-    assert "impls: expected names from gluon, triton" in capsys.readouterr().err
+    assert "impls: expected names from gluon, triton, deep" in capsys.readouterr().err
     assert tileq.cli.main(["bench", "--suite", "smoke", "--rounds", "0", "--out", str(tmp_path)]) == 2
+
+
+def test_bench_deep_variant_on_cpu(tmp_path, capsys):
+    """--impls deep: the plan's portable config with as many stages as one program's shared
+    memory holds (gated through the interpreter; its kernel name says the stages), N/A where the
+    plan's stages are already the most (a prepacked int4 weight: its own kernels)."""
+    from tileq.bench.variants import deepest_stages
+    from tileq.catalog.families import family_spec
+    from tileq.catalog.names import parse_family
+    from tileq.device import get_arch
+    from tileq.kernels.config import TileConfig
+
+    out = tmp_path / "deep"
+    rc = tileq.cli.main(["bench", "--suite", "smoke", "--shapes", "gemv", "--cases",
+                         "rowcol:i8xi8:rcr,abquant:fp8xfp8:rcr,bquant:bf16xi4p:rcr", "--impls", "deep",
+                         "--baselines", "tileq", "--out", str(out), "--no-progress", "--no-plots"])
+    assert rc == 0, capsys.readouterr().err
+    by = {(r.case, r.impl): r for r in R.read_csv(out / "results.csv")}
+    for case in ("rowcol:i8xi8:rcr", "abquant:fp8xfp8:rcr"):
+        deep, plan = by[(case, "tileq_deep")], by[(case, "tileq")]
+        assert deep.rel_err < REL_TOL and "_s8_" in deep.kernel and "_s4_" in plan.kernel, (deep, plan)
+    assert by[("bquant:bf16xi4p:rcr", "tileq_deep")].status == R.NA
+    arch = get_arch("sm_90")
+    spec = family_spec(parse_family("rowcol_i8xi8_rcr_decode"), 1, 5120, 5120)
+    assert deepest_stages(spec, TileConfig(64, 16, 256, 4, 4, swap_ab=True), arch) == 8  # 160 KB
+    assert deepest_stages(spec, TileConfig(64, 16, 512, 4, 4, swap_ab=True), arch) == 5  # 5 x 40 KB
 
 
 def test_gluon_prefill_suite():

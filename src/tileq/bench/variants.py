@@ -10,6 +10,9 @@ dispatch layer forced, through the same launcher (``kernels.launch.make_launch``
                          serve the problem or cannot run here
   tileq_triton           ``--impls triton``: the plan forced onto the portable Triton kernel
                          (``dispatch.plan.with_config`` with the plan's own TileConfig)
+  tileq_deep             ``--impls deep``: the same with as many pipeline stages as one
+                         program's shared memory holds (at most 8; N/A where the plan's are
+                         already the most): more K tiles in flight per program
   tileq_gluon:<tiling>   ``--gluon-tilings``: the Gluon kernel with one candidate tiling of its wave
                          model (``dispatch.gluon.tile_costs``: 128, 128+split, 64, 256), as the
                          planner would finish it (``gluon_tilings``); one row per candidate for
@@ -127,6 +130,35 @@ def build_triton(ops: Operands, ctx: Context) -> Runnable:
                          kernel=forced.instance.name)
 
 
+DEEP_MOST_STAGES = 8
+
+
+def deepest_stages(spec, cfg, arch) -> int:
+    """The most pipeline stages (at most DEEP_MOST_STAGES) whose tiles fit one program's shared
+    memory: K tiles in flight per program, what a grid of fewer programs than SMs streams with."""
+    from ..kernels.config import config_problem
+
+    for stages in range(DEEP_MOST_STAGES, cfg.num_stages, -1):
+        if config_problem(spec, replace(cfg, num_stages=stages), arch) is None:
+            return stages
+    return cfg.num_stages
+
+
+def build_deep(ops: Operands, ctx: Context) -> Runnable:
+    from ..dispatch.plan import with_config
+
+    problem = _problem(ops)
+    plan = _plan(problem, ctx)
+    if plan.config is None:
+        raise NotApplicable(f"the {plan.executor} executor runs no tile kernel")
+    stages = deepest_stages(plan.spec, plan.config, plan.arch)
+    if stages == plan.config.num_stages:
+        raise NotApplicable(f"the plan's {stages} stages are already the most that fit")
+    forced = with_config(plan, replace(plan.config, num_stages=stages), source=plan.config_source)
+    return plan_runnable(ops, problem, forced, note=f"the plan's portable-kernel config with {stages} stages "
+                         f"instead of {plan.config.num_stages} [{plan.config_source}]", kernel=forced.instance.name)
+
+
 PREPACKED = "a prepacked int4 weight runs its own kernels (its variants: --int4-variants)"
 
 
@@ -139,11 +171,14 @@ IMPLS: dict[str, Impl] = {
                   "and the plan's tiling", _not_prepacked, build_gluon, default=False),
     "triton": Impl("tileq_triton", KIND, "tileq's plan forced onto the portable Triton kernel "
                    "(dispatch.plan.with_config)", _not_prepacked, build_triton, default=False),
+    "deep": Impl("tileq_deep", KIND, "tileq's plan forced onto the portable Triton kernel with as many "
+                 "pipeline stages as one program's shared memory holds (at most 8)", _not_prepacked, build_deep,
+                 default=False),
 }
 
 
 def select_impls(names: list[str]) -> tuple[Impl, ...]:
-    """``--impls``: the variant entries named ('gluon', 'triton'), in that order."""
+    """``--impls``: the variant entries named ('gluon', 'triton', 'deep'), in that order."""
     unknown = [n for n in names if n not in IMPLS]
     if unknown:
         raise UnsupportedError(expect("impls", f"names from {', '.join(IMPLS)}", ", ".join(unknown)))
