@@ -15,7 +15,8 @@
 #              QK_ARGS (of qk-compile's tileq e2e run).
 # tests-formats installs the wheels in .whl/ (compressed-tensors and what it needs, made by pip download in
 # the checkout; pass carry [".whl"]) into /tmp/site, used by that step only.
-# Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src.
+# Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src. The test
+# steps name every skipped test and its reason (pytest -rs): a skip is not a pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TILEQ_TEST_GPU=1
@@ -36,15 +37,15 @@ for step in "${steps[@]}"; do
   t0=$(date +%s)
   case "$step" in
     tests)
-      $PY -m pytest -q -p no:cacheprovider -n 12 tests/test_gpu.py tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
+      $PY -m pytest -q -rs -p no:cacheprovider -n 12 tests/test_gpu.py tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
     tests-model)
       # The model layer's GPU tests: activation quantization, QuantLinear, custom ops, CUDA graphs,
       # Hugging Face models, checkpoint formats (every test file's gpu-marked tests but the kernels').
-      $PY -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/ --ignore=tests/test_gpu.py \
+      $PY -m pytest -q -rs -p no:cacheprovider -n 8 -m gpu tests/ --ignore=tests/test_gpu.py \
         --ignore=tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$OUT/tests_model.log" | tail -40 ;;
     tests-int4p)
       # Prepacked int4 weights (tileq.prepacked): the layout and the kernel's inline-PTX conversion.
-      $PY -m pytest -q -p no:cacheprovider -n 8 tests/test_int4p.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
+      $PY -m pytest -q -rs -p no:cacheprovider -n 8 tests/test_int4p.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
         | tail -20 | tee "$OUT/tests_int4p.log" ;;
     bench-int4)
       # Prepacked int4 (W4A16, W4A8) against bf16 cuBLAS and tileq int8/fp8 rowcol over the int4 suite's
@@ -64,7 +65,7 @@ for step in "${steps[@]}"; do
       (exit "$brc") ;;
     tests-gluon)
       # The sm_90 Gluon prefill kernel (opt-in, TILEQ_GLUON=1 inside the tests) against the reference.
-      $PY -m pytest -q -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
+      $PY -m pytest -q -rs -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
         | tail -40 | tee "$OUT/tests_gluon.log" ;;
     bench-gluon)
       # The sm_90 Gluon prefill kernel (tileq_gluon) against the portable Triton kernel (tileq_triton)
@@ -97,7 +98,7 @@ for step in "${steps[@]}"; do
     tests-inline)
       # Inductor launching tileq's kernels (tests/test_inline_gpu.py): outputs bit for bit, then the host
       # timing alone (no parallel tests beside it).
-      { $PY -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/test_inline_gpu.py -k "not host_time" \
+      { $PY -m pytest -q -rs -p no:cacheprovider -n 4 -m gpu tests/test_inline_gpu.py -k "not host_time" \
           ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -25
         $PY -m pytest -q -s -p no:cacheprovider -m gpu tests/test_inline_gpu.py -k host_time 2>&1 \
           | grep -E "host us|passed|failed|Error"
@@ -183,7 +184,7 @@ for step in "${steps[@]}"; do
       # The compiled q/k route (TILEQ_QK_ROPE=1): its GPU test (inductor's code launches the kernel,
       # writes the cache in place), then a 12-layer compile / graph A/B against TILEQ_QK_ROPE=0 and
       # the default (QK_ARGS: more tileq e2e arguments; --layers 40 takes about 3 min per config).
-      $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_model_gpu.py -k "compiled_decode_step or qk_norm_rope" \
+      $PY -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_model_gpu.py -k "compiled_decode_step or qk_norm_rope" \
         2>&1 | grep -E "passed|failed|Error" | tail -5 | tee "$OUT/qk_compile_tests.log"
       $PY -m tileq e2e --out "$OUT/qk_compile" --layers 12 --configs \
         bf16,A8W8:fused,A8W8:fused@TILEQ_QK_ROPE=1,FP8Block:fused@TILEQ_QK_ROPE=1 --modes compile,graph \
