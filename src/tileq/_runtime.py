@@ -26,6 +26,12 @@ def bounded_put(table: dict, key, value, cap: int) -> None:
     table[key] = value
 
 
+def tensor_signature(t):
+    """A tensor's part of a call-signature key: (shape, strides, dtype, device); None for None. An
+    argument without them raises AttributeError (the caller's validation then names it)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
 def cache_get(table: dict, key):
     """``table.get(key)``, None for a None key or an unhashable one (a call cache misses and the
     full path, which validates, reports the bad argument)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import settings
-from ._runtime import bounded_put
+from ._runtime import bounded_put, tensor_signature
 from .dispatch.plan import resolve_backend
 from .errors import DTypeError, LayoutError, ShapeError, UnsupportedError, expect
 from .kernels import qk_rope as _qr
@@ -49,8 +49,9 @@ def qk_norm_rope(qkv, cos, sin, *, q_heads: int, kv_heads: int, q_weight=None, k
     ``backend``: 'auto' (Triton on CUDA tensors, the torch reference on CPU), 'triton', 'reference'.
     """
     try:
-        key = (_sig(qkv), _sig(cos), _sig(sin), q_heads, kv_heads, _sig(q_weight), _sig(k_weight),
-               eps.__class__, eps, None if cache is None else tuple(map(_sig, cache)), backend, settings.key())
+        tensors = tuple(map(tensor_signature, (qkv, cos, sin, q_weight, k_weight)))
+        key = (tensors, q_heads, kv_heads, eps.__class__, eps,
+               None if cache is None else tuple(map(tensor_signature, cache)), backend, settings.key())
         launch = _CACHE.get(key)
     except (TypeError, AttributeError):  # odd arguments: validation reports them
         key, launch = None, None
@@ -61,14 +62,6 @@ def qk_norm_rope(qkv, cos, sin, *, q_heads: int, kv_heads: int, q_weight=None, k
     if isinstance(launch, _qr.QkNormRopeLaunch):
         return launch(qkv, q_weight, k_weight, cos, sin, cache)
     return _qr.qk_norm_rope_ref(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, cache)
-
-
-def _sig(t):
-    if t is None:
-        return None
-    if not isinstance(t, torch.Tensor):
-        raise TypeError
-    return (t.shape, t.stride(), t.dtype, t.device)
 
 
 def _build(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, cache, backend):
@@ -131,7 +124,8 @@ def _check_cache(cache, qkv, b: int, kv_heads: int, d: int) -> int:
     keys, values, length = cache
     for name, t in (("cache keys", keys), ("cache values", values)):
         if not isinstance(t, torch.Tensor) or t.dtype != qkv.dtype or t.device != qkv.device:
-            raise DTypeError(expect(name, f"a {qkv.dtype} tensor on {qkv.device}", getattr(t, "dtype", type(t).__name__)))
+            raise DTypeError(expect(name, f"a {qkv.dtype} tensor on {qkv.device}",
+                                    getattr(t, "dtype", type(t).__name__)))
         if t.dim() != 4 or tuple(t.shape[:2]) != (b, kv_heads) or t.shape[3] != d or not t.is_contiguous():
             raise ShapeError(expect(name, f"a contiguous [{b}, {kv_heads}, L, {d}] tensor",
                                     f"shape {tuple(t.shape)} with strides {t.stride()}"))

@@ -13,7 +13,7 @@ from functools import lru_cache
 import torch
 
 from . import settings
-from ._runtime import bounded_put, env_raw
+from ._runtime import bounded_put, env_raw, tensor_signature
 from .activation import quantize_activation, quantize_launch
 from .api import linear, linear_call
 from .dtypes import PackedInt4
@@ -180,10 +180,6 @@ _OP_RUNNERS: dict = {}
 _SEEN, _PLAIN = object(), object()
 
 
-def _signature(t):
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
-
-
 def quant_linear_cached(spec: LayerSpec, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                         bias: torch.Tensor | None, input_scale: torch.Tensor | None) -> torch.Tensor:
     """``quant_linear_forward`` through a runner per call signature, as ``QuantLinear``'s eager
@@ -192,8 +188,8 @@ def quant_linear_cached(spec: LayerSpec, x: torch.Tensor, weight: torch.Tensor, 
     torch.compile graph (``ops.py``) it is the plain path: runners hold tensors of real calls."""
     if tracing():
         return quant_linear_forward(spec, x, weight_operand(weight, spec.int4_k), weight_scale, bias, input_scale)
-    key = (spec, runner_key(x, input_scale is not None), _signature(weight), _signature(weight_scale),
-           _signature(bias), _signature(input_scale))
+    key = (spec, runner_key(x, input_scale is not None), tensor_signature(weight), tensor_signature(weight_scale),
+           tensor_signature(bias), tensor_signature(input_scale))
     runner = _OP_RUNNERS.get(key)
     if type(runner) is LayerRunner:
         return runner(x, weight, weight_scale, bias, input_scale)
