@@ -12,7 +12,7 @@
 #              OVERHEAD_ARGS (of tileq overhead), CENSUS_ARGS (of scripts/launch_census.py), MOE_E2E_ARGS (of tileq e2e --model qwen3-moe), MOE_ARGS (of tileq moebench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
 #              CKPT_ARGS (extra arguments of tileq e2e --make-checkpoint), CKPT_E2E_ARGS (of its tileq e2e runs),
-#              QK_ARGS (of qk-compile's tileq e2e run).
+#              QK_LAYERS, QK_ARGS (of qk-compile's tileq e2e run).
 # tests-formats installs the wheels in .whl/ (compressed-tensors and what it needs, made by pip download in
 # the checkout; pass carry [".whl"]) into /tmp/site, used by that step only.
 # Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src. The test
@@ -181,13 +181,16 @@ for step in "${steps[@]}"; do
       $PY -m tileq overhead --m 1 --n 5120 --k 5120 --csv "$OUT/overhead.csv" ${OVERHEAD_ARGS:-} 2>&1 | tail -24 \
         | tee "$OUT/overhead.log" ;;
     qk-compile)
-      # The compiled q/k route (TILEQ_QK_ROPE=1): its GPU test (inductor's code launches the kernel,
-      # writes the cache in place), then a 12-layer compile / graph A/B against TILEQ_QK_ROPE=0 and
-      # the default (QK_ARGS: more tileq e2e arguments; --layers 40 takes about 3 min per config).
-      $PY -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_model_gpu.py -k "compiled_decode_step or qk_norm_rope" \
-        2>&1 | grep -E "passed|failed|Error" | tail -5 | tee "$OUT/qk_compile_tests.log"
-      $PY -m tileq e2e --out "$OUT/qk_compile" --layers 12 --configs \
-        bf16,A8W8:fused,A8W8:fused@TILEQ_QK_ROPE=1,FP8Block:fused@TILEQ_QK_ROPE=1 --modes compile,graph \
+      # The decode step's own kernels in compiled code: the q/k route (TILEQ_QK_ROPE=1) and the split-KV
+      # decode attention (TILEQ_DECODE_ATTN): their GPU tests (inductor's code launches the kernels and
+      # writes the cache in place; the attention against sdpa), then a compile / graph A/B of one model
+      # (QK_LAYERS layers, default 8; QK_ARGS: more tileq e2e arguments; 40 layers take about 3 min a
+      # config).
+      $PY -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_model_gpu.py \
+        -k "compiled_decode_step or qk_norm_rope or decode_attention" 2>&1 | grep -E "passed|failed|Error|SKIP" \
+        | tail -8 | tee "$OUT/qk_compile_tests.log"
+      $PY -m tileq e2e --out "$OUT/qk_compile" --layers "${QK_LAYERS:-8}" --configs \
+        bf16,A8W8:fused@TILEQ_DECODE_ATTN=0,A8W8:fused,A8W8:fused@TILEQ_QK_ROPE=1 --modes compile,graph \
         --batches 1 --no-compile-ttft --eager-tokens 16 --tokens 64 ${QK_ARGS:-} 2>&1 \
         | tee "$OUT/qk_compile.log" | grep -E "^\| (config|bf16|A8W8|FP8)" | head -12 ;;
     census)

@@ -19,6 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tileq.nn as tnn  # noqa: E402
+from tileq.attention import decode_attention  # noqa: E402
 from tileq.errors import UnsupportedError  # noqa: E402
 from tileq.integrations.hf import (  # noqa: E402
     FuseSummary,
@@ -295,6 +296,10 @@ def test_compile_static_cache_generate(qk_rope, monkeypatch):
 
     fused.forward = torch.compile(fused.forward, fullgraph=True, backend=record)
     assert_same_greedy(fused, model, ids(batch=1), cache_implementation="static")
+    # the decode graph's attention: tileq's decode attention op, once per layer (TILEQ_DECODE_ATTN unset)
+    decode = [g for g in graphs if "tileq.decode_attention_inline.default" in g]
+    assert decode and len(decode) < len(graphs), graphs  # not the prefill's
+    assert all(g.count("tileq.decode_attention_inline.default") == TINY["num_hidden_layers"] for g in decode)
     writers = [g for g in graphs if "tileq.qk_norm_rope_cache_inline.default" in g]
     if qk_rope == "unset":
         assert not writers and not [g for g in graphs if "tileq.qk_norm_rope_inline.default" in g]
@@ -480,8 +485,10 @@ def test_eager_fused_decode_steps_skip_validation(config, monkeypatch):
     """After warm-up, an eager decode step of a fused model launches from kept launches only:
     no QuantLinear call (forward or forward_quantized) goes back to the validating
     ``quant_linear_forward`` / ``tileq.linear``, and the fused norm and SiLU quantizations plan
-    nothing anew (the Triton executor, interpreted here, as a GPU runs it)."""
+    nothing anew, nor does the decode attention (the Triton executor, interpreted here, as a GPU
+    runs it)."""
     import tileq.activation as act
+    import tileq.attention as attention
     import tileq.nn.linear as nl
 
     monkeypatch.setenv("TILEQ_BACKEND", "triton")
@@ -502,6 +509,7 @@ def test_eager_fused_decode_steps_skip_validation(config, monkeypatch):
             monkeypatch.setattr(nl, name, lambda *a, _f=getattr(nl, name), _n=name, **k: slow.append(_n) or _f(*a, **k))
         for name in ("_build_fused", "_build_silu", "_build_quantize"):
             monkeypatch.setattr(act, name, lambda *a, _f=getattr(act, name), _n=name, **k: slow.append(_n) or _f(*a, **k))
+        monkeypatch.setattr(attention, "_build", lambda *a, _f=attention._build: slow.append("attention") or _f(*a))
         tok = step(tok, 5)
     assert slow == []
 
@@ -562,3 +570,88 @@ def test_eager_fused_decode_writes_the_static_cache_itself(family, monkeypatch):
         for a, b in ((got.keys, want.keys), (got.values, want.values)):
             assert (a[:, :, 7:] == 0).all() and (b[:, :, 7:] == 0).all()
             assert (a[:, :, :7].float() - b[:, :, :7].float()).abs().max() <= 0.05 * b.float().abs().max()
+
+
+@pytest.mark.parametrize("cache,padded", [("static", True), ("dynamic", False)])
+def test_eager_fused_decode_attention(cache, padded, monkeypatch):
+    """Eager decode steps of a fused Qwen3 run attention through ``tileq.attention.decode_attention``
+    (its Triton kernels, interpreted; the GEMMs through the reference, which keeps this fast), once
+    per layer and step (the prefill keeps transformers' sdpa): over a StaticCache with a left-padded
+    batch (transformers passes a bool mask [B, 1, 1, L]) and over a DynamicCache without padding
+    (no mask). Tokens and logits as with TILEQ_DECODE_ATTN=0 (transformers' sdpa)."""
+    import tileq.integrations.hf as hf
+
+    fused, _ = fused_copy(tiny("qwen3", tnn.A8W8Config()))
+    x = ids(batch=2, seq=5)
+    attention_mask = torch.ones_like(x)
+    if padded:
+        attention_mask[1, :2] = 0
+    calls = []
+
+    def kernel(q, keys, values, *, scaling, mask):
+        calls.append(None if mask is None else (mask.dtype, tuple(mask.shape)))
+        return decode_attention(q, keys, values, scaling=scaling, mask=mask, backend="triton")
+
+    monkeypatch.setattr(hf, "decode_attention", kernel)
+
+    def generate():
+        gen = dict(cache_implementation="static") if cache == "static" else {}
+        with torch.no_grad():
+            return fused.generate(x, attention_mask=attention_mask, max_new_tokens=3, do_sample=False,
+                                  output_scores=True, return_dict_in_generate=True, **gen)
+
+    on = generate()
+    steps = 2  # three new tokens: the prefill's and two decode steps'
+    assert len(calls) == steps * TINY["num_hidden_layers"]
+    if cache == "static":  # one bool mask shape over the cache's fixed length
+        (dtype, shape), = set(calls)
+        assert dtype == torch.bool and shape[:3] == (2, 1, 1), calls
+    else:
+        assert set(calls) == {None}
+    calls.clear()
+    monkeypatch.setenv("TILEQ_DECODE_ATTN", "0")
+    off = generate()
+    assert calls == []
+    assert torch.equal(on.sequences, off.sequences)
+    for got, want in zip(on.scores, off.scores):
+        assert_logits_close(got.float(), want.float())
+
+
+def test_decode_attention_routing_conditions(monkeypatch):
+    """``_attention_fuses``: transformers' sdpa with no mask or a bool [B or 1, 1, 1, L] one, or the
+    model's eager attention without a mask, at one query token; anything else keeps transformers'
+    function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.qwen3 import modeling_qwen3 as mq
+
+    from tileq.integrations.hf import _attention_fuses
+
+    fused, _ = fused_copy(tiny("qwen3", tnn.A8W8Config()))
+    attn = fused.model.layers[0].self_attn
+    q = torch.randn(2, 1, 4, 64).bfloat16().transpose(1, 2)
+    k = torch.randn(2, 2, 16, 64).bfloat16()
+    v = torch.randn(2, 2, 16, 64).bfloat16()
+    mask = torch.ones(2, 1, 1, 16, dtype=torch.bool)
+    eager = mq.eager_attention_forward
+
+    def fuses(interface=sdpa_attention_forward, q=q, k=k, v=v, mask=mask, **kwargs):
+        return _attention_fuses(attn, interface, q, k, v, mask, kwargs)
+
+    assert fuses() and fuses(mask=None) and fuses(mask=mask[:1]) and fuses(sliding_window=8, position_ids=None)
+    assert fuses(eager, mask=None)
+    assert not fuses(eager)  # eager adds a bool mask to the scores as numbers
+    assert not fuses(eager, mask=torch.zeros(2, 1, 1, 16, dtype=torch.bfloat16))  # eager's additive masks
+    assert not fuses(mask=torch.zeros(2, 1, 1, 16))  # an additive mask for sdpa
+    assert not fuses(mask=mask[..., :8]) and not fuses(mask=torch.ones(2, 4, 1, 16, dtype=torch.bool))
+    assert not fuses(lambda *a, **kw: None)  # another attention function (flash, flex, a registered one)
+    assert not fuses(q=q.expand(2, 4, 2, 64))  # two query tokens
+    assert not fuses(q=q.float(), k=k.float(), v=v.float())
+    assert not fuses(position_bias=torch.zeros(1)) and not fuses(softcap=30.0) and not fuses(output_attentions=True)
+    attn.train()
+    assert not fuses()
+    attn.eval()
+    monkeypatch.setenv("TILEQ_DECODE_ATTN", "0")
+    assert not fuses()
+    monkeypatch.setenv("TILEQ_DECODE_ATTN", "2")
+    with pytest.raises(UnsupportedError, match=r"TILEQ_DECODE_ATTN: expected 0 or 1, got '2'"):
+        fuses()

@@ -121,6 +121,12 @@ case("silu_mul_quantize FP8Block", lambda g: silu_mul_quantize_op(g, "fp8", "gro
      ((1, 1, 34816), bf16))
 case("linear A8W8 prequantized", lambda q, s, w, ws: linear_op(q, w, s, ws, None, "rowcol", bf16, 128, 0, 0),
      ((1, 5120), torch.int8), ((1,), torch.float32), ((34816, 5120), torch.int8), ((34816,), torch.float32))
+# its attention at decode (Qwen3-14B's heads over a 2112-position static cache with its bool mask)
+from tileq.ops import decode_attention_op
+attn_shapes = (((1, 40, 1, 128), bf16), ((1, 8, 2112, 128), bf16), ((1, 8, 2112, 128), bf16),
+               ((1, 1, 1, 2112), torch.bool))
+attn = lambda q, k, v, m: decode_attention_op(q, k, v, m, 128 ** -0.5)
+case("decode_attention 1x40x8x128 L2112", attn, *attn_shapes)
 
 # Inductor's code for two of them. It generates code without a GPU once told the device's properties
 # and given a Triton driver for sm_90 (it does not compile or run what it generates here); torch's
@@ -174,6 +180,7 @@ inductor["quant_linear A8W8 1x1024x5120"] = inductor_code(
 inductor["add_rmsnorm_quantize A8W8"] = inductor_code(
     lambda x, r, w: add_rmsnorm_quantize_op(x, r, w, 1e-6, "int8", "row", 128, False),
     ((1, 1, 5120), bf16), ((1, 1, 5120), bf16), ((5120,), bf16))
+inductor["decode_attention 1x40x8x128 L2112"] = inductor_code(attn, *attn_shapes)
 out["inductor"] = inductor
 # ten layer calls of one signature: torch's analysis of which arguments a kernel writes runs once
 # per distinct launch (kernels/direct.py keeps it), not once per traced launch
@@ -216,7 +223,7 @@ def traced():
 
 _DECODE = ("quant_linear A8W8 1x1024x5120", "quant_linear FP8Block 1x34816x5120",
            "add_rmsnorm_quantize A8W8", "silu_mul_quantize FP8Block", "linear A8W8 prequantized",
-           "fused_moe FP8Block 1 token")
+           "fused_moe FP8Block 1 token", "decode_attention 1x40x8x128 L2112")
 
 
 @pytest.mark.parametrize("name", _DECODE)
@@ -300,6 +307,22 @@ def test_moe_layer_is_its_six_kernels(traced):
     code = traced["inductor"]["fused_moe FP8Block 1 token"]
     body = code.split("def call(")[1]
     assert len([line for line in body.splitlines() if ".run(" in line]) == 6
+    assert "clone" not in code and ".copy_(" not in body and "tileq" not in body
+
+
+def test_decode_attention_is_its_two_kernels(traced):
+    """The fused decoder's decode attention: the split kernel over (kv heads, key ranges) and the
+    combine over the query heads, launched by inductor with no copy of the cache (torch's analysis
+    sees that only the workspace and the output are written)."""
+    name = "decode_attention 1x40x8x128 L2112"
+    nodes = traced[name]["nodes"]
+    assert [n["name"] for n in nodes] == ["_decode_attention_kernel", "_decode_attention_combine_kernel"]
+    assert nodes[0]["grid"] == [8, 33, 1] and nodes[1]["grid"] == [40, 1, 1]  # 33 ranges of 64 keys
+    code = traced["inductor"][name]
+    assert code, "inductor generated no code"
+    body = code.split("def call(")[1]
+    assert [line.strip().split(".run(")[0] for line in body.splitlines() if ".run(" in line] == [
+        "_decode_attention_kernel_0", "_decode_attention_combine_kernel_1"]
     assert "clone" not in code and ".copy_(" not in body and "tileq" not in body
 
 

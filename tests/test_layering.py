@@ -22,7 +22,7 @@ FLOORS = {
     "tileq.dispatch": 2,
     # 3 the public functions
     "tileq.api": 3, "tileq.api_prepacked": 3, "tileq.api_grouped": 3, "tileq.activation": 3, "tileq.warmup": 3,
-    "tileq.qk_rope": 3,
+    "tileq.qk_rope": 3, "tileq.attention": 3,
     # 4 models: the layer, custom ops, transformers, checkpoints, the package's own namespace
     "tileq.quant_linear": 4, "tileq.ops": 4, "tileq.nn": 4, "tileq.integrations": 4,
     "tileq.formats": 4, "tileq.moe": 4, "tileq.distributed": 4, "tileq": 4,

@@ -224,6 +224,41 @@ def test_qk_norm_rope_cache_write_on_gpu_matches_static_layer():
         assert int(ours[2]) == int(layer.cumulative_length)
 
 
+@pytest.mark.parametrize("b", [1, 16])
+def test_decode_attention_on_gpu_matches_sdpa(b):
+    """tileq.attention.decode_attention on the GPU at Qwen3-14B's attention shapes (40 query heads,
+    8 kv heads, D 128) over a 2112-position static cache, its bool mask covering about 600 and about
+    2100 positions per sequence (a few fewer for each later sequence): against a float64 reference
+    (tests/test_decode_attention.py's bound: the softmax weights and the output rounded to bf16)
+    and against torch's sdpa on the same GPU (twice that bound: sdpa rounds too). Positions past
+    each mask hold huge values, which the kernel never reads and sdpa masks out."""
+    import torch.nn.functional as F
+    from test_decode_attention import assert_close, attention_float64
+
+    from tileq.attention import decode_attention
+
+    hq, hkv, d, length = 40, 8, 128, 2112
+    g = torch.Generator(device="cuda").manual_seed(b)
+    # x4: a peaked softmax, whose outputs stand far above the tolerance even over 2100 keys
+    q = (torch.randn(b, 1, hq, d, device="cuda", generator=g) * 4).bfloat16().transpose(1, 2)
+    keys = torch.randn(b, hkv, length, d, device="cuda", generator=g).bfloat16()
+    values = torch.randn(b, hkv, length, d, device="cuda", generator=g).bfloat16()
+    for valid in (600, 2100):
+        ends = valid - 5 * torch.arange(b, device="cuda")
+        mask = (torch.arange(length, device="cuda")[None, :] < ends[:, None])[:, None, None, :]
+        k = keys.masked_fill(~mask[:, 0, 0, :, None].unsqueeze(1), 3e4)
+        v = values.masked_fill(~mask[:, 0, 0, :, None].unsqueeze(1), 3e4)
+        got = decode_attention(q, k, v, scaling=d ** -0.5, mask=mask)
+        torch.cuda.synchronize()
+        assert got.shape == (b, 1, hq, d) and got.is_contiguous() and torch.isfinite(got).all()
+        assert_close(got.cpu(), attention_float64(q.cpu(), keys.cpu(), values.cpu(), mask.cpu(), d ** -0.5),
+                     values.cpu())
+        sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=d ** -0.5, enable_gqa=True)
+        eps = torch.finfo(torch.bfloat16).eps
+        bound = 2 * eps * (values.float().abs().max() + sdpa.float().abs().transpose(1, 2))
+        assert ((got.float() - sdpa.transpose(1, 2).float()).abs() <= bound).all()
+
+
 def test_compiled_decode_step_writes_the_static_cache_with_the_qk_kernel(monkeypatch):
     """A fused Qwen3 decode step compiled by inductor over a StaticCache with TILEQ_QK_ROPE=1 (the
     compiled route is opt-in until measured): the generated code

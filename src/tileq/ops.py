@@ -8,10 +8,11 @@ and strides, or its kernels' launches, below) and what CUDA graphs capture.
     torch.ops.tileq.qk_norm_rope(qkv, cos, sin, q_weight, k_weight, q_heads, kv_heads, eps)
     torch.ops.tileq.qk_norm_rope_cache(qkv, cos, sin, q_weight, k_weight, keys, values, length, q_heads,
                                        kv_heads, eps)
+    torch.ops.tileq.decode_attention(q, keys, values, mask, scaling)
 
 The implementations are the public functions (``tileq.linear``, ``tileq.quantize_activation``,
-``tileq.qk_rope.qk_norm_rope``, each with its per-signature launch cache) and, for
-``quant_linear``, a runner per call signature
+``tileq.qk_rope.qk_norm_rope``, ``tileq.attention.decode_attention``, each with its per-signature
+launch cache) and, for ``quant_linear``, a runner per call signature
 (``quant_linear.quant_linear_cached``: after a signature's second call no validation, two
 launches). ``QuantLinear`` calls them directly
 when not compiling: a dispatcher round trip per layer would add host time to every eager decode
@@ -40,6 +41,7 @@ from torch import Tensor
 from . import settings
 from .activation import quantize_activation
 from .api import linear
+from .attention import decode_attention
 from .errors import TileqError
 from .kernels.buffers import given_tile_counters
 from .kernels.direct import launch_mode
@@ -234,3 +236,15 @@ def qk_norm_rope_cache_op(qkv: Tensor, cos: Tensor, sin: Tensor, q_weight: Tenso
 @qk_norm_rope_cache_op.register_fake
 def _qk_norm_rope_cache_fake(qkv, cos, sin, q_weight, k_weight, keys, values, length, q_heads, kv_heads, eps):
     return qkv.new_empty(_qk_shapes(qkv, cos, q_heads, kv_heads)[0]).transpose(1, 2)
+
+
+@tileq_op("decode_attention")
+def decode_attention_op(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scaling: float) -> Tensor:
+    """``tileq.attention.decode_attention``: [B, 1, Hq, D] from q [B, Hq, 1, D] and a KV cache."""
+    return decode_attention(q, keys, values, scaling=scaling, mask=mask)
+
+
+@decode_attention_op.register_fake
+def _decode_attention_fake(q, keys, values, mask, scaling):
+    b, hq, _, d = q.shape
+    return q.new_empty((b, 1, hq, d))

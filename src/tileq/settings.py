@@ -27,6 +27,7 @@ SWITCHES = {
     "TILEQ_PDL": "unset: programmatic dependent launch of the decode kernels on sm_90+ GPUs; 0: off; 1: on (sm_90+)",
     "TILEQ_INLINE_LAUNCH": "unset or 1: torch.compile traces the launches of tileq ops into its graph where it can (inductor launches them); 0: every tileq op stays one opaque call",
     "TILEQ_QK_ROPE": "unset: eager fused decoder layers prepare q and k (per-head RMSNorm, rotary embedding, static-cache write) in one tileq kernel; 1: compiled ones too (not yet measured on a GPU); 0: transformers' operations",
+    "TILEQ_DECODE_ATTN": "unset or 1: fused decoder layers run attention at one query token with tileq's split-KV kernel, eager and compiled (not yet measured on a GPU); 0: transformers' attention function",
     "TRITON_INTERPRET": "1 (set before tileq and triton are imported): Triton's interpreter runs the kernels on CPU tensors",
 }
 _KEYED = tuple(SWITCHES)
@@ -53,6 +54,8 @@ class Settings:
     # Fused attention's q/k norm + rotary embedding in one kernel (qk_rope.py): None eager code only,
     # True compiled code too, False never.
     qk_rope: bool | None = None
+    # Fused attention at one query token through tileq's split-KV kernel (attention.py): on unless 0.
+    decode_attn: bool = True
 
 
 def _text(raw) -> str:
@@ -111,6 +114,7 @@ def current() -> Settings:
             pdl=parse_pdl(raw["TILEQ_PDL"]),
             inline_launch=parse_switch("TILEQ_INLINE_LAUNCH", raw["TILEQ_INLINE_LAUNCH"]) is not False,
             qk_rope=parse_switch("TILEQ_QK_ROPE", raw["TILEQ_QK_ROPE"]),
+            decode_attn=parse_switch("TILEQ_DECODE_ATTN", raw["TILEQ_DECODE_ATTN"]) is not False,
         )
         if len(_PARSED) > 64:
             _PARSED.clear()

@@ -33,7 +33,10 @@ The rest of the layer is transformers' code, mirrored line for line from the pin
 ``apply_rotary_pos_emb``, ``past_key_values.update``, ``ALL_ATTENTION_FUNCTIONS`` (falling back to
 the module's ``eager_attention_forward``) with the same arguments (``sliding_window`` as each
 family passes it; ``position_ids``/``use_cache`` reach the attention function through ``**kwargs``
-as they do there), ``o_proj``, ``act_fn(gate) * up``, ``down_proj``.
+as they do there), ``o_proj``, ``act_fn(gate) * up``, ``down_proj``. At one query token the attention
+function itself becomes ``tileq.attention.decode_attention`` where that computes the same math
+(``_attention_fuses``: transformers' sdpa, or eager without a mask; TILEQ_DECODE_ATTN=0 keeps
+transformers' function).
 
 How the layers are rewritten: each decoder layer, its ``self_attn`` and its ``mlp`` get their class
 swapped for a subclass made here (``TileqQwen3DecoderLayer(_FusedDecoderLayer, Qwen3DecoderLayer)``,
@@ -47,8 +50,9 @@ MLP modules still work on their own (``layer.mlp(x)``, ``layer.self_attn(hidden_
 
 Eagerly the fused path calls tileq's functions directly (a dispatcher round trip per call is host
 time); under ``torch.compile`` it goes through ``torch.ops.tileq.linear`` and the two ops defined
-here, ``tileq::rmsnorm_quantize``, ``tileq::add_rmsnorm_quantize`` and ``tileq::silu_mul_quantize``
-(fake implementations give shapes and strides), so the graph has no break.
+here, ``tileq::rmsnorm_quantize``, ``tileq::add_rmsnorm_quantize`` and ``tileq::silu_mul_quantize``,
+and ``tileq::qk_norm_rope[_cache]`` / ``tileq::decode_attention`` where those run (fake
+implementations give shapes and strides), so the graph has no break.
 
 Exactness: a merged GEMM's output column n is the same dot product over K with the same scales as
 the part's column (bit-identical through the reference executor, which sums in float64; on a GPU
@@ -78,9 +82,10 @@ from torch import Tensor, nn
 
 from .. import settings
 from ..activation import add_rmsnorm_quantize, silu_mul_quantize
+from ..attention import HEAD_DIMS as _ATTN_HEAD_DIMS, MAX_GROUP as _ATTN_MAX_GROUP, decode_attention
 from ..errors import UnsupportedError, expect
 from ..nn.linear import QuantLinear
-from ..ops import _quantize_activation_fake, qk_norm_rope_cache_op, qk_norm_rope_op, tileq_op
+from ..ops import _quantize_activation_fake, decode_attention_op, qk_norm_rope_cache_op, qk_norm_rope_op, tileq_op
 from ..qk_rope import HEAD_DIMS as _ROPE_HEAD_DIMS, qk_norm_rope
 from ..quant_linear import keeps_launches
 
@@ -459,6 +464,80 @@ def _prepare_qk(attn: nn.Module, qkv: Tensor, cos: Tensor, sin: Tensor, kv_heads
     return out if static is not None else (*out, None)
 
 
+@torch.compiler.assume_constant_result
+def _decode_attn_switch() -> bool:
+    """TILEQ_DECODE_ATTN (on unless 0); a compiled graph reads it once while tracing and keeps the
+    answer, as ``_qk_rope_switch``."""
+    return settings.current().decode_attn
+
+
+def _transformers_sdpa():
+    """transformers' own ``sdpa_attention_forward`` (a fused attention class keeps it: the function
+    whose math ``decode_attention`` reproduces), or None."""
+    try:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    except ImportError:
+        return None
+    return sdpa_attention_forward
+
+
+# Keyword arguments of an attention call that change its math where a function reads them (a
+# position bias, logit soft-capping, attention sinks): the call keeps transformers' function.
+_MATH_KWARGS = ("position_bias", "softcap", "s_aux", "sinks")
+
+
+def _attention_fuses(attn: nn.Module, interface, query: Tensor, keys: Tensor, values: Tensor, mask,
+                     kwargs: dict) -> bool:
+    """Whether the fused attention runs ``tileq.attention.decode_attention`` (eagerly; compiled,
+    ``torch.ops.tileq.decode_attention``) instead of transformers' ``interface``, which it then
+    computes exactly (up to rounding; no attention weights, as sdpa returns none):
+
+    * TILEQ_DECODE_ATTN is not 0, the module is not training (no dropout; the op has no autograd
+      formula), no attention weights are asked for (``output_attentions``) and no keyword that
+      changes the math is passed (``_MATH_KWARGS``). ``sliding_window`` may be: neither function
+      below reads it, the mask carries the window (``create_sliding_window_causal_mask``);
+    * one query token, on a GPU or Triton's interpreter (``keeps_launches``);
+    * the function is transformers' own ``sdpa_attention_forward`` with the mask None or a bool
+      [B or 1, 1, 1, L] tensor (what ``sdpa_mask`` makes at decode in transformers 5.17: with a
+      ``StaticCache`` always a bool mask, True up to the current position; with a
+      ``DynamicCache`` None, or a bool mask where the batch has padding), or the model's
+      ``eager_attention_forward`` without a mask (eager adds its mask to the scores: its decode
+      masks are float 0 / dtype-min tensors, which keep transformers' function);
+    * q [B, Hq, 1, D], keys and values [B, Hkv, L, D], one 16-bit dtype, unit stride along D, D in
+      ``attention.HEAD_DIMS``, Hq a multiple of Hkv with at most ``attention.MAX_GROUP`` query heads
+      per kv head.
+    Under torch.compile these are guards on the traced call, not per-call work."""
+    if (not _decode_attn_switch() or attn.training or kwargs.get("output_attentions")
+            or getattr(attn.config, "output_attentions", False)):
+        return False
+    if any(kwargs.get(k) is not None for k in _MATH_KWARGS):
+        return False
+    if interface is attn._tileq_sdpa:
+        if mask is not None and (not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() != 4
+                                 or mask.shape[0] not in (1, query.shape[0])
+                                 or tuple(mask.shape[1:]) != (1, 1, keys.shape[2]) or mask.device != query.device):
+            return False
+    elif interface is not attn._tileq_modeling.eager_attention_forward or mask is not None:
+        return False
+    if query.dim() != 4 or keys.dim() != 4 or query.shape[2] != 1 or not keeps_launches(query):
+        return False
+    b, hq, _, d = query.shape
+    hkv = keys.shape[1]
+    return (query.dtype in (torch.bfloat16, torch.float16) and keys.dtype == query.dtype
+            and values.dtype == query.dtype and values.shape == keys.shape and keys.shape[0] == b
+            and keys.shape[3] == d and d in _ATTN_HEAD_DIMS and hkv > 0 and hq % hkv == 0
+            and hq // hkv <= _ATTN_MAX_GROUP and query.stride(-1) == 1 and keys.stride(-1) == 1
+            and values.stride(-1) == 1 and keys.device == query.device and values.device == query.device)
+
+
+def _decode_attention(query: Tensor, keys: Tensor, values: Tensor, mask, scaling) -> Tensor:
+    """[B, 1, Hq, D] from ``decode_attention``: compiled code calls the custom op (inductor launches
+    the kernels), eager code the function (its per-signature launch, no dispatcher)."""
+    if torch.compiler.is_compiling():
+        return decode_attention_op(query, keys, values, mask, float(scaling))
+    return decode_attention(query, keys, values, scaling=scaling, mask=mask)
+
+
 class _FusedAttention:
     """Mixin over a transformers attention class whose q/k/v projections are one ``qkv_proj``.
 
@@ -471,6 +550,7 @@ class _FusedAttention:
     _tileq_modeling = None  # the transformers modeling module (class attribute, set per subclass)
     _tileq_qk_norm = False
     _tileq_sliding = "none"
+    _tileq_sdpa = None  # transformers' sdpa_attention_forward (a staticmethod, set per subclass)
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, *,
                 qkv=None, **kwargs):
@@ -510,16 +590,21 @@ class _FusedAttention:
         elif self._tileq_sliding == "config":
             kwargs["sliding_window"] = getattr(self.config, "sliding_window", None)
 
-        attn_output, attn_weights = attention_interface(
-            self,
-            query_states,
-            key_states,
-            value_states,
-            attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout,
-            scaling=self.scaling,
-            **kwargs,
-        )
+        if _attention_fuses(self, attention_interface, query_states, key_states, value_states, attention_mask, kwargs):
+            # One query token: tileq's split-KV kernel computes what the function would.
+            attn_output = _decode_attention(query_states, key_states, value_states, attention_mask, self.scaling)
+            attn_weights = None
+        else:
+            attn_output, attn_weights = attention_interface(
+                self,
+                query_states,
+                key_states,
+                value_states,
+                attention_mask,
+                dropout=0.0 if not self.training else self.attention_dropout,
+                scaling=self.scaling,
+                **kwargs,
+            )
 
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         attn_output = self.o_proj(attn_output)
@@ -738,7 +823,8 @@ def _convert(layer: nn.Module, plan: _Plan) -> None:
             m.qualified_name = f"{parts[0].qualified_name.rpartition('.')[0]}.{leaf}".lstrip(".")
     fam = plan.family
     classes = [_fused_class(type(attn), _FusedAttention, _tileq_modeling=plan.modeling,
-                            _tileq_qk_norm=fam.qk_norm, _tileq_sliding=fam.sliding)]
+                            _tileq_qk_norm=fam.qk_norm, _tileq_sliding=fam.sliding,
+                            _tileq_sdpa=staticmethod(_transformers_sdpa()))]
     if not plan.sparse_mlp:
         classes.append(_fused_class(type(mlp), _FusedMLP))
     layer_cls = _fused_class(type(layer), _FusedMoeDecoderLayer if plan.sparse_mlp else _FusedDecoderLayer)
