@@ -59,7 +59,7 @@ def test_report_table(monkeypatch):
 def test_cache_holds_every_step():
     """The static cache of one measure_tpot call is sized for every step the modes take."""
     assert e2e.cache_steps(128, 32, ["eager"]) == e2e.WARM_STEPS + 32
-    assert e2e.cache_steps(128, 32, ["eager", "compile", "graph"]) == 2 * e2e.WARM_STEPS + 32 + 32 + 2 + 128
+    assert e2e.cache_steps(128, 32, ["eager", "compile", "graph"]) == 2 * e2e.WARM_STEPS + 1 + 32 + 32 + 2 + 128
 
 
 def test_checkpoint_models_for_e2e(tmp_path):
@@ -252,3 +252,28 @@ def test_config_variants_with_switches(monkeypatch):
         with e2e.switches({"TILEQ_QK_ROPE": "maybe"}):
             pass
     assert "TILEQ_QK_ROPE" not in os.environ
+
+
+def test_compiled_step_agreement_starts_both_steps_from_one_cache_state():
+    """The check behind the report's 'compiled step cos vs eager' column: the second callable runs
+    from the cache state the eager step started from (same tensors), so the same forward agrees
+    exactly; a forward that computes something else shows a lower cosine."""
+    from transformers import StaticCache
+
+    model = e2e.build_model(1, torch.device("cpu"), seed=0, small=True)
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    ids = torch.randint(0, 4096, (1, 5))
+    with torch.inference_mode():
+        tok = e2e._prefill(model.forward, cache, ids)
+        keys = cache.layers[0].keys
+        cos, top1, nxt = e2e.compiled_step_agreement(model, model.forward, cache, tok)
+        assert cos == pytest.approx(1.0, abs=1e-6) and top1 == 1.0 and nxt.shape == (1, 1)
+        assert cache.layers[0].keys is keys and int(cache.layers[0].cumulative_length) == 6  # one step further
+
+        def wrong(**kw):
+            out = model.forward(**kw)
+            out.logits = out.logits.flip(-1)
+            return out
+
+        cos, top1, _ = e2e.compiled_step_agreement(model, wrong, cache, nxt)
+    assert cos < e2e.COMPILED_AGREEMENT_MIN

@@ -346,13 +346,39 @@ def _graph_tpot(forward, cache, tok, tokens: int) -> float:
     return start.elapsed_time(end) / tokens
 
 
+# The compiled step runs the eager step's kernels on the same inputs; inductor's own fusions of the
+# rest (norms, rotary embedding, residual adds) round differently, far less than 1% of the logits'
+# direction. Below this cosine the compiled route computes something else.
+COMPILED_AGREEMENT_MIN = 0.99
+
+
+@torch.inference_mode()
+def compiled_step_agreement(model, compiled, cache, tok) -> tuple[float, float, torch.Tensor]:
+    """(cosine, top-1 agreement) of one compiled decode step's logits against the eager step's from
+    the same cache state, and the compiled step's token. The eager step runs first and the static
+    cache's tensors are put back in place afterwards (same tensors: the compiled graph's guards
+    hold), so both steps start from one state; the cache is left one compiled step further. A
+    compiled route that computes something else shows here, not in the eager logits column."""
+    saved = [(layer.keys.clone(), layer.values.clone(), layer.cumulative_length.clone()) for layer in cache.layers]
+    want = model.forward(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1].float()
+    for layer, (keys, values, length) in zip(cache.layers, saved):
+        layer.keys.copy_(keys)
+        layer.values.copy_(values)
+        layer.cumulative_length.copy_(length)
+    del saved
+    got = compiled(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1].float()
+    cos = torch.nn.functional.cosine_similarity(got, want, dim=-1).mean().item()
+    top1 = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    return cos, top1, got.argmax(-1, keepdim=True)
+
+
 def cache_steps(tokens: int, eager_tokens: int, modes) -> int:
     """Decode steps one ``measure_tpot`` call takes (the static cache must hold them all)."""
     steps = WARM_STEPS
     if "eager" in modes:
         steps += eager_tokens
     if "compile" in modes or "graph" in modes:
-        steps += WARM_STEPS
+        steps += WARM_STEPS + 1  # (+1: the compiled step's agreement check)
     if "compile" in modes:
         steps += eager_tokens
     if "graph" in modes:
@@ -378,6 +404,7 @@ def measure_tpot(model, prompt, tokens: int, eager_tokens: int, modes, compiled=
             tok = _step(compiled, cache, tok)
         torch.cuda.synchronize()
         out["compile_decode_s"] = time.perf_counter() - t_compile
+        out["compiled_step_cos"], out["compiled_step_top1"], tok = compiled_step_agreement(model, compiled, cache, tok)
         if "compile" in modes:
             out["tpot_compile_ms"], out["host_ms_compile"], tok = _timed_steps(compiled, cache, tok, eager_tokens)
         if "graph" in modes:
@@ -592,6 +619,9 @@ def run_config(label: str, args, prompts: dict, ref_logits) -> tuple[list[dict],
     del ttft_cache
     for b in args.batches:
         r = measure_tpot(model, prompts[b], args.tokens, args.eager_tokens, modes, compiled)
+        if r.get("compiled_step_cos", 1.0) < COMPILED_AGREEMENT_MIN:
+            print(f"{label}: MISMATCH: the compiled decode step at batch {b} disagrees with the eager one "
+                  f"(logits cosine {r['compiled_step_cos']:.4f}, top-1 {r['compiled_step_top1']:.2f})", flush=True)
         for k, v in r.items():
             rows.append(dict(base, metric=k, batch=b, value=v))
     try:
@@ -680,6 +710,9 @@ def report(rows: list[dict], args) -> str:
             head += [f"TPOT {m} b{b} ms", "x bf16"]
     head += [f"host ms/step {m} b1" for m in modes if m != "graph"]
     head += ["quant share", "decode kernels", "peak GB", "logits cos vs bf16", "top1 match"]
+    agrees = {"compile", "graph"} & set(modes)
+    if agrees:
+        head += ["compiled step cos vs eager b1"]
     lines = [
         (f"# tileq e2e: {args.checkpoint} against bf16 with its shapes (random weights)"
          if getattr(args, "checkpoint", None) else
@@ -715,6 +748,8 @@ def report(rows: list[dict], args) -> str:
                   _fmt(_value(rows, c, "peak_mem_gb", max(args.batches)), 1)]
         agree = next((r for r in rows if r["config"] == c and "logits_cos" in r), {})
         cells += [_fmt(agree.get("logits_cos"), 4), _fmt(agree.get("top1_match"), 2)]
+        if agrees:
+            cells += [_fmt(_value(rows, c, "compiled_step_cos", 1), 4)]
         lines.append("| " + " | ".join(cells) + " |")
     cats = [c for c, _ in KERNEL_CATEGORIES] + ["other"]
     tables = (("decode", "decode step (the compiled step where compile or graph is measured, else eager)"),
