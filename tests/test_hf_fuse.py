@@ -572,13 +572,14 @@ def test_eager_fused_decode_writes_the_static_cache_itself(family, monkeypatch):
             assert (a[:, :, :7].float() - b[:, :, :7].float()).abs().max() <= 0.05 * b.float().abs().max()
 
 
-@pytest.mark.parametrize("cache,padded", [("static", True), ("dynamic", False)])
+@pytest.mark.parametrize("cache,padded", [("static", True), ("static", False), ("dynamic", False)])
 def test_eager_fused_decode_attention(cache, padded, monkeypatch):
     """Eager decode steps of a fused Qwen3 run attention through ``tileq.attention.decode_attention``
     (its Triton kernels, interpreted; the GEMMs through the reference, which keeps this fast), once
-    per layer and step (the prefill keeps transformers' sdpa): over a StaticCache with a left-padded
-    batch (transformers passes a bool mask [B, 1, 1, L]) and over a DynamicCache without padding
-    (no mask). Tokens and logits as with TILEQ_DECODE_ATTN=0 (transformers' sdpa)."""
+    per layer and step (the prefill keeps transformers' sdpa), over a StaticCache with a left-padded
+    batch (transformers passes a bool mask [B, 1, 1, L]) or without padding; a DynamicCache, whose
+    keys grow every step, keeps sdpa. Tokens and logits as with TILEQ_DECODE_ATTN=0 (transformers'
+    sdpa)."""
     import tileq.integrations.hf as hf
 
     fused, _ = fused_copy(tiny("qwen3", tnn.A8W8Config()))
@@ -602,12 +603,12 @@ def test_eager_fused_decode_attention(cache, padded, monkeypatch):
 
     on = generate()
     steps = 2  # three new tokens: the prefill's and two decode steps'
-    assert len(calls) == steps * TINY["num_hidden_layers"]
     if cache == "static":  # one bool mask shape over the cache's fixed length
+        assert len(calls) == steps * TINY["num_hidden_layers"]
         (dtype, shape), = set(calls)
         assert dtype == torch.bool and shape[:3] == (2, 1, 1), calls
     else:
-        assert set(calls) == {None}
+        assert calls == []
     calls.clear()
     monkeypatch.setenv("TILEQ_DECODE_ATTN", "0")
     off = generate()
@@ -621,6 +622,9 @@ def test_decode_attention_routing_conditions(monkeypatch):
     """``_attention_fuses``: transformers' sdpa with no mask or a bool [B or 1, 1, 1, L] one, or the
     model's eager attention without a mask, at one query token; anything else keeps transformers'
     function."""
+    from types import SimpleNamespace
+
+    from transformers import DynamicCache, StaticCache
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.qwen3 import modeling_qwen3 as mq
 
@@ -634,8 +638,10 @@ def test_decode_attention_routing_conditions(monkeypatch):
     mask = torch.ones(2, 1, 1, 16, dtype=torch.bool)
     eager = mq.eager_attention_forward
 
-    def fuses(interface=sdpa_attention_forward, q=q, k=k, v=v, mask=mask, **kwargs):
-        return _attention_fuses(attn, interface, q, k, v, mask, kwargs)
+    static = SimpleNamespace(is_compileable=True)  # (what the route reads of a StaticCache)
+
+    def fuses(interface=sdpa_attention_forward, q=q, k=k, v=v, mask=mask, cache=static, **kwargs):
+        return _attention_fuses(attn, interface, q, k, v, mask, cache, kwargs)
 
     assert fuses() and fuses(mask=None) and fuses(mask=mask[:1]) and fuses(sliding_window=8, position_ids=None)
     assert fuses(eager, mask=None)
@@ -647,6 +653,9 @@ def test_decode_attention_routing_conditions(monkeypatch):
     assert not fuses(q=q.expand(2, 4, 2, 64))  # two query tokens
     assert not fuses(q=q.float(), k=k.float(), v=v.float())
     assert not fuses(position_bias=torch.zeros(1)) and not fuses(softcap=30.0) and not fuses(output_attentions=True)
+    # a cache that grows every step (DynamicCache), or none
+    assert not fuses(cache=DynamicCache(config=attn.config)) and not fuses(cache=None)
+    assert fuses(cache=StaticCache(config=attn.config, max_cache_len=16))
     attn.train()
     assert not fuses()
     attn.eval()

@@ -8,8 +8,9 @@ ranges until the grid fills every program slot the SMs have (``waves.split_for_p
 SM count times how many programs fit on an SM by shared memory (3 on sm_90 for the usual tiles:
 the SMs filled three times over). Every range keeps at least one key block, and there are never
 more ranges than blocks. Nothing here is fitted: the block size and the residency are design
-rules derived from the kernel's tiles and the device's facts (``tileq.device.facts``); none of it
-has been timed on a GPU yet.
+rules derived from the kernel's tiles and the device's facts (``tileq.device.facts``). Timed only
+in a model so far (bench/results/h100/decode-attention/); other block sizes and splits have not
+been compared.
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ the module's ``eager_attention_forward``) with the same arguments (``sliding_win
 family passes it; ``position_ids``/``use_cache`` reach the attention function through ``**kwargs``
 as they do there), ``o_proj``, ``act_fn(gate) * up``, ``down_proj``. At one query token the attention
 function itself becomes ``tileq.attention.decode_attention`` where that computes the same math
-(``_attention_fuses``: transformers' sdpa, or eager without a mask; TILEQ_DECODE_ATTN=0 keeps
+(``_attention_fuses``: transformers' sdpa, or eager without a mask, over a cache of fixed shapes such
+as ``StaticCache``; TILEQ_DECODE_ATTN=0 keeps
 transformers' function).
 
 How the layers are rewritten: each decoder layer, its ``self_attn`` and its ``mlp`` get their class
@@ -486,7 +487,7 @@ def _transformers_sdpa():
 _MATH_KWARGS = ("position_bias", "softcap", "s_aux", "sinks")
 
 
-def _attention_fuses(attn: nn.Module, interface, query: Tensor, keys: Tensor, values: Tensor, mask,
+def _attention_fuses(attn: nn.Module, interface, query: Tensor, keys: Tensor, values: Tensor, mask, cache,
                      kwargs: dict) -> bool:
     """Whether the fused attention runs ``tileq.attention.decode_attention`` (eagerly; compiled,
     ``torch.ops.tileq.decode_attention``) instead of transformers' ``interface``, which it then
@@ -497,6 +498,10 @@ def _attention_fuses(attn: nn.Module, interface, query: Tensor, keys: Tensor, va
       changes the math is passed (``_MATH_KWARGS``). ``sliding_window`` may be: neither function
       below reads it, the mask carries the window (``create_sliding_window_causal_mask``);
     * one query token, on a GPU or Triton's interpreter (``keeps_launches``);
+    * ``cache`` keeps its tensors' shapes from step to step (transformers' ``is_compileable``: a
+      ``StaticCache`` and its kin). A ``DynamicCache`` grows by a position every step, so each of
+      its steps would be a new launch signature (validation, a new launch, Triton's own launch
+      path) in every layer: it keeps transformers' function;
     * the function is transformers' own ``sdpa_attention_forward`` with the mask None or a bool
       [B or 1, 1, 1, L] tensor (what ``sdpa_mask`` makes at decode in transformers 5.17: with a
       ``StaticCache`` always a bool mask, True up to the current position; with a
@@ -510,7 +515,7 @@ def _attention_fuses(attn: nn.Module, interface, query: Tensor, keys: Tensor, va
     if (not _decode_attn_switch() or attn.training or kwargs.get("output_attentions")
             or getattr(attn.config, "output_attentions", False)):
         return False
-    if any(kwargs.get(k) is not None for k in _MATH_KWARGS):
+    if any(kwargs.get(k) is not None for k in _MATH_KWARGS) or not getattr(cache, "is_compileable", False):
         return False
     if interface is attn._tileq_sdpa:
         if mask is not None and (not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() != 4
@@ -590,7 +595,8 @@ class _FusedAttention:
         elif self._tileq_sliding == "config":
             kwargs["sliding_window"] = getattr(self.config, "sliding_window", None)
 
-        if _attention_fuses(self, attention_interface, query_states, key_states, value_states, attention_mask, kwargs):
+        if _attention_fuses(self, attention_interface, query_states, key_states, value_states, attention_mask,
+                            past_key_values, kwargs):
             # One query token: tileq's split-KV kernel computes what the function would.
             attn_output = _decode_attention(query_states, key_states, value_states, attention_mask, self.scaling)
             attn_weights = None
