@@ -78,8 +78,9 @@ def graph_of(fn, *shapes):
                 else:
                     values[k] = v
             values = {k: v for k, v in values.items() if v is not None}
+            inputs = sorted(k for k in tensors if node.kwargs["kwargs"][k].op == "placeholder")
             nodes.append(dict(kind="kernel", name=kernel.fn.__name__, grid=list(node.kwargs["grid"][0]),
-                              values=values, tensors=sorted(tensors),
+                              values=values, tensors=sorted(tensors), inputs=inputs,
                               num_warps=[c.num_warps for c in getattr(kernel, "configs", [])]))
         elif node.op == "call_function" and "tileq" in target:
             nodes.append(dict(kind="op", name=target))
@@ -127,6 +128,17 @@ attn_shapes = (((1, 40, 1, 128), bf16), ((1, 8, 2112, 128), bf16), ((1, 8, 2112,
                ((1, 1, 1, 2112), torch.bool))
 attn = lambda q, k, v, m: decode_attention_op(q, k, v, m, 128 ** -0.5)
 case("decode_attention 1x40x8x128 L2112", attn, *attn_shapes)
+# its q/k preparation writing the static cache (Qwen3-14B's heads, 64 positions) at decode, with what
+# transformers reads of the cache's length around it: the positions made from it before the layers
+# and the length itself after the layer
+from tileq.ops import qk_norm_rope_cache_op
+rope_shapes = (((1, 1, 7168), bf16), ((1, 1, 128), bf16), ((1, 1, 128), bf16), ((128,), bf16), ((128,), bf16),
+               ((1, 8, 64, 128), bf16), ((1, 8, 64, 128), bf16), ((), torch.int64))
+def rope(qkv, cos, sin, qw, kw, keys, values, length):
+    positions = torch.arange(1, device=qkv.device) + length
+    q = qk_norm_rope_cache_op(qkv, cos, sin, qw, kw, keys, values, length, 40, 8, 1e-6)
+    return q * 2, keys.sum(2), values.sum(2), positions, length + 0
+case("qk_norm_rope_cache 40x8x128 L64", rope, *rope_shapes)
 
 # Inductor's code for two of them. It generates code without a GPU once told the device's properties
 # and given a Triton driver for sm_90 (it does not compile or run what it generates here); torch's
@@ -171,6 +183,35 @@ def inductor_code(fn, *shapes):
             pass
     return codes[0] if codes else ""
 
+def inductor_code_writing(fn, mutated, *shapes):
+    """inductor_code for ``fn`` writing its inputs ``mutated`` (their indices) in place, as in
+    torch.compile's graphs: the new values copied into the inputs at the graph's end, which
+    inductor makes writes in place (aot_function's own copy-back needs a CUDA build: added here)."""
+    graphs, codes = [], []
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True), \
+            mock.patch.object(GraphLowering, "save_output_code", staticmethod(codes.append)):
+        args = [torch.empty(s, dtype=d, device="cuda") for s, d in shapes]
+        try:
+            aot_function(fn, fw_compiler=lambda gm, inputs: graphs.append((gm, inputs)) or gm,
+                         decompositions=select_decomp_table())(*args)
+        except RuntimeError:  # running the graph needs a GPU
+            pass
+        gm, inputs = graphs[0]
+        graph = gm.graph
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        output = next(n for n in graph.nodes if n.op == "output")
+        outs = list(output.args[0])  # the mutated inputs' new values first, in input order
+        with graph.inserting_before(output):
+            for i, new in zip(mutated, outs):
+                graph.call_function(torch.ops.aten.copy_.default, (placeholders[i], new))
+        output.args = (tuple(outs[len(mutated):]),)
+        gm.recompile()
+        try:
+            compile_fx.compile_fx_inner(gm, inputs)
+        except Exception:  # loading the generated module needs CUDA
+            pass
+    return codes[0] if codes else ""
+
 inductor = {}
 ql = QuantLinear.from_linear(torch.nn.Linear(5120, 1024, bias=False).to(bf16), A8W8Config())
 key_plain = ql.spec.key
@@ -181,6 +222,7 @@ inductor["add_rmsnorm_quantize A8W8"] = inductor_code(
     lambda x, r, w: add_rmsnorm_quantize_op(x, r, w, 1e-6, "int8", "row", 128, False),
     ((1, 1, 5120), bf16), ((1, 1, 5120), bf16), ((5120,), bf16))
 inductor["decode_attention 1x40x8x128 L2112"] = inductor_code(attn, *attn_shapes)
+inductor["qk_norm_rope_cache 40x8x128 L64"] = inductor_code_writing(rope, (5, 6, 7), *rope_shapes)
 out["inductor"] = inductor
 # ten layer calls of one signature: torch's analysis of which arguments a kernel writes runs once
 # per distinct launch (kernels/direct.py keeps it), not once per traced launch
@@ -223,7 +265,7 @@ def traced():
 
 _DECODE = ("quant_linear A8W8 1x1024x5120", "quant_linear FP8Block 1x34816x5120",
            "add_rmsnorm_quantize A8W8", "silu_mul_quantize FP8Block", "linear A8W8 prequantized",
-           "fused_moe FP8Block 1 token", "decode_attention 1x40x8x128 L2112")
+           "fused_moe FP8Block 1 token", "decode_attention 1x40x8x128 L2112", "qk_norm_rope_cache 40x8x128 L64")
 
 
 @pytest.mark.parametrize("name", _DECODE)
@@ -323,6 +365,32 @@ def test_decode_attention_is_its_two_kernels(traced):
     body = code.split("def call(")[1]
     assert [line.strip().split(".run(")[0] for line in body.splitlines() if ".run(" in line] == [
         "_decode_attention_kernel_0", "_decode_attention_combine_kernel_1"]
+    assert "clone" not in code and ".copy_(" not in body and "tileq" not in body
+
+
+def test_qk_rope_writes_the_cache_it_is_given(traced):
+    """The q/k kernel writing a static cache: it reads the cache's length as the graph receives it
+    (not a value the graph computed: the launcher's length increment, run once by the dry run in
+    ``ops._traceable`` and once traced, made the kernel read length + 1 and the cache advance by
+    2), the graph advances the length once, after the launch, and inductor writes the caches and
+    the length in place with no copy of them."""
+    name = "qk_norm_rope_cache 40x8x128 L64"
+    nodes = traced[name]["nodes"]
+    assert [n["name"] for n in nodes] == ["_qk_norm_rope_kernel"]
+    assert nodes[0]["grid"] == [1, 56, 1] and nodes[0]["values"]["CACHE"] is True
+    assert {"kc_ptr", "vc_ptr", "len_ptr"} <= set(nodes[0]["inputs"]), nodes[0]
+    code = traced["inductor"][name]
+    assert code, "inductor generated no code"
+    body = code.split("def call(")[1]
+    runs = [line.strip() for line in body.splitlines() if ".run(" in line]
+    launch = [line for line in runs if line.startswith("_qk_norm_rope_kernel")]
+    assert len(launch) == 1
+    # the inputs keys, values and length (arg5_1 .. arg7_1) themselves, then eps: 1e-6 as fp64,
+    # which the kernel rounds to fp32
+    assert ", arg5_1, arg6_1, arg7_1, 1e-06," in launch[0], launch[0]
+    assert "'eps': 'fp64'" in code and "tl.cast(eps, tl.float32)" in code
+    # the first launch touching the length is the q/k kernel's (the increment and its readers after it)
+    assert [line for line in runs if "arg7_1" in line][0] is launch[0], runs
     assert "clone" not in code and ".copy_(" not in body and "tileq" not in body
 
 

@@ -116,6 +116,14 @@ def tracing() -> bool:
     return _MODE.mode != _LAUNCH
 
 
+def recording() -> bool:
+    """Whether launches are only being recorded: ``ops``' dry run on the tracer's tensors before
+    it traces the same call. A launcher's own torch work with side effects (an in-place update of
+    an argument, as the q/k kernel's cache length) must not run then: the tracer records it, and
+    the graph would hold it twice (the second time before the launch that reads the tensor)."""
+    return _MODE.mode == "record"
+
+
 @contextlib.contextmanager
 def launch_mode(mode: str):
     """Within: KernelCall records ('record': yields the list of each launch's traceability) or

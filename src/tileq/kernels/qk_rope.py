@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .act_quant import rms_normalize_ref
 from .act_quant_kernel import _rms_scaled, _round_to, _to_f32
-from .direct import KernelCall, direct_launch_enabled, pdl_enabled
+from .direct import KernelCall, direct_launch_enabled, pdl_enabled, recording
 from .pdl import wait_upstream
 
 _THIS = sys.modules[__name__]  # KernelCall looks the kernel up here at call time
@@ -167,7 +167,8 @@ class QkNormRopeLaunch:
         if self.cached:
             keys, values, length = cache
             self.call((qkv, q_weight, k_weight, cos, sin, q, None, keys, values, length), direct)
-            length.add_(self.q_shape[1])  # after the kernel read it (same stream)
+            if not recording():  # (a dry run's increment would be traced into the graph: direct.recording)
+                length.add_(self.q_shape[1])  # after the kernel read it (same stream)
             return q.transpose(1, 2), keys, values
         k = torch.empty(self.k_shape, dtype=self.dtype, device=self.device)
         self.call((qkv, q_weight, k_weight, cos, sin, q, k, None, None, None), direct)
