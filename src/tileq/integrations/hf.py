@@ -401,7 +401,7 @@ def _rope_fuses(attn: nn.Module, qkv: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """Whether the fused attention prepares q and k with ``qk_norm_rope`` (one launch) instead of
     transformers' operations: calls on a GPU (or Triton's interpreter), eager ones unless
     TILEQ_QK_ROPE=0, compiled ones (through ``torch.ops.tileq.qk_norm_rope[_cache]``) with
-    TILEQ_QK_ROPE=1 (opt-in: on an H100 its compiled step's logits differed from the eager step's); 16-bit activations
+    TILEQ_QK_ROPE=1 (opt-in: its first GPU run wrote the cache a position too far, fixed since, not re-run); 16-bit activations
     with cos / sin and the q/k norms' weights in the same dtype, the norms' epsilons equal, k and v
     of one width, a head dimension the kernel holds in registers."""
     if torch.compiler.is_compiling():
