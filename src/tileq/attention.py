@@ -68,6 +68,28 @@ def decode_attention(q, keys, values, *, scaling: float, mask=None, backend=None
     return _da.decode_attention_ref(q, keys, values, mask, scaling)
 
 
+def takes(q, keys, values, mask) -> bool:
+    """Whether ``decode_attention`` takes these arguments (the conditions ``_build`` reports one by
+    one as errors): q [B, Hq, 1, D] and keys / values [B, Hkv, L, D] of one 16-bit dtype and device,
+    unit stride along D, D in HEAD_DIMS, Hq a multiple of Hkv with at most MAX_GROUP query heads
+    per kv head, and the mask None or a bool [B or 1, 1, 1, L] on that device. For a caller that
+    routes a call here or elsewhere (``integrations.hf``) rather than raising."""
+    if not (isinstance(q, torch.Tensor) and isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)):
+        return False
+    if q.dim() != 4 or keys.dim() != 4 or q.shape[2] != 1 or values.shape != keys.shape:
+        return False
+    b, hq, _, d = q.shape
+    hkv, length = keys.shape[1], keys.shape[2]
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4
+                             or mask.shape[0] not in (1, b) or tuple(mask.shape[1:]) != (1, 1, length)
+                             or mask.device != q.device):
+        return False
+    return (q.dtype in _DTYPES and keys.dtype == q.dtype and values.dtype == q.dtype and keys.shape[0] == b
+            and keys.shape[3] == d and d in HEAD_DIMS and hkv > 0 and hq % hkv == 0 and hq // hkv <= MAX_GROUP
+            and q.stride(-1) == 1 and keys.stride(-1) == 1 and values.stride(-1) == 1
+            and keys.device == q.device and values.device == q.device)
+
+
 def _build(q, keys, values, mask, scaling, backend, splits):
     """The launch of a new signature after checking every argument; None for the reference."""
     if not isinstance(q, torch.Tensor) or q.dtype not in _DTYPES:

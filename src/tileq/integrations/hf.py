@@ -83,7 +83,7 @@ from torch import Tensor, nn
 
 from .. import settings
 from ..activation import add_rmsnorm_quantize, silu_mul_quantize
-from ..attention import HEAD_DIMS as _ATTN_HEAD_DIMS, MAX_GROUP as _ATTN_MAX_GROUP, decode_attention
+from ..attention import decode_attention, takes as _attention_takes
 from ..errors import UnsupportedError, expect
 from ..nn.linear import QuantLinear
 from ..ops import _quantize_activation_fake, decode_attention_op, qk_norm_rope_cache_op, qk_norm_rope_op, tileq_op
@@ -502,37 +502,22 @@ def _attention_fuses(attn: nn.Module, interface, query: Tensor, keys: Tensor, va
       ``StaticCache`` and its kin). A ``DynamicCache`` grows by a position every step, so each of
       its steps would be a new launch signature (validation, a new launch, Triton's own launch
       path) in every layer: it keeps transformers' function;
-    * the function is transformers' own ``sdpa_attention_forward`` with the mask None or a bool
-      [B or 1, 1, 1, L] tensor (what ``sdpa_mask`` makes at decode in transformers 5.17: with a
-      ``StaticCache`` always a bool mask, True up to the current position; with a
-      ``DynamicCache`` None, or a bool mask where the batch has padding), or the model's
-      ``eager_attention_forward`` without a mask (eager adds its mask to the scores: its decode
-      masks are float 0 / dtype-min tensors, which keep transformers' function);
-    * q [B, Hq, 1, D], keys and values [B, Hkv, L, D], one 16-bit dtype, unit stride along D, D in
-      ``attention.HEAD_DIMS``, Hq a multiple of Hkv with at most ``attention.MAX_GROUP`` query heads
-      per kv head.
+    * the function is transformers' own ``sdpa_attention_forward`` (with a ``StaticCache``, 5.17's
+      ``sdpa_mask`` passes a bool [B, 1, 1, L] mask at decode, True up to the current position), or
+      the model's ``eager_attention_forward`` without a mask (eager adds its mask to the scores: its
+      decode masks are float 0 / dtype-min tensors, which keep transformers' function);
+    * ``decode_attention`` takes the tensors and the mask (``attention.takes``: one query token,
+      16-bit, the head sizes and grouping its kernel holds, a bool [B or 1, 1, 1, L] mask or None).
     Under torch.compile these are guards on the traced call, not per-call work."""
     if (not _decode_attn_switch() or attn.training or kwargs.get("output_attentions")
             or getattr(attn.config, "output_attentions", False)):
         return False
     if any(kwargs.get(k) is not None for k in _MATH_KWARGS) or not getattr(cache, "is_compileable", False):
         return False
-    if interface is attn._tileq_sdpa:
-        if mask is not None and (not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() != 4
-                                 or mask.shape[0] not in (1, query.shape[0])
-                                 or tuple(mask.shape[1:]) != (1, 1, keys.shape[2]) or mask.device != query.device):
-            return False
-    elif interface is not attn._tileq_modeling.eager_attention_forward or mask is not None:
+    if interface is not attn._tileq_sdpa and (interface is not attn._tileq_modeling.eager_attention_forward
+                                              or mask is not None):
         return False
-    if query.dim() != 4 or keys.dim() != 4 or query.shape[2] != 1 or not keeps_launches(query):
-        return False
-    b, hq, _, d = query.shape
-    hkv = keys.shape[1]
-    return (query.dtype in (torch.bfloat16, torch.float16) and keys.dtype == query.dtype
-            and values.dtype == query.dtype and values.shape == keys.shape and keys.shape[0] == b
-            and keys.shape[3] == d and d in _ATTN_HEAD_DIMS and hkv > 0 and hq % hkv == 0
-            and hq // hkv <= _ATTN_MAX_GROUP and query.stride(-1) == 1 and keys.stride(-1) == 1
-            and values.stride(-1) == 1 and keys.device == query.device and values.device == query.device)
+    return _attention_takes(query, keys, values, mask) and keeps_launches(query)
 
 
 def _decode_attention(query: Tensor, keys: Tensor, values: Tensor, mask, scaling) -> Tensor:
