@@ -10,7 +10,7 @@ count, and the host's wall time per step; graph: the captured step replayed ``to
 peak memory, the share of kernel time spent in activation quantization, and the kernel time of
 one decode step (compiled where measured) and one eager prefill by category (torch profiler:
 activation quantization, tileq GEMMs, other matmuls, attention, the rest) with the number of
-kernels. Every config decodes the same weights
+kernels (each kernel by name in OUT/kernels/<config>_<decode|prefill>.csv). Every config decodes the same weights
 (same seed) and is checked against bf16 on the first step's logits before it is timed.
 
 ``--profile-host`` (a diagnostic) adds, per config, the same kernel breakdown of one compiled
@@ -33,6 +33,7 @@ import io
 import math
 import os
 import pstats
+import re
 import statistics
 import time
 from pathlib import Path
@@ -431,11 +432,12 @@ def _category(name: str) -> str:
 
 
 @torch.inference_mode()
-def kernel_breakdown(model, prompt, what: str, forward=None) -> dict:
+def kernel_breakdown(model, prompt, what: str, forward=None, names: dict | None = None) -> dict:
     """GPU kernel time (ms) by category over one prefill ('prefill') or decode step ('decode'),
     through ``forward`` (default: the eager ``model.forward``; the compiled step where one is
     measured, or the compiled forward for ``--profile-host``'s compiled prefill), from the torch
-    profiler: where a step's device time goes."""
+    profiler: where a step's device time goes. ``names`` (a dict) receives each kernel's
+    (ms, count) by name."""
     eager = forward is None
     forward = forward or model.forward
     cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
@@ -445,13 +447,14 @@ def kernel_breakdown(model, prompt, what: str, forward=None) -> dict:
         _prefill(forward, cache, prompt)
         cache.reset()
     if what == "decode":
-        return profiled_kernels(lambda: _step(forward, cache, tok))
-    return profiled_kernels(lambda: _prefill(forward, cache, prompt))
+        return profiled_kernels(lambda: _step(forward, cache, tok), names)
+    return profiled_kernels(lambda: _prefill(forward, cache, prompt), names)
 
 
-def profiled_kernels(run) -> dict:
+def profiled_kernels(run, names: dict | None = None) -> dict:
     """GPU kernel ms by category (``KERNEL_CATEGORIES``, else 'other') of one ``run()``, from the
-    torch profiler, and the kernel count as 'launches'."""
+    torch profiler, and the kernel count as 'launches'; ``names`` (a dict) receives each kernel's
+    (ms, count) by name."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -469,6 +472,9 @@ def profiled_kernels(run) -> dict:
             t = getattr(evt, "cuda_time_total", 0.0)
         out[_category(evt.key)] += t / 1e3
         kernels += evt.count
+        if names is not None:
+            ms, count = names.get(evt.key, (0.0, 0))
+            names[evt.key] = (ms + t / 1e3, count + evt.count)
     out["launches"] = kernels
     return out
 
@@ -626,7 +632,9 @@ def run_config(label: str, args, prompts: dict, ref_logits) -> tuple[list[dict],
             rows.append(dict(base, metric=k, batch=b, value=v))
     try:
         for what in ("decode", "prefill"):
-            parts = kernel_breakdown(model, prompts[1], what, compiled if what == "decode" else None)
+            names = {}
+            parts = kernel_breakdown(model, prompts[1], what, compiled if what == "decode" else None, names)
+            write_kernel_table(names, Path(args.out) / "kernels" / f"{_file_name(label)}_{what}.csv")
             rows += _breakdown_rows(base, what, parts)
             parts.pop("launches")
             total = sum(parts.values())
@@ -645,6 +653,21 @@ def run_config(label: str, args, prompts: dict, ref_logits) -> tuple[list[dict],
     gc.collect()
     torch.cuda.empty_cache()
     return rows, keep
+
+
+def _file_name(label: str) -> str:
+    """A config label as a file name ('A8W8:fused@TILEQ_X=1' -> 'A8W8-fused-TILEQ_X=1')."""
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", label).strip("-")
+
+
+def write_kernel_table(names: dict, path: Path) -> None:
+    """One profiled run's kernels, longest total first: category, ms, calls, us per call, name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["category", "ms", "calls", "us_per_call", "kernel"])
+        for name, (ms, count) in sorted(names.items(), key=lambda kv: -kv[1][0]):
+            w.writerow([_category(name), f"{ms:.4f}", count, f"{1e3 * ms / max(count, 1):.2f}", name[:200]])
 
 
 def _host_diagnostics(name: str, model, prompt, compiled, base: dict, folder: Path) -> list[dict]:
