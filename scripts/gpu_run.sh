@@ -4,7 +4,7 @@
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
 #                          [tests-model] [tests-inline] [layerbench] [e2e] [e2e-opaque] [e2e-static] [e2e-small] [tests-gluon] [bench-gluon]
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
-#                          [e2e-moe] [moebench] [census] [qk-compile] [pack]
+#                          [e2e-moe] [moebench] [census] [tests-qk] [qk-compile] [pack]
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
 #              GLUON_CASES, GLUON_ARGS (bench-gluon), INT4_CASES, INT4_ARGS (bench-int4),
@@ -180,16 +180,16 @@ for step in "${steps[@]}"; do
       # OVERHEAD_ARGS: more tileq overhead arguments (--configs, --m, ...; a later one wins).
       $PY -m tileq overhead --m 1 --n 5120 --k 5120 --csv "$OUT/overhead.csv" ${OVERHEAD_ARGS:-} 2>&1 | tail -24 \
         | tee "$OUT/overhead.log" ;;
-    qk-compile)
+    tests-qk|qk-compile)
       # The decode step's own kernels in compiled code: the q/k route (TILEQ_QK_ROPE=1) and the split-KV
       # decode attention (TILEQ_DECODE_ATTN): their GPU tests (inductor's code launches the kernels and
-      # writes the cache in place; the attention against sdpa), then a compile / graph A/B of one model
-      # (QK_LAYERS layers, default 8; QK_ARGS: more tileq e2e arguments; 40 layers take about 3 min a
-      # config).
+      # writes the cache in place; the attention against sdpa); qk-compile then runs a compile / graph
+      # A/B of one model (QK_LAYERS layers, default 8; QK_ARGS: more tileq e2e arguments; 40 layers
+      # take about 3 min a config).
       $PY -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_model_gpu.py \
         -k "compiled_decode_step or qk_norm_rope or decode_attention" 2>&1 | grep -E "passed|failed|Error|SKIP" \
         | tail -8 | tee "$OUT/qk_compile_tests.log"
-      $PY -m tileq e2e --out "$OUT/qk_compile" --layers "${QK_LAYERS:-8}" --configs \
+      [ "$step" = tests-qk ] || $PY -m tileq e2e --out "$OUT/qk_compile" --layers "${QK_LAYERS:-8}" --configs \
         bf16,A8W8:fused@TILEQ_DECODE_ATTN=0,A8W8:fused,A8W8:fused@TILEQ_QK_ROPE=1 --modes compile,graph \
         --batches 1 --no-compile-ttft --eager-tokens 16 --tokens 64 ${QK_ARGS:-} 2>&1 \
         | tee "$OUT/qk_compile.log" | grep -E "^\| (config|bf16|A8W8|FP8)" | head -12 ;;
