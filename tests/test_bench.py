@@ -594,7 +594,7 @@ def test_bench_impls_and_gluon_tilings_on_cpu(tmp_path, capsys):
     assert len(forced) == 5 and all(r.status == R.NA and "Gluon needs a GPU" in r.note for r in forced)
     assert "## tileq forced" not in (out / "report.md").read_text()  # nothing timed on CPU
     assert tileq.cli.main(["bench", "--suite", "smoke", "--impls", "cuda", "--out", str(tmp_path)]) == 2
-    assert "impls: expected names from gluon, triton, deep" in capsys.readouterr().err
+    assert "impls: expected names from gluon, triton, deep, gluon-decode" in capsys.readouterr().err
     assert tileq.cli.main(["bench", "--suite", "smoke", "--rounds", "0", "--out", str(tmp_path)]) == 2
 
 
@@ -755,3 +755,25 @@ def test_tools_options_all_have_help():
     for name, p in sub.choices.items():
         missing = [a.dest for a in p._actions if a.dest != "help" and not a.help]
         assert not missing, (name, missing)
+
+
+def test_bench_gluon_decode_variant_on_cpu(tmp_path, capsys):
+    """--impls gluon-decode: N/A without a GPU (rowcol), N/A for block scales and int4 whatever
+    the machine; its config fills the SMs with the last wave's tiles split over K."""
+    import torch
+
+    from tileq.bench.variants import gluon_decode_config
+
+    out = tmp_path / "gd"
+    rc = tileq.cli.main(["bench", "--suite", "smoke", "--shapes", "gemv", "--cases",
+                         "rowcol:i8xi8:rcr,abquant:fp8xfp8:rcr,bquant:bf16xi4p:rcr", "--impls", "gluon-decode",
+                         "--baselines", "tileq", "--out", str(out), "--no-progress", "--no-plots"])
+    assert rc == 0, capsys.readouterr().err
+    by = {(r.case, r.impl): r for r in R.read_csv(out / "results.csv")}
+    assert by[("rowcol:i8xi8:rcr", "tileq_gluon_decode")].status == R.NA
+    assert "GPU" in by[("rowcol:i8xi8:rcr", "tileq_gluon_decode")].note
+    assert "tensor and rowcol" in by[("abquant:fp8xfp8:rcr", "tileq_gluon_decode")].note
+    cfg = gluon_decode_config(1, 5120, 5120, torch.bfloat16, 132)  # 40 row tiles of 128, 40 K tiles
+    assert (cfg.block_n, cfg.split_k, cfg.swap_ab, cfg.stages) == (16, 3, True, 8)
+    assert gluon_decode_config(1, 28672, 8192, torch.bfloat16, 132).split_k == 1  # 224 tiles, tail 92
+    assert gluon_decode_config(1, 2048, 512, torch.bfloat16, 132).split_k == 1  # 4 K tiles: no split

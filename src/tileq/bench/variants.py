@@ -13,6 +13,11 @@ dispatch layer forced, through the same launcher (``kernels.launch.make_launch``
   tileq_deep             ``--impls deep``: the same with as many pipeline stages as one
                          program's shared memory holds (at most 8; N/A where the plan's are
                          already the most): more K tiles in flight per program
+  tileq_gluon_decode     ``--impls gluon-decode``: a decode problem (M <= 16, 8-bit rowcol or tensor, rcr)
+                         run by the sm_90 Gluon kernel swapped (the weight's rows on the tile's 128
+                         rows, the tokens on 16 columns), as many ring slots as shared memory holds
+                         and the tiles of the grid's last wave split over K to fill the SMs
+                         (``gluon_decode_config``): TMA-fed decode, an experiment no route takes
   tileq_gluon:<tiling>   ``--gluon-tilings``: the Gluon kernel with one candidate tiling of its wave
                          model (``dispatch.gluon.tile_costs``: 128, 128+split, 64, 256), as the
                          planner would finish it (``gluon_tilings``); one row per candidate for
@@ -159,6 +164,52 @@ def build_deep(ops: Operands, ctx: Context) -> Runnable:
                          f"instead of {plan.config.num_stages} [{plan.config_source}]", kernel=forced.instance.name)
 
 
+GLUON_DECODE_TOKENS = 16  # the swapped tile's columns: every decode M (<= 16) in one tile
+GLUON_DECODE_MIN_K_STEPS = 4  # K tiles per split item at least (a ring's fill per item)
+
+
+def gluon_decode_config(m: int, n: int, k: int, out_dtype, num_sms: int):
+    """The swapped Gluon config ``--impls gluon-decode`` runs for an M x N x K decode problem:
+    16 token columns, the deepest ring that fits, and the last wave's tiles (every tile where
+    they are fewer than the SMs) split over K into as many items as fill the SMs, each item at
+    least GLUON_DECODE_MIN_K_STEPS K tiles."""
+    from ..kernels.gluon.config import GluonConfig, max_stages
+
+    cfg = GluonConfig(block_n=GLUON_DECODE_TOKENS, swap_ab=True)
+    tiles = -(-n // cfg.block_m)  # (swapped: the weight's N on the tile's rows)
+    tail = tiles % num_sms if tiles >= num_sms else tiles
+    k_steps = -(-k // cfg.block_k)
+    split = 1
+    if tail:
+        split = max(1, min(num_sms // tail, k_steps // GLUON_DECODE_MIN_K_STEPS))
+    cfg = replace(cfg, split_k=split)
+    return replace(cfg, stages=max_stages(cfg, out_dtype))
+
+
+def build_gluon_decode(ops: Operands, ctx: Context) -> Runnable:
+    from ..device import facts
+    from ..dispatch.gluon import GLUON_LAYOUTS, GLUON_PAIRS
+
+    problem = _problem(ops)
+    spec = problem.spec
+    if spec.m > GLUON_DECODE_TOKENS:
+        raise NotApplicable(f"decode sizes only (M <= {GLUON_DECODE_TOKENS}), this is M = {spec.m}")
+    if (spec.a_type, spec.b_type) not in GLUON_PAIRS or spec.layout not in GLUON_LAYOUTS:
+        raise NotApplicable(f"8-bit rcr only, this is {spec.a_type}x{spec.b_type} {spec.layout}")
+    if spec.scheme.grouped or spec.has_acc:
+        raise NotApplicable("tensor and rowcol scales without acc_in only (the swapped kernel's scales)")
+    plan = _plan(problem, ctx)
+    if plan.executor != "triton":
+        raise NotApplicable(f"the {plan.executor} executor runs no Gluon kernel")
+    from ..dispatch.gluon import gluon_unavailable
+    why = gluon_unavailable(plan.arch.name, plan.interpreted, None)
+    if why is not None:
+        raise NotApplicable(why)
+    cfg = gluon_decode_config(spec.m, spec.n, spec.k, spec.out_dtype, facts(problem.device).num_sms)
+    forced = replace(plan, impl="gluon", gluon=cfg, gluon_reason="forced decode tiling (tileq bench --impls gluon-decode)")
+    return plan_runnable(ops, problem, forced, note=f"Gluon swapped decode: {cfg.tag}", kernel=gluon_instance(forced))
+
+
 PREPACKED = "a prepacked int4 weight runs its own kernels (its variants: --int4-variants)"
 
 
@@ -174,11 +225,14 @@ IMPLS: dict[str, Impl] = {
     "deep": Impl("tileq_deep", KIND, "tileq's plan forced onto the portable Triton kernel with as many "
                  "pipeline stages as one program's shared memory holds (at most 8)", _not_prepacked, build_deep,
                  default=False),
+    "gluon-decode": Impl("tileq_gluon_decode", KIND, "a decode problem run by the sm_90 Gluon kernel swapped "
+                         "with 16 token columns (gluon_decode_config; an experiment)", _not_prepacked,
+                         build_gluon_decode, default=False),
 }
 
 
 def select_impls(names: list[str]) -> tuple[Impl, ...]:
-    """``--impls``: the variant entries named ('gluon', 'triton', 'deep'), in that order."""
+    """``--impls``: the variant entries named ('gluon', 'triton', 'deep', 'gluon-decode'), in that order."""
     unknown = [n for n in names if n not in IMPLS]
     if unknown:
         raise UnsupportedError(expect("impls", f"names from {', '.join(IMPLS)}", ", ".join(unknown)))
