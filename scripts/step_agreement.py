@@ -35,9 +35,9 @@ def _cos(a, b) -> float:
 
 
 @torch.inference_mode()
-def agreement(name: str, layers: int, prompt_len: int, seed: int) -> dict:
-    dev = torch.device("cuda")
-    model = e2e.build_model(layers, dev, seed)
+def agreement(name: str, layers: int, prompt_len: int, seed: int, small: bool = False) -> dict:
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = e2e.build_model(layers, dev, seed, small=small)
     e2e.quantize_model(model, name, fuse=False)
     prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), device=dev,
                            generator=torch.Generator(dev).manual_seed(seed))
@@ -64,12 +64,14 @@ def main() -> None:
     ap.add_argument("--configs", default="bf16,A8W8:fused")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--small", action="store_true", help="1/8-width model (runs on the CPU: torch references)")
     args = ap.parse_args()
-    print(f"| config | pair | logits cosine to the default eager step |\n|---|---|---|")
+    print(f"| config | pair | logits cosine to the default eager step | 1 - cosine |\n|---|---|---|---|")
     for name in args.configs.split(","):
-        for pair, cos in agreement(name, args.layers, args.prompt, args.seed).items():
-            print(f"| {name} | {pair} | {cos:.4f} |", flush=True)
-        torch.cuda.empty_cache()
+        for pair, cos in agreement(name, args.layers, args.prompt, args.seed, args.small).items():
+            print(f"| {name} | {pair} | {cos:.4f} | {1 - cos:.2e} |", flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
