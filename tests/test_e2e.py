@@ -266,8 +266,10 @@ def test_compiled_step_agreement_starts_both_steps_from_one_cache_state():
     with torch.inference_mode():
         tok = e2e._prefill(model.forward, cache, ids)
         keys = cache.layers[0].keys
-        cos, top1, nxt = e2e.compiled_step_agreement(model, model.forward, cache, tok)
+        cos, top1, nxt, floor = e2e.compiled_step_agreement(model, model.forward, cache, tok)
         assert cos == pytest.approx(1.0, abs=1e-6) and top1 == 1.0 and nxt.shape == (1, 1)
+        assert 0.99 < floor < 1.0 - 1e-7  # the nudged input changes the logits, a little
+        assert not e2e.disagrees(cos, floor)
         assert cache.layers[0].keys is keys and int(cache.layers[0].cumulative_length) == 6  # one step further
 
         def wrong(**kw):
@@ -275,8 +277,18 @@ def test_compiled_step_agreement_starts_both_steps_from_one_cache_state():
             out.logits = out.logits.flip(-1)
             return out
 
-        cos, top1, _ = e2e.compiled_step_agreement(model, wrong, cache, nxt)
-    assert cos < e2e.COMPILED_AGREEMENT_MIN
+        cos, top1, _, floor = e2e.compiled_step_agreement(model, wrong, cache, nxt)
+    assert cos < e2e.COMPILED_AGREEMENT_MIN and e2e.disagrees(cos, floor)
+
+
+def test_disagreement_is_judged_against_the_rounding_floor():
+    """A quantized model's compiled step may sit below 0.99 when its eager step is that sensitive to
+    a last-bit change of its input (rounding amplified by the activation quantization); beyond
+    FLOOR_FACTOR times that sensitivity, or below 0.99 with a tight floor, it computes something else."""
+    assert not e2e.disagrees(0.9627, 0.96)  # a floor of 0.04 covers 0.037
+    assert e2e.disagrees(0.9627, 0.999)  # bf16-like floor: 0.037 is far beyond it
+    assert not e2e.disagrees(0.995, 0.9999)  # within 0.99 whatever the floor
+    assert e2e.disagrees(0.80, 0.96)  # 0.20 > 4 x 0.04
 
 
 def test_kernel_table_lists_kernels_longest_first(tmp_path):
