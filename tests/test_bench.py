@@ -598,6 +598,17 @@ def test_bench_impls_and_gluon_tilings_on_cpu(tmp_path, capsys):
     assert tileq.cli.main(["bench", "--suite", "smoke", "--rounds", "0", "--out", str(tmp_path)]) == 2
 
 
+def _gemv_variant_rows(tmp_path, capsys, impl: str) -> dict:
+    """The smoke suite's gemv shape, int8 rowcol, fp8 block-scaled and prepacked int4, with
+    ``--impls impl`` beside the plan: its rows by (case, impl)."""
+    out = tmp_path / impl
+    rc = tileq.cli.main(["bench", "--suite", "smoke", "--shapes", "gemv", "--cases",
+                         "rowcol:i8xi8:rcr,abquant:fp8xfp8:rcr,bquant:bf16xi4p:rcr", "--impls", impl,
+                         "--baselines", "tileq", "--out", str(out), "--no-progress", "--no-plots"])
+    assert rc == 0, capsys.readouterr().err
+    return {(r.case, r.impl): r for r in R.read_csv(out / "results.csv")}
+
+
 def test_bench_deep_variant_on_cpu(tmp_path, capsys):
     """--impls deep: the plan's portable config with as many stages as one program's shared
     memory holds (gated through the interpreter; its kernel name says the stages), N/A where the
@@ -608,12 +619,7 @@ def test_bench_deep_variant_on_cpu(tmp_path, capsys):
     from tileq.device import get_arch
     from tileq.kernels.config import TileConfig
 
-    out = tmp_path / "deep"
-    rc = tileq.cli.main(["bench", "--suite", "smoke", "--shapes", "gemv", "--cases",
-                         "rowcol:i8xi8:rcr,abquant:fp8xfp8:rcr,bquant:bf16xi4p:rcr", "--impls", "deep",
-                         "--baselines", "tileq", "--out", str(out), "--no-progress", "--no-plots"])
-    assert rc == 0, capsys.readouterr().err
-    by = {(r.case, r.impl): r for r in R.read_csv(out / "results.csv")}
+    by = _gemv_variant_rows(tmp_path, capsys, "deep")
     for case in ("rowcol:i8xi8:rcr", "abquant:fp8xfp8:rcr"):
         deep, plan = by[(case, "tileq_deep")], by[(case, "tileq")]
         assert deep.rel_err < REL_TOL and "_s8_" in deep.kernel and "_s4_" in plan.kernel, (deep, plan)
@@ -764,12 +770,7 @@ def test_bench_gluon_decode_variant_on_cpu(tmp_path, capsys):
 
     from tileq.bench.variants import gluon_decode_config
 
-    out = tmp_path / "gd"
-    rc = tileq.cli.main(["bench", "--suite", "smoke", "--shapes", "gemv", "--cases",
-                         "rowcol:i8xi8:rcr,abquant:fp8xfp8:rcr,bquant:bf16xi4p:rcr", "--impls", "gluon-decode",
-                         "--baselines", "tileq", "--out", str(out), "--no-progress", "--no-plots"])
-    assert rc == 0, capsys.readouterr().err
-    by = {(r.case, r.impl): r for r in R.read_csv(out / "results.csv")}
+    by = _gemv_variant_rows(tmp_path, capsys, "gluon-decode")
     assert by[("rowcol:i8xi8:rcr", "tileq_gluon_decode")].status == R.NA
     assert "GPU" in by[("rowcol:i8xi8:rcr", "tileq_gluon_decode")].note
     assert "tensor and rowcol" in by[("abquant:fp8xfp8:rcr", "tileq_gluon_decode")].note
