@@ -21,17 +21,9 @@ import torch
 from tileq.bench import e2e
 
 
-@torch.inference_mode()
-def _logits(model, cache, tok, saved):
-    for layer, (keys, values, length) in zip(cache.layers, saved):
-        layer.keys.copy_(keys)
-        layer.values.copy_(values)
-        layer.cumulative_length.copy_(length)
-    return model.forward(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1].float()
-
-
-def _cos(a, b) -> float:
-    return torch.nn.functional.cosine_similarity(a, b, dim=-1).mean().item()
+def _logits(model, cache, tok, saved, nudged: bool = False):
+    e2e.restore_cache(cache, saved)
+    return e2e.step_logits(model, cache, tok, nudged)
 
 
 @torch.inference_mode()
@@ -43,18 +35,14 @@ def agreement(name: str, layers: int, prompt_len: int, seed: int, small: bool = 
                            generator=torch.Generator(dev).manual_seed(seed))
     cache = e2e._cache(model, 1, prompt_len + 8)
     tok = e2e._prefill(model.forward, cache, prompt)
-    saved = [(layer.keys.clone(), layer.values.clone(), layer.cumulative_length.clone()) for layer in cache.layers]
+    saved = e2e.cache_state(cache)
     out = {}
     base = _logits(model, cache, tok, saved)
-    out["eager again"] = _cos(_logits(model, cache, tok, saved), base)
+    out["eager again"] = e2e.logits_cos(_logits(model, cache, tok, saved), base)
     with e2e.switches({"TILEQ_QK_ROPE": "0"}):
-        out["eager, TILEQ_QK_ROPE=0"] = _cos(_logits(model, cache, tok, saved), base)
+        out["eager, TILEQ_QK_ROPE=0"] = e2e.logits_cos(_logits(model, cache, tok, saved), base)
     # The embedding's last bit: every hidden state of the step moves by about one bf16 rounding.
-    emb = model.get_input_embeddings().weight
-    row = emb[tok.flatten()].clone()
-    emb[tok.flatten()] = (row.float() * (1 + 2 ** -8)).to(emb.dtype)
-    out["eager, the token's embedding x (1 + 2^-8)"] = _cos(_logits(model, cache, tok, saved), base)
-    emb[tok.flatten()] = row
+    out["eager, the token's embedding x (1 + 2^-8)"] = e2e.logits_cos(_logits(model, cache, tok, saved, True), base)
     return out
 
 

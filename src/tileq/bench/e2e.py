@@ -352,8 +352,8 @@ def _graph_tpot(forward, cache, tok, tokens: int) -> float:
 # of the logits' direction; a quantized model's activation quantization amplifies any rounding
 # difference (a last-bit change of an input moves an 8-bit code by a whole step), so its compiled
 # step is judged against the eager step's own sensitivity: the same step with its input's last bit
-# changed (``rounding_floor``). MISMATCH: further from the eager step than COMPILED_AGREEMENT_MIN
-# and than FLOOR_FACTOR times that floor.
+# changed (``compiled_step_agreement``'s floor). MISMATCH: further from the eager step than
+# COMPILED_AGREEMENT_MIN and than FLOOR_FACTOR times that floor.
 COMPILED_AGREEMENT_MIN = 0.99
 FLOOR_FACTOR = 4.0
 LAST_BIT = 2.0 ** -8  # bf16 keeps 8 significant bits: x (1 + 2^-8) moves about half the values one step
@@ -365,11 +365,31 @@ def disagrees(cos: float, floor_cos: float) -> bool:
     return 1.0 - cos > max(1.0 - COMPILED_AGREEMENT_MIN, FLOOR_FACTOR * (1.0 - floor_cos))
 
 
-def _restore(cache, saved) -> None:
+def cache_state(cache) -> list:
+    """Copies of a static cache's tensors (keys, values, length per layer), for ``restore_cache``."""
+    return [(layer.keys.clone(), layer.values.clone(), layer.cumulative_length.clone()) for layer in cache.layers]
+
+
+def restore_cache(cache, saved) -> None:
+    """Put ``cache_state``'s copies back into the cache's own tensors (a compiled graph's guards hold)."""
     for layer, (keys, values, length) in zip(cache.layers, saved):
         layer.keys.copy_(keys)
         layer.values.copy_(values)
         layer.cumulative_length.copy_(length)
+
+
+@torch.inference_mode()
+def step_logits(model, cache, tok, nudged: bool = False) -> torch.Tensor:
+    """fp32 logits of one eager decode step; ``nudged``: the token's embedding times (1 + LAST_BIT)."""
+    if not nudged:
+        return model.forward(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1].float()
+    rows = model.get_input_embeddings()(tok)
+    return model.forward(inputs_embeds=(rows.float() * (1 + LAST_BIT)).to(rows.dtype), past_key_values=cache,
+                         use_cache=True).logits[:, -1].float()
+
+
+def logits_cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a, b, dim=-1).mean().item()
 
 
 @torch.inference_mode()
@@ -381,20 +401,15 @@ def compiled_step_agreement(model, compiled, cache, tok) -> tuple[float, float, 
     compiled graph's guards hold), so every step starts from one state; the cache is left one
     compiled step further. A compiled route that computes something else shows here, not in the
     eager logits column."""
-    saved = [(layer.keys.clone(), layer.values.clone(), layer.cumulative_length.clone()) for layer in cache.layers]
-    want = model.forward(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1].float()
-    _restore(cache, saved)
-    emb = model.get_input_embeddings()
-    rows = emb(tok)
-    nudged = model.forward(inputs_embeds=(rows.float() * (1 + LAST_BIT)).to(rows.dtype), past_key_values=cache,
-                           use_cache=True).logits[:, -1].float()
-    floor = torch.nn.functional.cosine_similarity(nudged, want, dim=-1).mean().item()
-    _restore(cache, saved)
+    saved = cache_state(cache)
+    want = step_logits(model, cache, tok)
+    restore_cache(cache, saved)
+    floor = logits_cos(step_logits(model, cache, tok, nudged=True), want)
+    restore_cache(cache, saved)
     del saved
     got = compiled(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1].float()
-    cos = torch.nn.functional.cosine_similarity(got, want, dim=-1).mean().item()
     top1 = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
-    return cos, top1, got.argmax(-1, keepdim=True), floor
+    return logits_cos(got, want), top1, got.argmax(-1, keepdim=True), floor
 
 
 def cache_steps(tokens: int, eager_tokens: int, modes) -> int:

@@ -173,16 +173,13 @@ def gluon_decode_config(m: int, n: int, k: int, out_dtype, num_sms: int):
     16 token columns, the deepest ring that fits, and the last wave's tiles (every tile where
     they are fewer than the SMs) split over K into as many items as fill the SMs, each item at
     least GLUON_DECODE_MIN_K_STEPS K tiles."""
+    from ..dispatch.waves import split_to_fill
     from ..kernels.gluon.config import GluonConfig, max_stages
 
     cfg = GluonConfig(block_n=GLUON_DECODE_TOKENS, swap_ab=True)
     tiles = -(-n // cfg.block_m)  # (swapped: the weight's N on the tile's rows)
-    tail = tiles % num_sms if tiles >= num_sms else tiles
     k_steps = -(-k // cfg.block_k)
-    split = 1
-    if tail:
-        split = max(1, min(num_sms // tail, k_steps // GLUON_DECODE_MIN_K_STEPS))
-    cfg = replace(cfg, split_k=split)
+    cfg = replace(cfg, split_k=split_to_fill(tiles, num_sms, k_steps, GLUON_DECODE_MIN_K_STEPS, k_steps))
     return replace(cfg, stages=max_stages(cfg, out_dtype))
 
 
