@@ -697,8 +697,9 @@ def run_config(label: str, args, prompts: dict, ref_logits) -> tuple[list[dict],
 
 
 def _file_name(label: str) -> str:
-    """A config label as a file name ('A8W8:fused@TILEQ_X=1' -> 'A8W8-fused-TILEQ_X=1')."""
-    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", label).strip("-")
+    """A config label as a file name ('A8W8:fused@TILEQ_X=1' -> 'A8W8-fused-TILEQ_X-1'): letters,
+    digits and ``_.+-`` only, names any copying tool takes as they are."""
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", label).strip("-")
 
 
 def write_kernel_table(names: dict, path: Path) -> None:
