@@ -26,7 +26,7 @@ SWITCHES = {
     "TILEQ_TUNED_TABLES": "os.pathsep-separated tuned-table files read besides the shipped ones",
     "TILEQ_PDL": "unset: programmatic dependent launch of the decode kernels on sm_90+ GPUs; 0: off; 1: on (sm_90+)",
     "TILEQ_INLINE_LAUNCH": "unset or 1: torch.compile traces the launches of tileq ops into its graph where it can (inductor launches them); 0: every tileq op stays one opaque call",
-    "TILEQ_QK_ROPE": "unset: eager fused decoder layers prepare q and k (per-head RMSNorm, rotary embedding, static-cache write) in one tileq kernel; 1: compiled ones too (opt-in until its fix has run on a GPU, docs/performance.md section 7); 0: transformers' operations",
+    "TILEQ_QK_ROPE": "unset: eager fused decoder layers prepare q and k (per-head RMSNorm, rotary embedding, static-cache write) in one tileq kernel; 1: compiled ones too (opt-in: faster graphed, slower compiled without a graph, docs/performance.md section 7); 0: transformers' operations",
     "TILEQ_DECODE_ATTN": "unset or 1: fused decoder layers run attention at one query token with tileq's split-KV kernel, eager and compiled; 0: transformers' attention function",
     "TRITON_INTERPRET": "1 (set before tileq and triton are imported): Triton's interpreter runs the kernels on CPU tensors",
 }
