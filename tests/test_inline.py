@@ -252,6 +252,8 @@ moe_shapes = [((1, 2048), bf16), ((1, 8), torch.int64), ((1, 8), torch.float32)]
 moe = lambda h, i, w, a, b, c, d: fused_moe_op(h, i, w, a, b, c, d, experts.spec.key, "auto", "")
 case("fused_moe FP8Block 1 token", moe, *moe_shapes)
 inductor["fused_moe FP8Block 1 token"] = inductor_code(moe, *moe_shapes)
+import tileq.ops
+out["reported"] = sorted(list(r) for r in tileq.ops._REPORTED)  # (op, why) of each op left opaque
 print(json.dumps(out))
 '''
 
@@ -304,6 +306,8 @@ _SPLITS = ("quant_linear A8W8 1x5120x17408", "quant_linear FP8Block 1x7168x5120"
 def test_a_split_summed_with_tile_counters_leaves_the_opaque_op(traced, name):
     # without the layer's counters the graph would zero fresh ones with a kernel of its own
     assert traced[name]["nodes"] == [dict(kind="op", name="tileq.quant_linear.default")]
+    assert ["quant_linear", "tile counters: a split summed with tile counters the caller did not give"] \
+        in traced["reported"]
 
 
 @pytest.mark.parametrize("name", _SPLITS)
@@ -324,6 +328,7 @@ def test_a_gluon_launch_leaves_the_opaque_op(traced):
     # 2048 tokens of FP8Row run the sm_90 Gluon prefill kernel: its TMA descriptors hold pointers
     got = traced["quant_linear FP8Row 2048x5120x5120"]["nodes"]
     assert got == [dict(kind="op", name="tileq.quant_linear.default")]
+    assert ["quant_linear", "_ws_gemm_kernel: TMA descriptors hold data pointers"] in traced["reported"]
 
 
 def test_a_register_capped_int4_launch_leaves_the_opaque_op(traced):
@@ -332,6 +337,8 @@ def test_a_register_capped_int4_launch_leaves_the_opaque_op(traced):
     # compiled graph keeps the op and its runner (host time per call, docs/performance.md).
     got = traced["quant_linear W4A16 1x7168x5120 counters"]["nodes"]
     assert got == [dict(kind="op", name="tileq.quant_linear.default")]
+    # ... and says why, naming the kernel and the option
+    assert ["quant_linear", "_i4p_kernel: launch option maxnreg"] in traced["reported"]
 
 
 def test_inductor_launches_the_kernels_without_copies(traced):
@@ -435,7 +442,9 @@ def test_launch_modes_record_and_refuse():
     with direct.launch_mode("record") as seen:
         assert direct.tracing()
         call((None,), False)
-    assert seen == [False] and not direct.tracing()
+    # under the interpreter the kernel is its InterpretedFunction: recorded with the reason
+    assert seen == ["_quantize_activation_kernel: InterpretedFunction, not a plain @triton.jit kernel"]
+    assert not direct.tracing()
     with direct.launch_mode("trace"), pytest.raises(UnsupportedError, match="cannot be traced"):
         call((None,), False)
     with pytest.raises(ValueError, match="launch mode"):
@@ -486,7 +495,7 @@ def test_given_tile_counters_serve_where_they_fit():
     assert buffers.tile_counters(cpu, 64) is not mine  # outside the block
     with direct.launch_mode("record") as seen:
         buffers.tile_counters(cpu, 64)
-    assert seen == [False]
+    assert seen == ["tile counters: a split summed with tile counters the caller did not give"]
 
 
 def test_quant_linear_counters_follow_the_weight():

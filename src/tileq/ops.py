@@ -123,7 +123,8 @@ _REPORTED: set = set()
 def _traceable(name: str, impl, args) -> bool:
     """Whether every launch of ``impl(*args)`` can be traced (a dry run: launches are recorded,
     not made). A tileq error is the caller's and propagates; anything else that stops the dry run
-    (a launcher reading a data pointer) means the opaque op, logged once per op and reason. The
+    (a launcher reading a data pointer) or a launch that cannot be traced (each says why, e.g.
+    "_i4p_kernel: launch option maxnreg") means the opaque op, logged once per op and reason. The
     dry run runs on the tracer's tensors: a launcher's in-place torch work is skipped there
     (``kernels.direct.recording``), or the graph would hold it twice."""
     with launch_mode("record") as seen:
@@ -134,9 +135,9 @@ def _traceable(name: str, impl, args) -> bool:
         except Exception as e:  # noqa: BLE001 (reported, and the opaque op serves the call)
             _report(name, f"{type(e).__name__}: {e}")
             return False
-    if not seen or not all(seen):
-        _report(name, "no launch" if not seen else
-                "a launch torch cannot carry (Gluon, a launch option) or a split summed with tile counters")
+    refused = [why for why in seen if why is not True]
+    if not seen or refused:
+        _report(name, "; ".join(sorted(set(refused))) if refused else "no launch")
         return False
     return True
 

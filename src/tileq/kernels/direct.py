@@ -126,8 +126,8 @@ def recording() -> bool:
 
 @contextlib.contextmanager
 def launch_mode(mode: str):
-    """Within: KernelCall records ('record': yields the list of each launch's traceability) or
-    traces ('trace') instead of launching."""
+    """Within: KernelCall records ('record': yields a list with, per launch, True where it can be
+    traced, else why not) or traces ('trace') instead of launching."""
     if mode not in _MODES:
         raise ValueError(f"launch mode: expected one of {_MODES}, got {mode!r}")
     saved = _MODE.mode, _MODE.seen
@@ -152,32 +152,38 @@ def without_pdl(name: str, kwargs: dict) -> tuple[str, dict]:
     return name.replace("_pdl_kernel", "_kernel"), kwargs
 
 
-def untraceable(name: str) -> None:
+def untraceable(name: str, why: str) -> None:
     """A launcher that cannot be traced (TMA descriptors hold data pointers: the Gluon kernels),
-    or should not be (a split summed with tile counters, ``buffers.tile_counters``), says so here
-    instead of launching: recorded as such, or refused while tracing."""
+    or should not be (a split summed with fresh tile counters, ``buffers.tile_counters``), says so
+    here instead of launching: recorded with ``why``, or refused while tracing."""
     if _MODE.mode == "record":
-        _MODE.seen.append(False)
+        _MODE.seen.append(f"{name}: {why}")
         return
-    raise UnsupportedError(f"{name}: this launch cannot be traced into a torch.compile graph")
+    raise UnsupportedError(f"{name}: this launch cannot be traced into a torch.compile graph ({why})")
 
 
-def untraced_output(name: str, out, shape: tuple, dtype, device):
+def untraced_output(name: str, why: str, out, shape: tuple, dtype, device):
     """What an untraceable GEMM launcher returns while launches are recorded or traced: it says so
     (``untraceable``) and hands back its output (``out``, else a fresh tensor of the trace), so
     the op around it keeps its shape."""
     import torch
 
-    untraceable(name)
+    untraceable(name, why)
     return out if out is not None else torch.empty(shape, dtype=dtype, device=device)
 
 
-def traceable(fn, kwargs: dict) -> bool:
-    """Whether torch's ``wrap_triton`` can carry this launch: a plain JITFunction (not Gluon, not
-    the interpreter's), no pre-run hooks, no launch option torch cannot pass."""
+def untraceable_because(fn, kwargs: dict) -> str | None:
+    """Why torch's ``wrap_triton`` cannot carry this launch, or None where it can: it takes a plain
+    JITFunction (not Gluon, not the interpreter's) without pre-run hooks, and no launch option
+    beyond the warps and stages."""
     from triton.runtime.jit import JITFunction  # (not _triton(): that needs a GPU driver)
 
-    return type(fn) is JITFunction and not fn.pre_run_hooks and not any(k in kwargs for k in _UNTRACED_OPTIONS)
+    if type(fn) is not JITFunction:
+        return f"{type(fn).__name__}, not a plain @triton.jit kernel"
+    if fn.pre_run_hooks:
+        return "pre-run hooks"
+    options = [k for k in _UNTRACED_OPTIONS if k in kwargs]
+    return f"launch option {', '.join(options)}" if options else None
 
 
 # torch reads which arguments a traced user kernel writes from its Triton IR, generated anew for
@@ -299,8 +305,9 @@ class KernelCall:
         fn[self.grid](*ptrs, *self.ints, **self.kwargs)
 
     def _traced(self, fn, ptrs: tuple) -> None:
-        if not traceable(fn, self.kwargs):
-            untraceable(self.name)
+        why = untraceable_because(fn, self.kwargs)
+        if why is not None:
+            untraceable(self.name, why)
             return
         if _MODE.mode == "record":
             _MODE.seen.append(True)

@@ -178,7 +178,8 @@ class GluonLaunch:
 
     def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
         if tracing():
-            return untraced_output("_ws_gemm_kernel", out, (self.m, self.n), self.out_dtype, self.device)
+            return untraced_output("_ws_gemm_kernel", "TMA descriptors hold data pointers", out, (self.m, self.n),
+                                   self.out_dtype, self.device)
         if (a.data_ptr() | b.data_ptr()) & 15:
             return self.fallback(a, b, sa, sb, bias, acc, out)
         if out is None:

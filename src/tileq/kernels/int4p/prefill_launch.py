@@ -163,7 +163,8 @@ class GluonPrefillLaunch:
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
         if tracing():
-            return untraced_output("_i4p_prefill_kernel", out, (self.m, self.n), self.out_dtype, self.device)
+            return untraced_output("_i4p_prefill_kernel", "TMA descriptors hold data pointers", out,
+                                   (self.m, self.n), self.out_dtype, self.device)
         if self.cast_to is not None:
             x2 = x2.to(self.cast_to)  # (a new tensor: 16-byte aligned, rows of stride K)
         if (x2.data_ptr() | wdata.data_ptr()) & 15:
