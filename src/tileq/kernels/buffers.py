@@ -6,7 +6,6 @@ counters from the layer (``given_tile_counters``)."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import torch
@@ -48,18 +47,25 @@ class _Given(threading.local):
 _GIVEN = _Given()
 
 
-@contextlib.contextmanager
-def given_tile_counters(counters: torch.Tensor | None):
+class given_tile_counters:  # noqa: N801 (used as a function: ``with given_tile_counters(c):``)
     """Within: split launches take their tile counters from ``counters`` (zeroed int32, owned by
     the caller: a ``QuantLinear``'s ``tile_counters``) where it is on their device and holds
     enough, instead of the per-stream table. Traced into a compiled graph they are then an input
-    of the op that the kernel mutates (and puts back to zero), so the launch can be traced."""
-    saved = _GIVEN.counters
-    _GIVEN.counters = counters
-    try:
-        yield
-    finally:
-        _GIVEN.counters = saved
+    of the op that the kernel mutates (and puts back to zero), so the launch can be traced.
+    A class, not a generator context manager: every custom-op call enters it (1.2 against 2.5 us
+    per call in a loop on the CPU, the layer's buffer lookup included)."""
+
+    __slots__ = ("counters", "saved")
+
+    def __init__(self, counters: torch.Tensor | None):
+        self.counters = counters
+
+    def __enter__(self):
+        self.saved = _GIVEN.counters
+        _GIVEN.counters = self.counters
+
+    def __exit__(self, *exc):
+        _GIVEN.counters = self.saved
 
 
 def tile_counters(device: torch.device, count: int) -> torch.Tensor:
