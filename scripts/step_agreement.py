@@ -6,8 +6,8 @@ activation quantization amplifies (a last-bit change of a bf16 input moves an 8-
 step, about 0.8% of the row's largest value, and 40 layers of random weights carry it on). This
 script tells them apart: per config it runs the step eagerly with the fused layers' q/k kernel
 (the default eager route) and eagerly with transformers' q/k norms, rotation and cache update
-(TILEQ_QK_ROPE=0: the default compiled route's operations), and, for reference, bf16 eagerly with
-and without its inputs' last bit changed. Logits cosine of each pair.
+(TILEQ_QK_ROPE=0: the default compiled route's operations), and eagerly with the token's
+embedding's last bit changed (the rounding floor). Logits cosine of each to the default step.
 
     PYTHONPATH=src python3 scripts/step_agreement.py --layers 40 --configs A8W8:fused
 """

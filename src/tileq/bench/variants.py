@@ -173,19 +173,19 @@ def gluon_decode_config(m: int, n: int, k: int, out_dtype, num_sms: int):
     16 token columns, the deepest ring that fits, and the last wave's tiles (every tile where
     they are fewer than the SMs) split over K into as many items as fill the SMs, each item at
     least GLUON_DECODE_MIN_K_STEPS K tiles."""
-    from ..dispatch.waves import split_to_fill
+    from ..dispatch.waves import cdiv, split_to_fill
     from ..kernels.gluon.config import GluonConfig, max_stages
 
     cfg = GluonConfig(block_n=GLUON_DECODE_TOKENS, swap_ab=True)
-    tiles = -(-n // cfg.block_m)  # (swapped: the weight's N on the tile's rows)
-    k_steps = -(-k // cfg.block_k)
+    tiles = cdiv(n, cfg.block_m)  # (swapped: the weight's N on the tile's rows)
+    k_steps = cdiv(k, cfg.block_k)
     cfg = replace(cfg, split_k=split_to_fill(tiles, num_sms, k_steps, GLUON_DECODE_MIN_K_STEPS, k_steps))
     return replace(cfg, stages=max_stages(cfg, out_dtype))
 
 
 def build_gluon_decode(ops: Operands, ctx: Context) -> Runnable:
     from ..device import facts
-    from ..dispatch.gluon import GLUON_LAYOUTS, GLUON_PAIRS
+    from ..dispatch.gluon import GLUON_LAYOUTS, GLUON_PAIRS, gluon_unavailable
 
     problem = _problem(ops)
     spec = problem.spec
@@ -198,7 +198,6 @@ def build_gluon_decode(ops: Operands, ctx: Context) -> Runnable:
     plan = _plan(problem, ctx)
     if plan.executor != "triton":
         raise NotApplicable(f"the {plan.executor} executor runs no Gluon kernel")
-    from ..dispatch.gluon import gluon_unavailable
     why = gluon_unavailable(plan.arch.name, plan.interpreted, None)
     if why is not None:
         raise NotApplicable(why)

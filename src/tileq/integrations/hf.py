@@ -401,9 +401,10 @@ def _rope_fuses(attn: nn.Module, qkv: Tensor, cos: Tensor, sin: Tensor) -> bool:
     """Whether the fused attention prepares q and k with ``qk_norm_rope`` (one launch) instead of
     transformers' operations: calls on a GPU (or Triton's interpreter), eager ones unless
     TILEQ_QK_ROPE=0, compiled ones (through ``torch.ops.tileq.qk_norm_rope[_cache]``) with
-    TILEQ_QK_ROPE=1 (opt-in: its first GPU run wrote the cache a position too far, fixed since, not re-run); 16-bit activations
-    with cos / sin and the q/k norms' weights in the same dtype, the norms' epsilons equal, k and v
-    of one width, a head dimension the kernel holds in registers."""
+    TILEQ_QK_ROPE=1 (opt-in: graphed it is faster, compiled without a graph slower, on an H100;
+    docs/performance.md section 7); 16-bit activations with cos / sin and the q/k norms' weights
+    in the same dtype, the norms' epsilons equal, k and v of one width, a head dimension the kernel
+    holds in registers."""
     if torch.compiler.is_compiling():
         if _qk_rope_switch() < 2:
             return False
