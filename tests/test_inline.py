@@ -115,13 +115,18 @@ ql = QuantLinear.from_linear(torch.nn.Linear(5120, 5120, bias=False).to(bf16), F
 key = ql.spec.key
 case("quant_linear FP8Row 2048x5120x5120", lambda x, w, s: quant_linear_op(x, w, s, None, None, key),
      ((2048, 5120), bf16), (tuple(ql.weight.shape), ql.weight.dtype), (tuple(ql.weight_scale.shape), torch.float32))
-# prepacked int4 at one token (Qwen3-14B's merged q/k/v): the decode kernel runs under a register cap
+# prepacked int4 at one token (Qwen3-14B's q/k/v, gate/up, down): the decode kernel's eager configs
+# run under a register cap, which a traced launch cannot carry; traced, each runs its uncapped twin
+from tileq.dispatch.int4 import config_for
 from tileq.nn import W4A16Config
-ql = QuantLinear.from_linear(torch.nn.Linear(5120, 7168, bias=False).to(bf16), W4A16Config())
-key = ql.spec.key
-case("quant_linear W4A16 1x7168x5120 counters", lambda x, w, s, c: quant_linear_op(x, w, s, None, None, key, c),
-     ((1, 1, 5120), bf16), (tuple(ql.weight.shape), ql.weight.dtype), (tuple(ql.weight_scale.shape), torch.float32),
-     (tuple(ql.tile_counters.shape), torch.int32))
+for n, k in ((7168, 5120), (34816, 5120), (5120, 17408)):
+    ql = QuantLinear.from_linear(torch.nn.Linear(k, n, bias=False).to(bf16), W4A16Config())
+    key = ql.spec.key
+    name = f"quant_linear W4A16 1x{n}x{k} counters"
+    case(name, lambda x, w, s, c: quant_linear_op(x, w, s, None, None, key, c),
+         ((1, 1, k), bf16), (tuple(ql.weight.shape), ql.weight.dtype), (tuple(ql.weight_scale.shape), torch.float32),
+         (tuple(ql.tile_counters.shape), torch.int32))
+    out[name]["eager_config"] = config_for(1, n, k)[0].tag
 # the fused decoder layer's steps: norm + quantization, the merged GEMM, SiLU·mul + quantization
 case("add_rmsnorm_quantize A8W8", lambda x, r, w: add_rmsnorm_quantize_op(x, r, w, 1e-6, "int8", "row", 128, False),
      ((1, 1, 5120), bf16), ((1, 1, 5120), bf16), ((5120,), bf16))
@@ -229,6 +234,11 @@ inductor["add_rmsnorm_quantize A8W8"] = inductor_code(
     lambda x, r, w: add_rmsnorm_quantize_op(x, r, w, 1e-6, "int8", "row", 128, False),
     ((1, 1, 5120), bf16), ((1, 1, 5120), bf16), ((5120,), bf16))
 inductor["decode_attention 1x40x8x128 L2112"] = inductor_code(attn, *attn_shapes)
+ql = QuantLinear.from_linear(torch.nn.Linear(5120, 7168, bias=False).to(bf16), W4A16Config())
+key_int4 = ql.spec.key
+inductor["quant_linear W4A16 1x7168x5120"] = inductor_code(
+    lambda x, w, s: quant_linear_op(x, w, s, None, None, key_int4),
+    ((1, 1, 5120), bf16), (tuple(ql.weight.shape), ql.weight.dtype), (tuple(ql.weight_scale.shape), torch.float32))
 inductor["qk_norm_rope_cache 40x8x128 L64"] = inductor_code_writing(rope, (5, 6, 7), *rope_shapes)
 out["inductor"] = inductor
 # ten layer calls of one signature: torch's analysis of which arguments a kernel writes runs once
@@ -331,14 +341,89 @@ def test_a_gluon_launch_leaves_the_opaque_op(traced):
     assert ["quant_linear", "_ws_gemm_kernel: TMA descriptors hold data pointers"] in traced["reported"]
 
 
-def test_a_register_capped_int4_launch_leaves_the_opaque_op(traced):
-    # The prepacked int4 decode kernel launches with maxnreg (a ptxas register cap that sets how
-    # many programs share an SM); a traced launch carries num_warps and num_stages only, so the
-    # compiled graph keeps the op and its runner (host time per call, docs/performance.md).
-    got = traced["quant_linear W4A16 1x7168x5120 counters"]["nodes"]
-    assert got == [dict(kind="op", name="tileq.quant_linear.default")]
-    # ... and says why, naming the kernel and the option
-    assert ["quant_linear", "_i4p_kernel: launch option maxnreg"] in traced["reported"]
+_INT4 = ("quant_linear W4A16 1x7168x5120 counters", "quant_linear W4A16 1x34816x5120 counters",
+         "quant_linear W4A16 1x5120x17408 counters")
+
+
+@pytest.mark.parametrize("name", _INT4)
+def test_int4_decode_is_traced_with_its_uncapped_config(traced, name):
+    # Eagerly the prepacked int4 decode kernel launches under a register cap (maxnreg), which a
+    # traced launch cannot carry (torch passes num_warps and num_stages): traced, the plan runs the
+    # config's uncapped twin (dispatch.int4.traced_config), launched from inductor's code.
+    from tileq.dispatch.int4 import traced_config
+    from tileq.kernels.int4p.config import Int4pConfig
+
+    got = traced[name]
+    eager = Int4pConfig.parse_tag(got["eager_config"])
+    assert eager.maxnreg is not None  # (the case is worth testing: its eager launch is capped)
+    twin = traced_config(eager)[0]
+    assert twin.maxnreg is None
+    nodes = got["nodes"]
+    assert not [n for n in nodes if n["kind"] != "kernel"], nodes
+    main = nodes[0]
+    assert main["name"] == "_i4p_kernel" and "maxnreg" not in main["values"]
+    assert (main["values"]["SPLIT_K"], main["values"]["SCALE_AHEAD"]) == (twin.split_k, twin.scale_ahead)
+    assert len(nodes) == (2 if twin.split_k > 1 and not twin.in_kernel_sum else 1), nodes  # + the reduction
+    if twin.in_kernel_sum:
+        assert "sem_ptr" in main["tensors"]  # the layer's counters
+
+
+def test_inductor_code_of_the_int4_decode_kernel_is_valid_python(traced):
+    # inductor writes a traced kernel's source into the module a compile worker imports: each
+    # kernel source there parses, and the call launches the int4 kernel itself
+    import ast
+    import re
+
+    code = traced["inductor"]["quant_linear W4A16 1x7168x5120"]
+    sources = re.findall(r"async_compile\.triton\('(\w+)', '''(.*?)'''", code, re.S)
+    assert "_i4p_kernel" in [name for name, _ in sources], [name for name, _ in sources]
+    for name, src in sources:
+        ast.parse(src, filename=name)
+    body = code.split("def call(")[1]
+    assert "_i4p_kernel_0.run(" in body and "tileq" not in body
+
+
+def test_kernel_string_constants_are_one_line():
+    # torch 2.11's inductor writes a traced kernel's constexpr globals into its source as
+    # single-quoted literals without escaping them (2.13 escapes them): a newline in one (the int4
+    # conversion's inline assembly was written one instruction per line) ended the literal, and the
+    # compile worker could not import the kernel
+    import importlib
+    import pkgutil
+
+    import triton.language as tl
+
+    import tileq.kernels
+
+    found = []
+    for info in pkgutil.walk_packages(tileq.kernels.__path__, "tileq.kernels."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if isinstance(value, tl.constexpr) and isinstance(value.value, str):
+                found.append(name)
+                assert "\n" not in value.value, f"{info.name}.{name}"
+    assert "_CVT_BF16" in found and "_CVT_FP16" in found
+
+
+def test_traced_int4_configs_hold_their_programs_without_a_cap():
+    # every decode config the rule or the table picks at 1-16 tokens on a spread of weights: its
+    # traced twin has no cap, and two stages only where the uncapped build still holds the grid
+    # at the twin's programs per SM (three stages: two per SM by shared memory)
+    from tileq.dispatch.int4 import config_for, traced_config
+
+    for m in (1, 4, 16):
+        for n, k in ((7168, 5120), (5120, 5120), (34816, 5120), (5120, 17408), (57344, 8192), (4096, 14336),
+                     (12288, 4096), (1024, 4096)):
+            cfg = config_for(m, n, k)[0]
+            twin, how = traced_config(cfg)
+            assert twin.maxnreg is None, (m, n, k, cfg.tag)
+            assert (twin.bm, twin.split_k, twin.fixup, twin.streamk) == (cfg.bm, cfg.split_k, cfg.fixup, cfg.streamk)
+            if cfg.maxnreg is None:
+                assert twin == cfg and how == ""
+            elif cfg.stages == 2 and cfg.maxnreg <= 128:
+                assert twin.stages == 3 and twin.scale_ahead, (m, n, k, cfg.tag)
+            elif cfg.stages == 2:
+                assert twin.stages == 2 and not twin.scale_ahead, (m, n, k, cfg.tag)
 
 
 def test_inductor_launches_the_kernels_without_copies(traced):

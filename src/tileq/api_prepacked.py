@@ -17,6 +17,7 @@ from . import settings as _settings
 from ._runtime import bounded_put, interpreter_active
 from .dispatch.int4 import Int4Plan, plan_prepacked
 from .errors import DTypeError, ShapeError, expect
+from .kernels.direct import tracing
 from .kernels.int4p.config import X_TYPES, Int4pConfig
 from .kernels.int4p.dequant import DequantLaunch
 from .kernels.int4p.fp8_prefill import Fp8PrefillLaunch
@@ -154,12 +155,13 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
         raise ShapeError(expect("x", "rows of stride K (a contiguous [..., K] tensor)", tuple(x.stride())))
     # The call's signature: everything its plan (the sizes, the kinds, the device, the given config,
     # the switches) and its launch (the strides) depend on.
+    traced = tracing()
     key = (m, n, k, x.dtype, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
-           x2.stride(0), x.device, config, _settings.key())
+           x2.stride(0), x.device, config, traced, _settings.key())
     launch = _LAUNCHES.get(key)
     if launch is None:
         plan = plan_prepacked(m, n, k, x_type, x_kind, w_kind, out_dtype, group_k, b is not None,
-                              _device.facts(x.device), config=config, device=x.device)
+                              _device.facts(x.device), config=config, device=x.device, traced=traced)
         launch = make_launch(plan, x.dtype, sw_strides, sx_stride, x.device)
         bounded_put(_LAUNCHES, key, launch, LAUNCH_CACHE_SIZE)
     return launch, x2, sx, sw, b, lead

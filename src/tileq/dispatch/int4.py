@@ -165,6 +165,26 @@ def _streamk_tail(cfg: Int4pConfig, m: int, n: int, facts: DeviceFacts, why: str
                  f"stream-K over {stk.per_sm * facts.num_sms} programs")
 
 
+def traced_config(cfg: Int4pConfig) -> tuple[Int4pConfig, str]:
+    """(config, why) a launch traced into a torch.compile graph runs in place of ``cfg``: torch
+    launches a user kernel with its warps and stages only, so a traced launch has no register cap
+    (``maxnreg``). Three stages hold two programs per SM by shared memory whatever their registers:
+    the same config uncapped. Two stages capped at 168 registers (group scales ahead): uncapped
+    without scales ahead (216 registers with them: two per SM, and up to 1.35x slower). Two
+    stages capped at 128 (four per SM; uncapped they take 168-196: 1.27-1.39x slower): three
+    stages with scales ahead. Replayed on the H200 sweep of every config (int4/scale-ahead/, 44
+    problems): 1.029x the capped configs' time, median (1.035x geometric mean, 1.14x at most); a
+    40-layer W4A16 step on an H100 (h100/int4-traced-2026-12-07/): graphed 5.46 against 5.98 ms
+    with the capped kernel as an opaque op, compiled without a graph 11.31 against 16.59."""
+    if cfg.maxnreg is None:
+        return cfg, ""
+    if cfg.stages >= 3:
+        return replace(cfg, maxnreg=None), "its three stages uncapped"
+    if cfg.maxnreg > REGS_CAPPED:
+        return replace(cfg, maxnreg=None, scale_ahead=False), "two stages uncapped, group scales in the loop"
+    return replace(cfg, stages=3, maxnreg=None, scale_ahead=True), "three stages uncapped, group scales ahead"
+
+
 def cast_min_bytes(m: int, facts: DeviceFacts = SM90) -> int:
     """The int4 bytes from which fp8 activations of ``m`` tokens (at most INT4_W4A8_CAST_MAX_M)
     are cast to bf16 for the decode kernel."""
@@ -446,12 +466,14 @@ class Int4Plan:
 
 def plan_prepacked(m: int, n: int, k: int, x_type: str, x_kind: str, w_kind: str, out_dtype: torch.dtype,
                    group_k: int, has_bias: bool, facts: DeviceFacts, *, config: Int4pConfig | None = None,
-                   device: torch.device | None = None, switches: _settings.Settings | None = None) -> Int4Plan:
+                   device: torch.device | None = None, switches: _settings.Settings | None = None,
+                   traced: bool = False) -> Int4Plan:
     """The plan of a call y = x @ W^T on a prepacked int4 weight W [N, K]: x of ``x_type`` with
     scale ``x_kind``, W's scales ``w_kind``, on ``device`` (``facts`` its facts; None: a described
     call on a GPU of ``facts``' arch with the default switches); ``config``: a given decode config
     (the decode kernel runs it on the call's own activations). ``switches``: ``settings.current()``
-    unless given."""
+    unless given. ``traced``: the launch is traced into a torch.compile graph (the decode kernel
+    then runs ``traced_config``'s config)."""
     T = _table(facts)
     call = dict(m=m, n=n, k=k, x_type=x_type, x_kind=x_kind, w_kind=w_kind, out_dtype=out_dtype, group_k=group_k,
                 has_bias=has_bias, facts=facts)
@@ -476,6 +498,9 @@ def plan_prepacked(m: int, n: int, k: int, x_type: str, x_kind: str, w_kind: str
                             not_gluon=not_gluon, **call)
     ct = compute_type(m, n, k, x_type, facts)
     cfg, source = config_for(m, n, k, ct, facts)  # (the device's SM count; 132 on an H200)
+    if traced and cfg.maxnreg is not None:
+        cfg, how = traced_config(cfg)
+        source = f"{source}; traced into a compiled graph (no register cap): {how}"
     reason = source
     if ct != x_type:
         why = (f"M > {T.INT4_W4A8_CAST_MAX_M}" if m > T.INT4_W4A8_CAST_MAX_M else

@@ -34,7 +34,9 @@ def _cvt_asm(magic: int, sub: str) -> str:
     lop = [f"lop3.b32 ${q}, {src}, 0x000F000F, 0x{magic:04X}{magic:04X}, 0xea;"
            for q, src in enumerate(("$8", "a1", "a2", "a3", "$9", "b1", "b2", "b3"))]
     subs = [f"{sub} ${q}, ${q}, m;" for q in range(8)]
-    return "\n".join([
+    # one line: inductor writes a traced kernel's constexpr globals into its generated source as
+    # single-quoted literals, where a newline would end the string
+    return " ".join([
         "{", ".reg .b32 a1, a2, a3, b1, b2, b3, m;", f"mov.b32 m, 0x{magic + 8:04X}{magic + 8:04X};",
         "shr.u32 a1, $8, 4;", "shr.u32 a2, $8, 8;", "shr.u32 a3, $8, 12;",
         "shr.u32 b1, $9, 4;", "shr.u32 b2, $9, 8;", "shr.u32 b3, $9, 12;", *lop, *subs, "}"])
