@@ -132,6 +132,14 @@ def op_costs(config: str, model, device) -> list[dict]:
             xi = torch.randn(1, 1, lin.in_features, dtype=dtype, device=device)
             ops[f"F.linear {name}"] = lambda lin=lin, xi=xi: F.linear(xi, lin.weight)
         ops["add"] = lambda: x + x
+    elif getattr(layer, "_tileq_fused", False) and layer.self_attn.qkv_proj.spec.act_dtype is None:
+        # weight-only layers (W4A16, W8A16): transformers' norms, the four GEMMs on 16-bit inputs
+        attn, mlp = layer.self_attn, layer.mlp
+        for name, lin in (("qkv forward", attn.qkv_proj), ("o_proj forward", attn.o_proj),
+                          ("gate_up forward", mlp.gate_up_proj), ("down forward", mlp.down_proj)):
+            xi = torch.randn(1, 1, lin.in_features, dtype=dtype, device=device)
+            ops[name] = lambda lin=lin, xi=xi: lin(xi)
+        ops["input_layernorm"] = lambda: layer.input_layernorm(x)
     elif getattr(layer, "_tileq_fused", False):
         from tileq.integrations import hf
 
