@@ -405,10 +405,22 @@ def test_kernel_string_constants_are_one_line():
     assert "_CVT_BF16" in found and "_CVT_FP16" in found
 
 
-def test_traced_int4_configs_hold_their_programs_without_a_cap():
+def test_a_register_cap_is_not_traceable():
+    # a launch still asking for maxnreg (a config given to linear_prepacked) keeps the opaque op
+    from triton.runtime.jit import JITFunction
+
+    from tileq.kernels.int4p import kernel
+
+    jit = JITFunction(kernel._i4p_kernel.fn)  # (the tests run Triton's interpreter: its own function type)
+    assert direct.untraceable_because(jit, dict(num_warps=4, maxnreg=128)) == "launch option maxnreg"
+    assert direct.untraceable_because(jit, dict(num_warps=4, num_stages=3)) is None
+
+
+def test_traced_int4_configs_keep_their_tiling_without_a_cap():
     # every decode config the rule or the table picks at 1-16 tokens on a spread of weights: its
-    # traced twin has no cap, and two stages only where the uncapped build still holds the grid
-    # at the twin's programs per SM (three stages: two per SM by shared memory)
+    # traced twin keeps the token tile, the split and how the split is summed, has no cap, and
+    # takes three stages (two programs per SM by shared memory, whatever the registers) in place
+    # of the four per SM only the 128-register cap gave
     from tileq.dispatch.int4 import config_for, traced_config
 
     for m in (1, 4, 16):
