@@ -99,9 +99,18 @@ def case(name, fn, *shapes):
 
 out = {}
 bf16 = torch.bfloat16
+
+def shaped(cfg, n, k):
+    """A QuantLinear's tensors as the trace needs them, shapes and dtypes only (quantizing a real
+    weight of these sizes costs minutes on two cores): built on the meta device, W4A16's weight in
+    the prepacked layout from_linear makes ([N, K / 8] int32)."""
+    ql = QuantLinear(k, n, bias=False, config=cfg, device="meta")
+    if ql.spec.weight_int4:
+        ql.weight = torch.empty((n, k // 8), dtype=torch.int32, device="meta")
+    return ql
 for cfg, n, k in ((A8W8Config(), 1024, 5120), (A8W8Config(), 5120, 17408), (FP8BlockConfig(), 34816, 5120),
                   (FP8BlockConfig(), 7168, 5120)):
-    ql = QuantLinear.from_linear(torch.nn.Linear(k, n, bias=False).to(bf16), cfg)
+    ql = shaped(cfg, n, k)
     key = ql.spec.key
     ws = tuple(ql.weight_scale.shape)
     case(f"quant_linear {cfg.name} 1x{n}x{k}", lambda x, w, s: quant_linear_op(x, w, s, None, None, key),
@@ -111,7 +120,7 @@ for cfg, n, k in ((A8W8Config(), 1024, 5120), (A8W8Config(), 5120, 17408), (FP8B
          lambda x, w, s, c: quant_linear_op(x, w, s, None, None, key, c),
          ((1, 1, k), bf16), (tuple(ql.weight.shape), ql.weight.dtype), (ws, torch.float32),
          (tuple(ql.tile_counters.shape), torch.int32))
-ql = QuantLinear.from_linear(torch.nn.Linear(5120, 5120, bias=False).to(bf16), FP8RowConfig())
+ql = shaped(FP8RowConfig(), 5120, 5120)
 key = ql.spec.key
 case("quant_linear FP8Row 2048x5120x5120", lambda x, w, s: quant_linear_op(x, w, s, None, None, key),
      ((2048, 5120), bf16), (tuple(ql.weight.shape), ql.weight.dtype), (tuple(ql.weight_scale.shape), torch.float32))
@@ -120,7 +129,7 @@ case("quant_linear FP8Row 2048x5120x5120", lambda x, w, s: quant_linear_op(x, w,
 from tileq.dispatch.int4 import config_for
 from tileq.nn import W4A16Config
 for n, k in ((7168, 5120), (34816, 5120), (5120, 17408)):
-    ql = QuantLinear.from_linear(torch.nn.Linear(k, n, bias=False).to(bf16), W4A16Config())
+    ql = shaped(W4A16Config(), n, k)
     key = ql.spec.key
     name = f"quant_linear W4A16 1x{n}x{k} counters"
     case(name, lambda x, w, s, c: quant_linear_op(x, w, s, None, None, key, c),
@@ -225,7 +234,7 @@ def inductor_code_writing(fn, mutated, *shapes):
     return codes[0] if codes else ""
 
 inductor = {}
-ql = QuantLinear.from_linear(torch.nn.Linear(5120, 1024, bias=False).to(bf16), A8W8Config())
+ql = shaped(A8W8Config(), 1024, 5120)
 key_plain = ql.spec.key
 inductor["quant_linear A8W8 1x1024x5120"] = inductor_code(
     lambda x, w, s: quant_linear_op(x, w, s, None, None, key_plain),
@@ -234,7 +243,7 @@ inductor["add_rmsnorm_quantize A8W8"] = inductor_code(
     lambda x, r, w: add_rmsnorm_quantize_op(x, r, w, 1e-6, "int8", "row", 128, False),
     ((1, 1, 5120), bf16), ((1, 1, 5120), bf16), ((5120,), bf16))
 inductor["decode_attention 1x40x8x128 L2112"] = inductor_code(attn, *attn_shapes)
-ql = QuantLinear.from_linear(torch.nn.Linear(5120, 7168, bias=False).to(bf16), W4A16Config())
+ql = shaped(W4A16Config(), 7168, 5120)
 key_int4 = ql.spec.key
 inductor["quant_linear W4A16 1x7168x5120"] = inductor_code(
     lambda x, w, s: quant_linear_op(x, w, s, None, None, key_int4),
@@ -243,7 +252,7 @@ inductor["qk_norm_rope_cache 40x8x128 L64"] = inductor_code_writing(rope, (5, 6,
 out["inductor"] = inductor
 # ten layer calls of one signature: torch's analysis of which arguments a kernel writes runs once
 # per distinct launch (kernels/direct.py keeps it), not once per traced launch
-ql = QuantLinear.from_linear(torch.nn.Linear(5120, 5120, bias=False).to(bf16), A8W8Config())
+ql = shaped(A8W8Config(), 5120, 5120)
 key_chain = ql.spec.key
 def chain(x, w, s):
     for _ in range(10):
