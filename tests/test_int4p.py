@@ -788,6 +788,9 @@ def test_explain_prepacked_names_the_kernel_or_the_prefill_path():
     out = explain("--a", "bf16", "--m", "1", "--n", "3584", "--k", "18944")  # the rule's register cap
     assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s2_sk8_r128_fx_swap_sm90" in out.stdout, out.stdout
     assert "registers capped at 128 (heuristic: 448 programs" in out.stdout, out.stdout
+    # ... which compiled code cannot carry: the line after names the uncapped twin it runs there
+    assert ("compiled: under torch.compile bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_sk8_pf_fx_swap_sm90 "
+            "(no register cap") in out.stdout, out.stdout
     out = explain("--a", "bf16", "--m", "8", "--n", "36864", "--k", "7168")  # a wave tail: stream-K
     assert "bquant_bf16xi4p_rcr_decode__m64n16k512_w4_s3_r168_pf_stk_swap_sm90" in out.stdout, out.stdout
     assert "stream-K: 2 programs per SM" in out.stdout and "2.18 waves of 2 per SM" in out.stdout, out.stdout
