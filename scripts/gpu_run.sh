@@ -20,6 +20,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TILEQ_TEST_GPU=1
+# A fresh inductor cache per call: its FX graph / AOTAutograd caches key on the traced graph, not on
+# tileq's Python deciding the launches, so a machine kept between calls would rerun a graph compiled
+# by the code of an earlier call (seen 2026-12-07). Pass TORCHINDUCTOR_CACHE_DIR to keep one.
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$(mktemp -d /tmp/inductor-XXXX)}"
 unset TRITON_INTERPRET
 OUT="${OUT:-/tmp/tileq-out}"
 # STEP_TIMEOUT (seconds): each step's python is killed after it (e2e and bench write as they go).
