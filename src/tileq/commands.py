@@ -447,7 +447,7 @@ def _explain_prepacked(args) -> int:
     import torch
 
     from .dispatch.int4 import described_plan, traced_config
-    from .kernels.int4p.config import W_SCALE_OF_SCHEME
+    from .kernels.int4p.config import W_SCALE_OF_SCHEME, kernel_name
 
     if args.b not in ("int4", "i4") or args.layout != "rcr" or args.a not in _PREPACKED_X:
         raise UnsupportedError(expect("--prepacked", "--b int4, --layout rcr and --a bf16, fp16, fp8 or bf8 "
@@ -481,9 +481,9 @@ def _explain_prepacked(args) -> int:
         print(f"config  : {cfg.bm} tokens x {cfg.rows} weight rows per program, 512 of K per step, "
               f"{cfg.stages} stages, {split}{cap} ({source})")
         if cfg.maxnreg:  # a traced launch cannot carry the cap: compiled code runs the twin
-            traced = described_plan(args.m, args.n, args.k, x_dtype, kinds[args.scheme], traced=True)
-            print(f"compiled: under torch.compile {traced.kernel} (no register cap, which a traced launch cannot "
-                  f"carry: {traced_config(cfg)[1]})")
+            twin, how = traced_config(cfg)
+            print(f"compiled: under torch.compile {kernel_name(plan.compute_type, plan.w_kind, twin)} (no register "
+                  f"cap, which a traced launch cannot carry: {how})")
     print("executor: the kernels of tileq.prepacked on an sm_90 GPU (Triton decode kernel; from "
           "33 tokens the Gluon prefill kernel where dispatch.int4.prefill_tiling gives it the call: split over K "
           "on narrow weights, unsplit where its tiles fill the SMs, always from 256 tokens where it "

@@ -124,9 +124,9 @@ def _traceable(name: str, impl, args) -> bool:
     """Whether every launch of ``impl(*args)`` can be traced (a dry run: launches are recorded,
     not made). A tileq error is the caller's and propagates; anything else that stops the dry run
     (a launcher reading a data pointer) or a launch that cannot be traced (each says why, e.g.
-    "_ws_gemm_kernel: TMA descriptors hold data pointers") means the opaque op, logged once per op and reason. The
-    dry run runs on the tracer's tensors: a launcher's in-place torch work is skipped there
-    (``kernels.direct.recording``), or the graph would hold it twice."""
+    "_ws_gemm_kernel: TMA descriptors hold data pointers") means the opaque op, logged once per op
+    and reason. The dry run runs on the tracer's tensors: a launcher's in-place torch work is
+    skipped there (``kernels.direct.recording``), or the graph would hold it twice."""
     with launch_mode("record") as seen:
         try:
             impl(*args)

@@ -571,18 +571,15 @@ def _inner_plan(m, n, k, x_type, x_kind, w_kind, out_dtype, group_k, has_bias, f
 
 
 def described_plan(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16, w_scale: str = "group",
-                   config: Int4pConfig | None = None, device: torch.device | None = None,
-                   traced: bool = False) -> Int4Plan:
+                   config: Int4pConfig | None = None, device: torch.device | None = None) -> Int4Plan:
     """The plan of a described call: activations of ``x_dtype`` (fp8 with per-token scales), W's
     scales ``w_scale``, the output in the activations' 16-bit type (bf16 for fp8), no bias; on
-    ``device``, or without one on an sm_90 GPU with the default switches; ``traced``: as a launch
-    traced into a torch.compile graph plans it."""
+    ``device``, or without one on an sm_90 GPU with the default switches."""
     x_type = X_TYPES[x_dtype]
     x_kind = "none" if _sixteen_bit(x_type) else "vector"
     out = x_dtype if _sixteen_bit(x_type) else torch.bfloat16
     facts = _device.facts(device) if device is not None else SM90
-    return plan_prepacked(m, n, k, x_type, x_kind, w_scale, out, 128, False, facts, config=config, device=device,
-                          traced=traced)
+    return plan_prepacked(m, n, k, x_type, x_kind, w_scale, out, 128, False, facts, config=config, device=device)
 
 
 def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16, w_scale: str = "group",
