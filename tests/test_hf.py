@@ -6,9 +6,12 @@ import pytest
 import torch
 
 import tileq
+from tileq.integrations import compat
 from tileq.nn import QuantLinear, config_from_name, quantize_
 
 transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.transformers
 
 CONFIG_NAMES = ["A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8"]
 # Logit agreement with the unquantized model (cosine over the vocabulary, last position).
@@ -76,10 +79,10 @@ def test_static_cache_decode_step_compiles_without_graph_break():
     ids = torch.randint(0, 512, (1, 6), generator=torch.Generator().manual_seed(3))
     cache = StaticCache(config=model.config, max_cache_len=16)
     with torch.no_grad():
-        tok = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        tok = model(input_ids=ids, **compat.cache_kwargs(cache), use_cache=True).logits[:, -1:].argmax(-1)
         torch._dynamo.reset()
         explained = torch._dynamo.explain(
-            lambda t: model(input_ids=t, past_key_values=cache, use_cache=True).logits)(tok)
+            lambda t: model(input_ids=t, **compat.cache_kwargs(cache), use_cache=True).logits)(tok)
     assert explained.graph_break_count == 0, explained.break_reasons
 
 

@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 import tileq.nn as tnn  # noqa: E402
 from tileq.attention import decode_attention  # noqa: E402
 from tileq.errors import UnsupportedError  # noqa: E402
+from tileq.integrations import compat  # noqa: E402
 from tileq.integrations.hf import (  # noqa: E402
     FuseSummary,
     fuse_decoder_,
@@ -28,6 +29,8 @@ from tileq.integrations.hf import (  # noqa: E402
     split_quant_linear,
     unfuse_decoder_,
 )
+
+pytestmark = pytest.mark.transformers
 
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, vocab_size=512, max_position_embeddings=128)
@@ -497,7 +500,7 @@ def test_eager_fused_decode_steps_skip_validation(config, monkeypatch):
     tok = ids(batch=1, seq=3)
     with torch.inference_mode():
         def step(tok, pos):
-            out = fused(input_ids=tok, past_key_values=cache, use_cache=True,
+            out = fused(input_ids=tok, **compat.cache_kwargs(cache), use_cache=True,
                         cache_position=torch.arange(pos, pos + tok.shape[1]))
             return out.logits[:, -1:].argmax(-1)
 
@@ -557,14 +560,14 @@ def test_eager_fused_decode_writes_the_static_cache_itself(family, monkeypatch):
     caches = [transformers.StaticCache(config=m.config, max_cache_len=16) for m in (fused, model)]
     tok = ids(batch=2, seq=4)
     with torch.inference_mode():
-        outs = [m(input_ids=tok, past_key_values=c, use_cache=True).logits for m, c in zip((fused, model), caches)]
+        outs = [m(input_ids=tok, **compat.cache_kwargs(c), use_cache=True).logits for m, c in zip((fused, model), caches)]
         for step in range(3):
             assert_logits_close(outs[0].float(), outs[1].float())
             updates.clear()
             tok = outs[1][:, -1:].argmax(-1)
-            logits = fused(input_ids=tok, past_key_values=caches[0], use_cache=True).logits
+            logits = fused(input_ids=tok, **compat.cache_kwargs(caches[0]), use_cache=True).logits
             assert updates == []  # no layer went through StaticLayer.update
-            outs = [logits, model(input_ids=tok, past_key_values=caches[1], use_cache=True).logits]
+            outs = [logits, model(input_ids=tok, **compat.cache_kwargs(caches[1]), use_cache=True).logits]
     for got, want in zip(caches[0].layers, caches[1].layers):
         assert int(got.cumulative_length) == int(want.cumulative_length) == 7
         for a, b in ((got.keys, want.keys), (got.values, want.values)):

@@ -7,10 +7,12 @@ import torch
 from torch import nn
 
 import tileq
+from tileq.integrations import compat
 from tileq.nn import QuantLinear, config_from_name, quantize_
 from tileq.testing import check_close
 
 pytestmark = [
+    pytest.mark.transformers,
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
@@ -102,9 +104,9 @@ def test_transformers_decode_step_in_a_cuda_graph(name):
         quantize_(model, config_from_name(name))
         cache = transformers.StaticCache(config=model.config, max_cache_len=64)
         with torch.inference_mode():
-            tok = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            tok = model(input_ids=ids, **compat.cache_kwargs(cache), use_cache=True).logits[:, -1:].argmax(-1)
             toks = [tok]
-            step = lambda t: model(input_ids=t, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            step = lambda t: model(input_ids=t, **compat.cache_kwargs(cache), use_cache=True).logits[:, -1:].argmax(-1)
             if not graphs:
                 for _ in range(6):
                     toks.append(step(toks[-1]))
@@ -286,9 +288,9 @@ def test_compiled_decode_step_writes_the_static_cache_with_the_qk_kernel(monkeyp
     step = torch.compile(model.forward, fullgraph=True, dynamic=False)
     with torch.inference_mode():
         for c in caches:
-            model(input_ids=prompt, past_key_values=c, use_cache=True)
-        eager = model(input_ids=tok, past_key_values=caches[0], use_cache=True).logits
-        got, code = run_and_get_code(lambda: step(input_ids=tok, past_key_values=caches[1], use_cache=True).logits)
+            model(input_ids=prompt, **compat.cache_kwargs(c), use_cache=True)
+        eager = model(input_ids=tok, **compat.cache_kwargs(caches[0]), use_cache=True).logits
+        got, code = run_and_get_code(lambda: step(input_ids=tok, **compat.cache_kwargs(caches[1]), use_cache=True).logits)
     torch.cuda.synchronize()
     code = "\n".join(code)
     assert "_qk_norm_rope_kernel" in code and "tileq.qk_norm_rope" not in code

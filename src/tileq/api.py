@@ -315,6 +315,8 @@ def linear_call(x, w, x_scale, w_scale, *, scheme, out_dtype, bias, group_k, gro
         from .api_prepacked import prepacked_call
 
         _prepacked_scheme(scheme)
+        if _plan.resolve_backend(None, x.device)[0] == "reference":  # linear's path, as the docstring says
+            return None
         return prepacked_call(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k)
     key = _call_key("linear", x, w, x_scale, w_scale, bias, None, None, scheme, out_dtype, group_k,
                     group_n, None, None, None, False)

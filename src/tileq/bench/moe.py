@@ -86,6 +86,7 @@ class _Bf16Experts(torch.nn.Module):
         self.num_experts = gate_up.shape[0]
         self.act_fn = ACT2FN["silu"]
         self.has_gate, self.has_bias, self.is_transposed, self.is_concatenated = True, False, False, True
+        self.has_post_expert_norm, self._is_expert_parallel = False, False  # read from transformers 5.25 on
 
     def _apply_gate(self, gate_up_out):
         gate, up = gate_up_out.chunk(2, dim=-1)

@@ -1,6 +1,6 @@
 """tileq layers inside a model sharded by transformers' tensor parallelism (``tp_plan``).
 
-transformers (5.17) shards a model by its ``tp_plan`` (``{"model.layers.*.mlp.down_proj":
+transformers (5.17 through 5.25, ``integrations/compat.py``) shards a model by its ``tp_plan`` (``{"model.layers.*.mlp.down_proj":
 "rowwise", ...}``): each nn.Linear's weight becomes a DTensor holding the rank's slice, and its
 ``forward`` is wrapped (on the instance) by the style's input / output transforms, e.g. the
 all-reduce of a row-wise layer's partial output. Replacing such a Linear by a ``QuantLinear``
@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import TileqError, UnsupportedError, expect
+from ..integrations import compat
 from ..nn.linear import QuantLinear
 from .shard import (
     COLWISE,
@@ -87,6 +88,7 @@ class TensorParallel:
     """A sharded model's mesh and plan; ``of(model)`` is None for a model that is not sharded."""
 
     def __init__(self, mesh, tp_plan: dict):
+        compat.require_supported("tensor parallelism")
         self.mesh, self.tp_plan = mesh, dict(tp_plan or {})
         self.rank, self.world = mesh.get_local_rank(), mesh.size()
 
@@ -202,7 +204,8 @@ class QuantRowwiseParallel(_rowwise_base()):
         return cls(input_layouts=style.input_layouts, output_layouts=style.output_layouts,
                    use_local_output=style.use_local_output)
 
-    def transform_output_post_forward(self, module, output, mesh):
+    def transform_output_post_forward(self, module, output, mesh, *args, **kwargs):
+        # transformers 5.25 passes the model's config too (integrations/compat.py); the sum needs none of it
         import torch.distributed as dist
 
         dist.all_reduce(output, group=mesh.get_group())

@@ -4,7 +4,8 @@ writes): ``config.json``'s ``quantization_config``::
     {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
      "weight_block_size": [128, 128]}
 
-(transformers adds ``modules_to_not_convert``, ``scale_fmt``, ``dequantize``, ...). A quantized
+(transformers adds ``modules_to_not_convert``, ``scale_fmt``, ``dequantize``, from 5.25
+``expert_dtype``, ...). A quantized
 layer ``L`` stores ``L.weight`` float8_e4m3fn [N, K] and ``L.weight_scale_inv`` float32
 [ceil(N / 128), ceil(K / 128)], the dequantization multiplier of each 128 x 128 block despite its
 name (w = q * weight_scale_inv, as DeepSeek's ``weight_dequant`` and transformers'
@@ -34,7 +35,7 @@ from .safetensors_io import CheckpointReader
 
 QUANT_METHOD = "fp8"
 _KEYS = {"quant_method", "fmt", "activation_scheme", "weight_block_size", "modules_to_not_convert",
-         "ignored_layers", "modules_to_convert", "dequantize", "scale_fmt"}
+         "ignored_layers", "modules_to_convert", "dequantize", "scale_fmt", "expert_dtype"}
 
 
 def parse_config(qc: dict) -> dict:
@@ -54,6 +55,9 @@ def parse_config(qc: dict) -> dict:
     scale_fmt = qc.get("scale_fmt", "float")
     if scale_fmt not in ("float", "ue8m0"):
         raise UnsupportedError(expect(f"{where}.scale_fmt", "'float' or 'ue8m0'", repr(scale_fmt)))
+    expert_dtype = qc.get("expert_dtype", "fp8")  # transformers 5.25 writes it; "fp4" experts have no tileq layer
+    if expert_dtype != "fp8":
+        raise UnsupportedError(expect(f"{where}.expert_dtype", "'fp8'", repr(expert_dtype)))
     if qc.get("modules_to_convert"):
         raise UnsupportedError(expect(f"{where}.modules_to_convert", "empty (fp8 embeddings are not supported)",
                                       repr(qc["modules_to_convert"])))

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, DTypeError, ShapeError, TileqError, UnsupportedError, expect
+from ..integrations import compat
 from ..nn.configs import INT4_LAYOUTS
 from . import compressed_tensors as ct
 from . import deepseek_fp8 as dsf
@@ -61,6 +62,7 @@ def _build_skeleton(path: Path, dtype, trust_remote_code: bool, model_class):
         import transformers
     except ImportError:  # pragma: no cover - the optional dependency
         raise UnsupportedError("tileq.from_pretrained needs transformers (pip install 'tileq[hf]')") from None
+    compat.require_supported("tileq.from_pretrained")
     config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # tileq does the quantization; transformers must not

@@ -1,4 +1,5 @@
-"""A fused decoder path for tileq-quantized Hugging Face Llama-family models (transformers 5.17).
+"""A fused decoder path for tileq-quantized Hugging Face Llama-family models (transformers 5.17
+through 5.25: ``compat.py``).
 
     tileq.nn.quantize_(model, tileq.nn.A8W8Config())
     print(fuse_decoder_(model))
@@ -28,9 +29,11 @@ about 8 eager ops each and two residual adds. ``fuse_decoder_`` rewrites each Ll
   activation scale quantizes per tensor, which ``add_rmsnorm_quantize`` does not take: those run
   the merged GEMMs with the norms as they are (the ``QuantLinear`` forward quantizes).
 
-The rest of the layer is transformers' code, mirrored line for line from the pinned
-``modeling_{llama,qwen2,qwen3,mistral,qwen3_moe}.py``: q_norm/k_norm (Qwen3), the model module's own
-``apply_rotary_pos_emb``, ``past_key_values.update``, ``ALL_ATTENTION_FUNCTIONS`` (falling back to
+The rest of the layer is transformers' code, mirrored line for line from
+``modeling_{llama,qwen2,qwen3,mistral,qwen3_moe}.py`` (identical in the supported releases but for
+the KV cache argument's name, ``past_key_values`` or ``cache``, which the fused forwards take by
+either name): q_norm/k_norm (Qwen3), the model module's own ``apply_rotary_pos_emb``, the cache's
+``update``, ``ALL_ATTENTION_FUNCTIONS`` (falling back to
 the module's ``eager_attention_forward``) with the same arguments (``sliding_window`` as each
 family passes it; ``position_ids``/``use_cache`` reach the attention function through ``**kwargs``
 as they do there), ``o_proj``, ``act_fn(gate) * up``, ``down_proj``. At one query token the attention
@@ -82,6 +85,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import settings
+from . import compat
 from ..activation import add_rmsnorm_quantize, silu_mul_quantize
 from ..attention import decode_attention, takes as _attention_takes
 from ..errors import UnsupportedError, expect
@@ -91,10 +95,6 @@ from ..qk_rope import HEAD_DIMS as _ROPE_HEAD_DIMS, qk_norm_rope
 from ..quant_linear import keeps_launches
 
 log = logging.getLogger("tileq")
-
-# The transformers release whose modeling code the fused forward mirrors (checked by the tests).
-PINNED_TRANSFORMERS = "5.17"
-
 
 @dataclass(frozen=True)
 class _Family:
@@ -542,9 +542,12 @@ class _FusedAttention:
     _tileq_qk_norm = False
     _tileq_sliding = "none"
     _tileq_sdpa = None  # transformers' sdpa_attention_forward (a staticmethod, set per subclass)
+    _tileq_update_kwargs = False  # Cache.update takes the call's kwargs (compat.update_takes_kwargs)
 
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, *,
-                qkv=None, **kwargs):
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, *,
+                qkv=None, past_key_values=None, **kwargs):
+        # The KV cache by either name (compat.cache_argument: 'cache' from transformers 5.24 on)
+        cache = past_key_values if cache is None else cache
         if qkv is None:
             qkv = self.qkv_proj(hidden_states)
         modeling = self._tileq_modeling
@@ -552,12 +555,12 @@ class _FusedAttention:
         hidden_shape = (*input_shape, -1, self.head_dim)
 
         cos, sin = position_embeddings
-        written = False  # k and v already in past_key_values
+        written = False  # k and v already in the cache
         if _rope_fuses(self, qkv, cos, sin):
             # One kernel for the q/k norms and the rotation, writing k and v into a static cache as
             # StaticLayer.update would.
             kv_heads = self._tileq_split[1] // self.head_dim
-            static = _static_cache_of(past_key_values, self.layer_idx, qkv, kv_heads, self.head_dim)
+            static = _static_cache_of(cache, self.layer_idx, qkv, kv_heads, self.head_dim)
             query_states, key_states, value_states = _prepare_qk(self, qkv, cos, sin, kv_heads, static)
             written = static is not None
         else:
@@ -571,8 +574,11 @@ class _FusedAttention:
             query_states, key_states = modeling.apply_rotary_pos_emb(query_states, key_states, cos, sin)
         if not written:
             value_states = qkv[..., qkv.shape[-1] - self._tileq_split[2]:].view(hidden_shape).transpose(1, 2)
-            if past_key_values is not None:
-                key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+            if cache is not None:
+                if self._tileq_update_kwargs:
+                    key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+                else:
+                    key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
 
         attention_interface = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, modeling.eager_attention_forward)
@@ -582,7 +588,7 @@ class _FusedAttention:
             kwargs["sliding_window"] = getattr(self.config, "sliding_window", None)
 
         if _attention_fuses(self, attention_interface, query_states, key_states, value_states, attention_mask,
-                            past_key_values, kwargs):
+                            cache, kwargs):
             # One query token: tileq's split-KV kernel computes what the function would.
             attn_output = _decode_attention(query_states, key_states, value_states, attention_mask, self.scaling)
             attn_weights = None
@@ -627,7 +633,7 @@ class _FusedDecoderLayer:
 
     _tileq_fused = True
 
-    def attention(self, hidden_states, attention_mask, position_ids, past_key_values, use_cache,
+    def attention(self, hidden_states, attention_mask, position_ids, cache, use_cache,
                   position_embeddings, **kwargs):
         """input_layernorm (fused with the merged q/k/v GEMM's quantization where it can) and self
         attention: the attention half of the pinned forward, before its residual add."""
@@ -644,18 +650,19 @@ class _FusedDecoderLayer:
             qkv=qkv,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             use_cache=use_cache,
             position_embeddings=position_embeddings,
             **kwargs,
         )
         return hidden_states
 
-    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache=False, position_embeddings=None, **kwargs):
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None,
+                use_cache=False, position_embeddings=None, *, past_key_values=None, **kwargs):
+        cache = past_key_values if cache is None else cache  # either name (compat.cache_argument)
         mlp = self.mlp
         residual = hidden_states
-        hidden_states = self.attention(hidden_states, attention_mask, position_ids, past_key_values, use_cache,
+        hidden_states = self.attention(hidden_states, attention_mask, position_ids, cache, use_cache,
                                        position_embeddings, **kwargs)
 
         # Fully Connected
@@ -677,10 +684,11 @@ class _FusedMoeDecoderLayer(_FusedDecoderLayer):
     post-attention norm and the block as transformers runs them (the router reads the normalized
     bf16 hidden state; the experts quantize their routed tokens in ``fused_moe``)."""
 
-    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache=False, position_embeddings=None, **kwargs):
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None,
+                use_cache=False, position_embeddings=None, *, past_key_values=None, **kwargs):
+        cache = past_key_values if cache is None else cache  # either name (compat.cache_argument)
         residual = hidden_states
-        hidden_states = self.attention(hidden_states, attention_mask, position_ids, past_key_values, use_cache,
+        hidden_states = self.attention(hidden_states, attention_mask, position_ids, cache, use_cache,
                                        position_embeddings, **kwargs)
         hidden_states = residual + hidden_states
 
@@ -816,7 +824,8 @@ def _convert(layer: nn.Module, plan: _Plan) -> None:
     fam = plan.family
     classes = [_fused_class(type(attn), _FusedAttention, _tileq_modeling=plan.modeling,
                             _tileq_qk_norm=fam.qk_norm, _tileq_sliding=fam.sliding,
-                            _tileq_sdpa=staticmethod(_transformers_sdpa()))]
+                            _tileq_sdpa=staticmethod(_transformers_sdpa()),
+                            _tileq_update_kwargs=compat.update_takes_kwargs())]
     if not plan.sparse_mlp:
         classes.append(_fused_class(type(mlp), _FusedMLP))
     layer_cls = _fused_class(type(layer), _FusedMoeDecoderLayer if plan.sparse_mlp else _FusedDecoderLayer)
@@ -841,15 +850,6 @@ def _splice(mod: nn.Module, old: tuple, new: list) -> None:
     mod._modules.update(children)
 
 
-def _version_note() -> str | None:
-    tf = sys.modules.get("transformers")
-    version = getattr(tf, "__version__", None)
-    if version is not None and not (version == PINNED_TRANSFORMERS or version.startswith(PINNED_TRANSFORMERS + ".")):
-        return (f"transformers {version}: the fused forward mirrors transformers {PINNED_TRANSFORMERS}'s decoder "
-                "layers; compare the fused model's outputs with the unfused ones")
-    return None
-
-
 # ----------------------------------------------------------------------------- public
 
 
@@ -859,10 +859,8 @@ def fuse_decoder_(model: nn.Module) -> FuseSummary:
     listed with the reason and left exactly as it was."""
     if not isinstance(model, nn.Module):
         raise UnsupportedError(expect("model", "a torch.nn.Module", type(model).__name__))
+    compat.require_supported("fuse_decoder_")
     summary = FuseSummary()
-    note = _version_note()
-    if note:
-        summary.notes.append(note)
     plans = []
     for name, mod in model.named_modules():
         if _looks_like_decoder_layer(mod):

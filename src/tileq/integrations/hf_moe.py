@@ -1,4 +1,5 @@
-"""tileq as a transformers experts implementation (transformers 5.17 ``integrations/moe.py``).
+"""tileq as a transformers experts implementation (transformers' ``integrations/moe.py``, 5.17
+through 5.25: ``compat.py``).
 
 transformers' MoE models keep their routed experts in one module per layer (``Qwen3MoeExperts``,
 ``Qwen2MoeExperts``, ``MixtralExperts``, ``DeepseekV3Experts`` and every class decorated with
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from torch import nn
 
 from ..errors import UnsupportedError, expect
+from . import compat
 from ..moe.experts import QuantExperts, experts_refusal
 from ..nn.configs import QuantConfig
 
@@ -45,6 +47,8 @@ def tileq_experts_forward(self, hidden_states, top_k_index, top_k_weights):
 def register() -> None:
     """Register "tileq" in transformers' ``ALL_EXPERTS_FUNCTIONS`` (idempotent)."""
     from transformers.integrations.moe import ExpertsInterface
+
+    compat.require_supported("tileq's experts implementation")
 
     ExpertsInterface.register(IMPLEMENTATION, tileq_experts_forward)
 

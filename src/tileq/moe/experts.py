@@ -167,9 +167,12 @@ def experts_refusal(module: nn.Module) -> str | None:
     gu, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     if not isinstance(gu, torch.Tensor) or not isinstance(down, torch.Tensor) or gu.dim() != 3 or down.dim() != 3:
         return "no 3-D gate_up_proj and down_proj weights"
-    for attr, want in (("has_gate", True), ("has_bias", False), ("is_transposed", False), ("is_concatenated", True)):
+    # has_post_expert_norm (a norm after each expert) and _is_expert_parallel: transformers 5.25's
+    for attr, want in (("has_gate", True), ("has_bias", False), ("is_transposed", False), ("is_concatenated", True),
+                       ("has_post_expert_norm", False), ("_is_expert_parallel", False)):
         if getattr(module, attr, want) != want:
-            return f"{attr}={getattr(module, attr)} (tileq runs concatenated gate/up, [E, N, K] weights, no bias)"
+            return (f"{attr}={getattr(module, attr)} (tileq runs concatenated gate/up, [E, N, K] weights, no bias, "
+                    "no norm after the experts, every expert on this process)")
     act = getattr(module, "act_fn", None)
     if not (type(act) is nn.SiLU or (type(act).__name__ == "SiLUActivation"
                                      and type(act).__module__ == "transformers.activations")):
