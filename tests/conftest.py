@@ -3,6 +3,11 @@
 On the GPU machine scripts/gpu_run.sh sets TILEQ_TEST_GPU=1 and the kernels compile for real.
 Without a GPU, the tests that need one are deselected at collection (reported as "deselected",
 not as skips): a skipped GPU test is not a passing one, and the GPU script runs them.
+
+A GPU test is one marked ``gpu`` or skipped with a GPU reason (``_needs_gpu``); every such test
+gets the ``gpu`` marker at collection, so ``-m gpu`` on the GPU selects exactly the tests deselected
+here. ``perf`` marks the GPU tests that time themselves: scripts/gpu_run.sh runs them alone.
+``transformers`` marks the model-layer test files, run on both transformers releases (dev/test).
 """
 
 import os
@@ -17,22 +22,36 @@ os.environ.pop("TILEQ_DETERMINISTIC", None)
 _GPU_WORDS = ("GPU", "CUDA", "sm_90 device")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "transformers: drives transformers' models or internals (the model layer): ./dev/test runs these "
+        "a second time with the newest transformers pyproject.toml allows (TILEQ_ENV=latest)")
+    config.addinivalue_line(
+        "markers", "perf: a GPU test that times kernels or host calls (scripts/gpu_run.sh tests-perf runs "
+        "these with one worker; the parallel GPU steps leave them out)")
+
+
 def _needs_gpu(item) -> bool:
+    """Marked gpu, or a skipif with a GPU reason. The skipif's condition is not read: it is true on a
+    CPU and false on the GPU, and the answer must be the same on both."""
     if item.get_closest_marker("gpu") is not None:
         return True
     for mark in item.iter_markers("skipif"):
         reason = str(mark.kwargs.get("reason", ""))
-        if mark.args and mark.args[0] is True and any(w in reason for w in _GPU_WORDS):
+        if mark.args and isinstance(mark.args[0], bool) and any(w in reason for w in _GPU_WORDS):
             return True
     return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m filters: the added gpu markers must count there
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    if torch.cuda.is_available():
-        return
     gpu = [item for item in items if _needs_gpu(item)]
-    if gpu:
-        config.hook.pytest_deselected(items=gpu)
-        items[:] = [item for item in items if not _needs_gpu(item)]
+    for item in gpu:
+        if item.get_closest_marker("gpu") is None:
+            item.add_marker(pytest.mark.gpu)
+    if torch.cuda.is_available() or not gpu:
+        return
+    config.hook.pytest_deselected(items=gpu)
+    items[:] = [item for item in items if not _needs_gpu(item)]

@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 pytestmark = [
+    pytest.mark.transformers,
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]

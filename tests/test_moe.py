@@ -32,6 +32,8 @@ transformers = pytest.importorskip("transformers")
 
 from tileq.integrations import hf_moe
 
+pytestmark = pytest.mark.transformers
+
 CONFIGS = ["A8W8", "FP8Row", "FP8Block", "W8A16", "W4A16", "W4A8"]
 
 

@@ -17,6 +17,8 @@ from tileq import nn as tnn  # noqa: E402
 from tileq.errors import ScaleError, ShapeError, UnsupportedError  # noqa: E402
 from tileq.moe import QuantExperts  # noqa: E402
 
+pytestmark = pytest.mark.transformers
+
 TINY = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "vocab_size": 256, "max_position_embeddings": 64}
 

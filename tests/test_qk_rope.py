@@ -13,6 +13,8 @@ from tileq.qk_rope import qk_norm_rope
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen3 import modeling_qwen3 as mq  # noqa: E402
 
+pytestmark = pytest.mark.transformers
+
 
 def _inputs(b, t, hq, hkv, d, dtype=torch.bfloat16, seed=0, cos_batch=None, row_pad=0):
     g = torch.Generator().manual_seed(seed)

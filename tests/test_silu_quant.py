@@ -21,6 +21,8 @@ from tileq.activation import quantize_activation, silu_mul_quantize
 from tileq.errors import DTypeError, LayoutError, ScaleError, ShapeError
 from tileq.quant import is_preshuffled, unshuffle_scale
 
+pytestmark = pytest.mark.transformers
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -24,6 +24,8 @@ from tileq.errors import ShapeError, UnsupportedError
 from tileq.nn import QuantLinear, W4A16Config
 from tileq.nn.configs import CONFIGS
 
+pytestmark = pytest.mark.transformers
+
 
 def _layer(config, n=512, k=512, bias=True, seed=0):
     torch.manual_seed(seed)

@@ -60,12 +60,25 @@ def _moebench(args) -> int:
     return run(args)
 
 
+class _Version(argparse.Action):
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .version import report
+
+        print(report())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: every subcommand and its options."""
     from . import commands, demo, sass
     from .bench import cli as bench_cli
 
     parser = argparse.ArgumentParser(prog="tileq", description="Quantized GEMMs with fused dequantization.")
+    parser.add_argument("--version", action=_Version, help="tileq's version and its dependencies' against the "
+                                                           "tested ranges, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
     commands.register(sub)  # list, build, explain, selftest
     commands.add_tune(sub).set_defaults(func=_tune)
