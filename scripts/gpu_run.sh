@@ -5,6 +5,21 @@
 #                          [tests-model] [tests-inline] [layerbench] [e2e] [e2e-opaque] [e2e-static] [e2e-small] [tests-gluon] [bench-gluon] [bench-gluon-decode]
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
 #                          [e2e-moe] [moebench] [census] [tests-qk] [qk-compile] [pack]
+#                          [tests-gpu-1] [tests-gpu-2] [tests-gpu-3] [tests-perf]
+# Every GPU test (every test tests/conftest.py deselects on a CPU) in four steps, one a call (times:
+# estimates from earlier runs of the same files on an H200):
+#   tests-gpu-1  test_gluon.py                   -m "gpu and not perf", 8 workers   about 3 min
+#   tests-gpu-2  test_gpu.py, test_int4p.py      likewise                           about 2-3 min
+#   tests-gpu-3  every other test file           likewise, .whl/ as tests-formats   about 3-4 min
+#   tests-perf   the tests that time themselves  -m perf, one worker (timings need the GPU alone)
+# (test_kernels.py is no GPU test: the CPU suite runs it in the interpreter, the tests step on the GPU.)
+# Each writes $OUT/junit-<step>.xml (stamped with the GPU, versions, commit), the log's tail
+# ($OUT/tests_gpu_1.log, ...) and $OUT/gpu-tests/{summary.md,tests.csv} over every junit-*.xml in $OUT;
+# pytest gets SIGINT after STEP_TIMEOUT (default 540 s for these steps) so that the XML is still written.
+# The commit: TILEQ_COMMIT=<sha> from the caller (the GPU's copy has no .git), else git rev-parse HEAD,
+# else a file GIT_COMMIT at the root. The committed summary of a run: every part's XML, then here
+#   python3 scripts/gpu_test_summary.py junit-*.xml --results bench/results
+# writes bench/results/<gpu>/gpu-tests-<date>/ (summary.md, tests.csv).
 # Tables written by the tune steps are used by the later steps of the same call.
 # Environment: TEST_FILTER, TUNE_CASES, TUNE_M, TUNE_SECONDS, BENCH_CASES, BENCH_SECONDS,
 #              GLUON_CASES, GLUON_ARGS (bench-gluon), INT4_CASES, INT4_ARGS (bench-int4),
@@ -12,9 +27,10 @@
 #              OVERHEAD_ARGS (of tileq overhead), CENSUS_ARGS (of scripts/launch_census.py), MOE_E2E_ARGS (of tileq e2e --model qwen3-moe), MOE_ARGS (of tileq moebench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
 #              CKPT_ARGS (extra arguments of tileq e2e --make-checkpoint), CKPT_E2E_ARGS (of its tileq e2e runs),
-#              QK_LAYERS, QK_ARGS (of qk-compile's tileq e2e run), GD_ARGS (of bench-gluon-decode).
+#              QK_LAYERS, QK_ARGS (of qk-compile's tileq e2e run), GD_ARGS (of bench-gluon-decode),
+#              TILEQ_COMMIT, TEST_WORKERS (the tests-gpu steps' pytest workers, default 8).
 # tests-formats installs the wheels in .whl/ (compressed-tensors and what it needs, made by pip download in
-# the checkout; pass carry [".whl"]) into /tmp/site, used by that step only.
+# the checkout; pass carry [".whl"]) into /tmp/site, used by that step only (and by tests-gpu-3).
 # Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src. The test
 # steps name every skipped test and its reason (pytest -rs): a skip is not a pass.
 set -uo pipefail
@@ -25,6 +41,10 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1 TILEQ_TEST_GPU=1
 # by the code of an earlier call (seen 2026-12-07). Pass TORCHINDUCTOR_CACHE_DIR to keep one.
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$(mktemp -d /tmp/inductor-XXXX)}"
 unset TRITON_INTERPRET
+if [ -z "${TILEQ_COMMIT:-}" ]; then
+  TILEQ_COMMIT=$(git rev-parse HEAD 2>/dev/null || head -1 GIT_COMMIT 2>/dev/null || echo unknown)
+fi
+export TILEQ_COMMIT
 OUT="${OUT:-/tmp/tileq-out}"
 # STEP_TIMEOUT (seconds): each step's python is killed after it (e2e and bench write as they go).
 PY="timeout -k 10 ${STEP_TIMEOUT:-0} python3"
@@ -36,16 +56,61 @@ status=0
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+  echo "commit: $TILEQ_COMMIT"
 } | tee "$OUT/env.txt"
+
+# The wheels in .whl/ (tests-formats) installed into /tmp/site; sets site to the PYTHONPATH to use.
+formats_site() {
+  site=src
+  if [ -d .whl ]; then
+    if python3 -m pip --version >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    else  # a venv without pip: the wheels are plain archives (no .data, no scripts)
+      rm -rf /tmp/site && for w in .whl/*.whl; do python3 -m zipfile -e "$w" /tmp/site; done
+    fi
+    site=/tmp/site:src
+  fi
+}
+
+# gpu_tests STEP WORKERS MARKS PYTEST-ARGS...: pytest with JUnit XML (stamped with the machine's facts),
+# the log's tail, and the summary of every junit-*.xml in $OUT. SIGINT at the timeout: pytest stops
+# and still writes the XML of the tests it ran. Returns pytest's status.
+gpu_tests() {
+  local step=$1 workers=$2 marks=$3 rc
+  shift 3
+  local xml="$OUT/junit-$step.xml" log="$OUT/${step//-/_}.log"
+  rm -f "$xml"
+  timeout -s INT -k 60 "${STEP_TIMEOUT:-540}" python3 -m pytest -q -rs -p no:cacheprovider ${workers:+-n "$workers"} \
+    -m "$marks" -o junit_family=xunit1 --junitxml="$xml" "$@" ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \
+    | tail -n 400 > "$log"
+  rc=${PIPESTATUS[0]}
+  tail -n 40 "$log"
+  python3 scripts/gpu_test_summary.py --stamp "$xml" --part "$step" --status "$rc"
+  python3 scripts/gpu_test_summary.py "$OUT"/junit-*.xml --out "$OUT/gpu-tests" >/dev/null
+  grep -E '^# GPU tests|\((failed|error), ' "$OUT/gpu-tests/summary.md" | head -n 30
+  return "$rc"
+}
 for step in "${steps[@]}"; do
   t0=$(date +%s)
   case "$step" in
     tests)
       $PY -m pytest -q -rs -p no:cacheprovider -n 12 tests/test_gpu.py tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
+    tests-gpu-1)
+      gpu_tests "$step" "${TEST_WORKERS:-8}" "gpu and not perf" tests/test_gluon.py ;;
+    tests-gpu-2)
+      gpu_tests "$step" "${TEST_WORKERS:-8}" "gpu and not perf" tests/test_gpu.py tests/test_int4p.py ;;
+    tests-gpu-3)
+      # Every other file, new ones included (test_formats.py's GPU tests need .whl/: see tests-formats).
+      formats_site
+      PYTHONPATH=$site gpu_tests "$step" "${TEST_WORKERS:-8}" "gpu and not perf" tests/ \
+        --ignore=tests/test_gluon.py --ignore=tests/test_gpu.py --ignore=tests/test_int4p.py ;;
+    tests-perf)
+      gpu_tests "$step" "" "perf" tests/ ;;
     tests-model)
       # The model layer's GPU tests: activation quantization, QuantLinear, custom ops, CUDA graphs,
-      # Hugging Face models, checkpoint formats (every test file's gpu-marked tests but the kernels').
-      $PY -m pytest -q -rs -p no:cacheprovider -n 8 -m gpu tests/ --ignore=tests/test_gpu.py \
+      # Hugging Face models, checkpoint formats (every test file's gpu-marked tests but the kernels'),
+      # less the timed ones (tests-perf).
+      $PY -m pytest -q -rs -p no:cacheprovider -n 8 -m "gpu and not perf" tests/ --ignore=tests/test_gpu.py \
         --ignore=tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$OUT/tests_model.log" | tail -40 ;;
     tests-int4p)
       # Prepacked int4 weights (tileq.prepacked): the layout and the kernel's inline-PTX conversion.
@@ -123,15 +188,7 @@ for step in "${steps[@]}"; do
       # Checkpoint formats (issue #12) on the GPU: test_formats.py's gpu-marked tests make their
       # checkpoints with compressed-tensors (absent here: installed from .whl/ when carried) and
       # test_formats_gpu.py's need no producing library.
-      site=src
-      if [ -d .whl ]; then
-        if python3 -m pip --version >/dev/null 2>&1; then
-          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-        else  # a venv without pip: the wheels are plain archives (no .data, no scripts)
-          rm -rf /tmp/site && for w in .whl/*.whl; do python3 -m zipfile -e "$w" /tmp/site; done
-        fi
-        site=/tmp/site:src
-      fi
+      formats_site
       { PYTHONPATH=$site python3 -c "import compressed_tensors as c; print('compressed-tensors', c.__version__)" \
           || echo "compressed-tensors is not importable: test_formats.py will be skipped (carry .whl)"
         PYTHONPATH=$site $PY -m pytest -q -rs -p no:cacheprovider -n 4 -m gpu tests/test_formats.py \

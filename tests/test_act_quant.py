@@ -711,6 +711,7 @@ def test_gpu_allocates_only_outputs_and_direct_equals_jit(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.perf
 @gpu_only
 @pytest.mark.parametrize("m,k", [(1, 5120), (16, 17408), (4096, 5120), (4096, 17408)])
 @pytest.mark.parametrize("granularity", ["row", "group"])

@@ -204,6 +204,7 @@ def _decode_variants(spec, plan_cfg):
     return [c for c in out if c != plan_cfg and config_problem(spec, c) is None]
 
 
+@pytest.mark.perf
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[3]], ids=["fp8_block", "int8_rowcol", "w4a16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=["E128", "E8"])
 def test_report_decode_bandwidth(case, shape):
@@ -247,6 +248,7 @@ PREFILL_VARIANTS = [
 ]
 
 
+@pytest.mark.perf
 @pytest.mark.parametrize("shape", SHAPES, ids=["E128", "E8"])
 def test_report_prefill_vs_bf16_grouped_mm(shape):
     """fp8 1x128 x 128x128 against bf16 torch._grouped_mm (target on an H200: >= 1.3x at >= 1024

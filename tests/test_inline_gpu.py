@@ -76,6 +76,7 @@ def test_reduce_overhead_mode_captures_the_layers(name):
         assert not layer.tile_counters.any()
 
 
+@pytest.mark.perf
 @pytest.mark.parametrize("name", ["A8W8", "FP8Block"])
 def test_compiled_decode_host_time(name, monkeypatch, capsys):
     """Host time of a compiled 8-layer decode call (batch 1, no CUDA graph) with the launches

@@ -107,6 +107,7 @@ def _time_graph(fn, reps: int = 50) -> float:
     return times[len(times) // 2]
 
 
+@pytest.mark.perf
 def test_timing_table(monkeypatch, capsys):
     """Per layer of an 8-layer graph (8 distinct weights: more bytes than L2), microseconds, for
     the two launches with and without PDL. Printed; asserts nothing about speed (a measurement,
