@@ -1,7 +1,8 @@
 """tileq e2e's CPU-checkable parts: refusal without a GPU, config parsing, the model build and
-quantization on a small model, the report's table."""
+quantization on a small model, the report's table, the gate before timing."""
 
 import argparse
+import csv
 import os
 
 import pytest
@@ -13,6 +14,8 @@ from tileq.bench import e2e
 from tileq.errors import UnsupportedError
 
 pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.transformers
 
 
 def test_e2e_needs_a_gpu(capsys):
@@ -300,3 +303,147 @@ def test_kernel_table_lists_kernels_longest_first(tmp_path):
     assert lines[0] == "category,ms,calls,us_per_call,kernel"
     assert [line.split(",")[0] for line in lines[1:]] == ["tileq_gemm", "act_quant", "other"]
     assert lines[1].split(",")[3] == "375.00"  # 1.5 ms over 4 calls
+
+
+# ----------------------------------------------------------------------------- the gate
+
+
+def _double_off_reference(module, inputs, output):
+    """A layer whose kernel path computes twice its output (as a weight scale x2 would), while its
+    reference backend stays right."""
+    return output if settings.current().backend == "reference" else output * 2
+
+
+def _fake_peer(model, name):
+    """A stand-in for torchao's quantize_ (not installed here): every nn.Linear weight but lm_head's
+    rounded to int8 steps per output channel, in place, still an nn.Linear."""
+    n = 0
+    for fqn, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and "lm_head" not in fqn:
+            w = mod.weight.data.float()
+            step = w.abs().amax(dim=1, keepdim=True) / 127
+            mod.weight.data = (torch.round(w / step) * step).to(mod.weight.dtype)
+            n += 1
+    return f"fake {name}: {n} layers"
+
+
+def _tiny_model(layers, device, seed, small=False, model="qwen3-14b"):
+    """A Qwen3 narrower than --small's (the interpreter runs its kernels in seconds), e2e's vocabulary."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64, vocab_size=4096)
+    cfg._attn_implementation = "sdpa"
+    return e2e._bf16_model(lambda: Qwen3ForCausalLM(cfg), device, seed)
+
+
+def test_gate_before_timing_on_cpu(tmp_path, monkeypatch, capsys):
+    """The e2e loop on a tiny 1-layer model on the CPU, timing stubbed: A8W8 through the Triton kernels
+    (the interpreter) passes its gate against its reference backend; W8A16 with one layer doubled on
+    the kernel path only fails it, is not timed, shows as FAILED and makes the run exit 1; a peer (no
+    reference) is judged against bf16, its bound widened by A8W8's deviation from bf16."""
+    real_quantize = e2e.quantize_model
+
+    def quantize(model, name, fuse):
+        line = real_quantize(model, name, fuse)
+        if name == "W8A16":
+            model.model.layers[0].mlp.down_proj.register_forward_hook(_double_off_reference)
+        return line
+
+    timed = []
+
+    def fake_time(model, label, args, prompts, base, agree, setup_s):
+        timed.append(label)
+        return [dict(base, metric="ttft_eager_ms", batch=1, value=1.0, **agree)]
+
+    monkeypatch.setattr(e2e, "build_model", _tiny_model)
+    monkeypatch.setattr(e2e, "quantize_model", quantize)
+    monkeypatch.setattr(e2e, "time_config", fake_time)
+    monkeypatch.setattr(e2e, "torchao_config", lambda name: None)
+    monkeypatch.setattr(e2e, "quantize_torchao", _fake_peer)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "no GPU")  # the report's header names the GPU
+    args = argparse.Namespace(model="qwen3-14b", layers=1, small=True, seed=0, prompt=8, batches=[1], tokens=4,
+                              eager_tokens=4, modes=["eager"], fuse=False, checkpoint=None, out=str(tmp_path),
+                              configs=["torchao.A8W8", "A8W8@TILEQ_BACKEND=triton", "W8A16"])
+    assert e2e.measure(args, torch.device("cpu")) == 1
+    assert timed == ["bf16", "A8W8@TILEQ_BACKEND=triton", "torchao.A8W8"]  # bf16 first, peers last, W8A16 not timed
+
+    with open(tmp_path / "e2e.csv") as f:
+        gates = {r["config"]: r for r in csv.DictReader(f) if r["metric"] == "gate"}
+    assert "bf16" not in gates  # the baseline
+    ok, bad, peer = gates["A8W8@TILEQ_BACKEND=triton"], gates["W8A16"], gates["torchao.A8W8"]
+    assert (ok["gate_baseline"], ok["gate"]) == ("reference", "pass")
+    assert (bad["gate_baseline"], bad["gate"]) == ("reference", "FAILED")
+    assert float(bad["gate_cos"]) < 0.99 and float(bad["logits_cos"]) < 0.99  # the numbers are reported
+    assert (peer["gate_baseline"], peer["gate"]) == ("bf16", "pass")
+    assert "2x the deviation from bf16 of A8W8@TILEQ_BACKEND=triton" in peer["gate_bound"]
+    assert "no reference backend" in peer["gate_note"]
+
+    md = (tmp_path / "e2e.md").read_text()
+    assert next(line for line in md.splitlines() if line.startswith("| bf16 | 1.00 | 1.00 |")).endswith("| baseline |")
+    row = next(line for line in md.splitlines() if line.startswith("| W8A16 | - | - |"))
+    assert row.endswith("| FAILED |")  # in the timing table, untimed
+    gate_table = md.split("Gate (before timing")[1]
+    assert "| W8A16 | reference | " in gate_table and "| FAILED |" in gate_table
+    assert "| torchao.A8W8 | bf16 | " in gate_table and "cos >= " in gate_table
+    out = capsys.readouterr().out
+    assert "[e2e] W8A16: FAILED its gate: not timed" in out
+    assert "FAILED their gate, not timed: W8A16" in out
+
+
+def test_gate_bounds_widen_by_the_yardstick_only():
+    """The fixed bound holds unless the yardstick's deviation, times its factor, is larger; NaN logits
+    fail; a far-off config fails whatever the yardstick within reason."""
+    gen = torch.Generator().manual_seed(0)
+    want = torch.randn(1, 512, generator=gen)
+    near = want + 1e-4 * torch.randn(1, 512, generator=gen)
+    far = want + 0.5 * torch.randn(1, 512, generator=gen)
+    ref = e2e.GATE_BOUNDS["reference"]
+    g = e2e.judge("reference", near, want, (1.0, 0.0), "a tight floor")
+    assert g.passed and (g.min_cos, g.max_rel) == (ref.min_cos, ref.max_rel)
+    g = e2e.judge("reference", far, want, (0.999, 0.01), "a tight floor")
+    assert not g.passed and "4x a tight floor" in g.bound
+    loose = e2e.logits_gap(far, want)
+    g = e2e.judge("reference", far, want, (1 - (1 - loose[0]) / 2, loose[1] / 2), "a loose floor")
+    assert g.passed and g.min_cos < ref.min_cos and g.max_rel > ref.max_rel
+    nan = want.clone()
+    nan[0, 3] = float("nan")
+    assert not e2e.judge("reference", nan, want).passed
+    assert not e2e.judge("bf16", want, nan).passed
+
+
+def test_peer_gate_without_its_scheme_in_the_run():
+    """A model without tileq layers is judged against bf16 with the fixed bf16 bound, and says why."""
+    model = e2e.build_model(1, torch.device("cpu"), seed=0, small=True)
+    prompt = torch.randint(0, 4096, (1, 6))
+    bf16 = e2e.first_logits(model, prompt)
+    _fake_peer(model, "torchao.A8W8")
+    gate = e2e.gate_config("torchao.A8W8", model, prompt, e2e.first_logits(model, prompt), bf16, {"W4A16": (0.5, 1.0)})
+    assert gate.baseline == "bf16" and gate.passed and gate.basis == "fixed"
+    assert "no tileq A8W8 passed its gate" in gate.note
+    gate = e2e.gate_config("torchao.A8W8", model, prompt, bf16, None, {})
+    assert not gate.passed and "bf16's logits were not measured" in gate.note
+
+
+def test_reference_logits_keep_the_kernel_paths_launches():
+    """The reference run switches the backend on the same model and leaves each QuantLinear's kept
+    launches as the kernel path made them (its tables set aside, not cleared); the reference runs
+    with empty tables."""
+    import tileq
+    from tileq.nn import QuantLinear
+
+    model = e2e.build_model(1, torch.device("cpu"), seed=0, small=True)
+    tileq.quantize_(model, tileq.A8W8Config())
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    prompt = torch.randint(0, 4096, (1, 6))
+    kept = [m._runners for m in layers]
+    for m in layers:
+        m._runners["marker"] = "kept"
+    seen = []
+    hook = layers[0].register_forward_hook(lambda m, i, o: seen.append((settings.current().backend, dict(m._runners))))
+    ref, nudged = e2e.reference_logits(model, prompt)
+    hook.remove()
+    assert [b for b, _ in seen] == ["reference", "reference"] and all("marker" not in r for _, r in seen)
+    assert all(m._runners is k and k["marker"] == "kept" for m, k in zip(layers, kept))
+    assert not torch.equal(ref, nudged) and 0.99 < e2e.logits_cos(ref, nudged) < 1.0
+    assert settings.current().backend == "auto"

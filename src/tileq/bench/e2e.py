@@ -11,7 +11,10 @@ peak memory, the share of kernel time spent in activation quantization, and the 
 one decode step (compiled where measured) and one eager prefill by category (torch profiler:
 activation quantization, tileq GEMMs, other matmuls, attention, the rest) with the number of
 kernels (each kernel by name in OUT/kernels/<config>_<decode|prefill>.csv). Every config decodes the same weights
-(same seed) and is checked against bf16 on the first step's logits before it is timed.
+(same seed). Before it is timed, each config is gated (``gate_config``, bounds in ``GATE_BOUNDS``): its first-step
+logits against its own reference backend (the same model object with TILEQ_BACKEND=reference), or, for peers
+(no tileq reference), against bf16's; a config that fails is reported as FAILED and not timed, and the run
+exits 1 at the end.
 
 ``--profile-host`` (a diagnostic) adds, per config, the same kernel breakdown of one compiled
 prefill and cProfile reports of compiled and eager decode steps and compiled prefills, one text
@@ -36,12 +39,14 @@ import pstats
 import re
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import settings
 from ..errors import UnsupportedError, expect
+from ..integrations import compat
 from ..nn.configs import CONFIGS
 
 QWEN3_14B = dict(hidden_size=5120, intermediate_size=17408, num_attention_heads=40,
@@ -233,7 +238,7 @@ def _cache(model, batch: int, length: int):
 
 @torch.inference_mode()
 def _prefill(forward, cache, prompt):
-    logits = forward(input_ids=prompt, past_key_values=cache, use_cache=True).logits
+    logits = forward(input_ids=prompt, **compat.cache_kwargs(cache), use_cache=True).logits
     return logits[:, -1:].argmax(-1)
 
 
@@ -277,7 +282,7 @@ def measure_ttft(forward, prompt, cache, reps: int = 5) -> float:
 
 @torch.inference_mode()
 def _step(forward, cache, tok):
-    return forward(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+    return forward(input_ids=tok, **compat.cache_kwargs(cache), use_cache=True).logits[:, -1:].argmax(-1)
 
 
 WARM_STEPS = 4  # steps before each timing: kernels compiled, launch caches and runners built
@@ -380,11 +385,12 @@ def restore_cache(cache, saved) -> None:
 
 @torch.inference_mode()
 def step_logits(model, cache, tok, nudged: bool = False) -> torch.Tensor:
-    """fp32 logits of one eager decode step; ``nudged``: the token's embedding times (1 + LAST_BIT)."""
+    """fp32 logits at the last position of one eager forward of ``tok`` (a decode step, or a prompt's
+    prefill); ``nudged``: the tokens' embeddings times (1 + LAST_BIT)."""
     if not nudged:
-        return model.forward(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1].float()
+        return model.forward(input_ids=tok, **compat.cache_kwargs(cache), use_cache=True).logits[:, -1].float()
     rows = model.get_input_embeddings()(tok)
-    return model.forward(inputs_embeds=(rows.float() * (1 + LAST_BIT)).to(rows.dtype), past_key_values=cache,
+    return model.forward(inputs_embeds=(rows.float() * (1 + LAST_BIT)).to(rows.dtype), **compat.cache_kwargs(cache),
                          use_cache=True).logits[:, -1].float()
 
 
@@ -407,7 +413,7 @@ def compiled_step_agreement(model, compiled, cache, tok) -> tuple[float, float, 
     floor = logits_cos(step_logits(model, cache, tok, nudged=True), want)
     restore_cache(cache, saved)
     del saved
-    got = compiled(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1].float()
+    got = compiled(input_ids=tok, **compat.cache_kwargs(cache), use_cache=True).logits[:, -1].float()
     top1 = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
     return logits_cos(got, want), top1, got.argmax(-1, keepdim=True), floor
 
@@ -612,45 +618,218 @@ def profile_host(model, prompt, compiled, folder, config: str) -> dict:
 
 
 @torch.inference_mode()
-def first_logits(model, prompt) -> torch.Tensor:
-    cache = _cache(model, prompt.shape[0], prompt.shape[1] + 8)
-    return model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1].float()
+def first_logits(model, prompt, nudged: bool = False) -> torch.Tensor:
+    """fp32 logits of the prompt's prefill at its last position (the first step), on a fresh cache."""
+    return step_logits(model, _cache(model, prompt.shape[0], prompt.shape[1] + 8), prompt, nudged)
 
 
-def run_config(label: str, args, prompts: dict, ref_logits) -> tuple[list[dict], torch.Tensor | None]:
-    """Build and time config ``label`` (its rows carry the label; switches after '@' are set by the caller)."""
-    name = split_config(label)[0]
-    rows = []
-    dev = torch.device("cuda")
-    torch._dynamo.reset()  # transformers' forward wrapper is one code object: each config starts its own cache
-    torch.cuda.empty_cache()
-    t0 = time.time()
+# ----------------------------------------------------------------------------- the gate
+
+
+@dataclass(frozen=True)
+class GateBound:
+    """cos(logits, baseline's) >= min_cos and max |logits - baseline's| / max |baseline's| <= max_rel,
+    each widened to ``widen`` times a yardstick's deviation (cos, rel) where that is larger."""
+
+    min_cos: float
+    max_rel: float
+    widen: float
+    yardstick: str  # the deviation that widens it ({counterpart}: the config it is read from)
+
+
+GATE_BOUNDS = {
+    # The same model through tileq's torch reference: only fp32 summation order and the roundings it
+    # moves differ. Logits are bf16 (8 significant bits): 2^-5 of the largest is 4 of its last places,
+    # cos 0.999 about as far in L2. A rounding difference can flip an activation's 8-bit code in the next
+    # layer, which deep random-weight models amplify, so the bound widens to FLOOR_FACTOR times the
+    # reference's own deviation when its input's last bit changes (as the compiled-step check does).
+    "reference": GateBound(0.999, 2.0 ** -5, FLOOR_FACTOR,
+                           "the reference's own deviation with its input's last bit changed"),
+    # bf16, for peers (no tileq reference) or a config its reference cannot run: the scheme's quantization
+    # error counts too (int4 weights round to steps of 1/15 of a group's range, e4m3 to 2^-4 relative), so
+    # the fixed part only catches logits unlike bf16's; it widens to 2x the deviation from bf16 of the
+    # tileq config of the same scheme that passed its reference gate in this run (same weights and scheme).
+    "bf16": GateBound(0.9, 0.5, 2.0, "the deviation from bf16 of {counterpart}"),
+}
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A config's gate: its first-step logits against ``baseline`` ('reference' or 'bf16')."""
+
+    baseline: str
+    cos: float
+    rel: float  # max |logits - baseline's| / max |baseline's|
+    min_cos: float
+    max_rel: float
+    basis: str  # how the bound was set: 'fixed', or widened by what
+    note: str = ""  # why the baseline is bf16, or why nothing could be compared
+
+    @property
+    def passed(self) -> bool:
+        return self.cos >= self.min_cos and self.rel <= self.max_rel  # NaN fails
+
+    @property
+    def bound(self) -> str:
+        return f"cos >= {self.min_cos:.4f}, rel <= {self.max_rel:.4f} ({self.basis})"
+
+    def describe(self) -> str:
+        text = (f"gate vs {self.baseline}: cos {self.cos:.6f}, rel err {self.rel:.4f}; bound {self.bound}: "
+                f"{'pass' if self.passed else 'FAILED'}")
+        return text + (f"; {self.note}" if self.note else "")
+
+
+def logits_gap(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    """(cosine, max |got - want| / max |want|) of fp32 logits; NaN for non-finite ones."""
+    if not (torch.isfinite(got).all() and torch.isfinite(want).all()):
+        return math.nan, math.nan
+    return logits_cos(got, want), ((got - want).abs().max() / want.abs().max()).item()
+
+
+def judge(baseline: str, got, want, yardstick=None, what: str = "", note: str = "") -> Gate:
+    """``got`` against ``want`` under GATE_BOUNDS[baseline], widened by ``yardstick`` ((cos, rel) of ``what``)."""
+    b = GATE_BOUNDS[baseline]
+    cos, rel = logits_gap(got, want)
+    min_cos, max_rel, basis = b.min_cos, b.max_rel, "fixed"
+    if yardstick is not None and not any(map(math.isnan, yardstick)):
+        ycos, yrel = yardstick
+        min_cos = max(0.0, min(min_cos, 1.0 - b.widen * (1.0 - ycos)))
+        max_rel = max(max_rel, b.widen * yrel)
+        basis = f"fixed, or {b.widen:g}x {what}: cos {ycos:.6f}, rel {yrel:.4f}"
+    return Gate(baseline, cos, rel, min_cos, max_rel, basis, note)
+
+
+def runs_tileq(model) -> bool:
+    """Whether ``model`` has tileq layers (QuantLinear, QuantExperts), which tileq's reference runs."""
+    from ..moe import QuantExperts
+    from ..nn import QuantLinear
+
+    return any(isinstance(m, (QuantLinear, QuantExperts)) for m in model.modules())
+
+
+def reference_logits(model, prompt) -> tuple[torch.Tensor, torch.Tensor]:
+    """``first_logits`` of the same model object through tileq's torch reference (TILEQ_BACKEND=reference:
+    every tileq cache keys on the switch; no second copy of the weights), plain and with the prompt's
+    embeddings nudged by LAST_BIT. Each QuantLinear's kept launches are set aside meanwhile and put back
+    after: one kept on a prepacked int4 weight launches the kernel whatever the switch says."""
+    from ..nn import QuantLinear
+
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    kept = [m._runners for m in layers]
+    out = []
+    try:
+        with switches({"TILEQ_BACKEND": "reference"}):
+            for nudged in (False, True):
+                for m in layers:
+                    m._runners = {}
+                out.append(first_logits(model, prompt, nudged))
+    finally:
+        for m, runners in zip(layers, kept):
+            m._runners = runners
+    return out[0], out[1]
+
+
+def _scheme(label: str) -> str:
+    """The scheme a config label names: 'A8W8' for 'A8W8:fused@TILEQ_PDL=0' and for 'torchao.A8W8'."""
+    return split_config(label)[0].partition(":")[0].removeprefix("torchao.")
+
+
+def gate_config(label: str, model, prompt, logits, bf16_logits, passed: dict, comparable: bool = True) -> Gate:
+    """Config ``label``'s gate (``logits``: its first-step logits on ``prompt``): against its reference
+    backend where it has tileq layers and the reference runs, else against ``bf16_logits`` (not
+    ``comparable``: bf16 has other weights, as a checkpoint's baseline does), the bound widened by
+    ``passed`` ({label: (cos, rel) against bf16} of the configs that passed a reference gate) of its scheme."""
+    note = "no tileq layers: no reference backend"
+    if runs_tileq(model):
+        try:
+            ref, nudged = reference_logits(model, prompt)
+        except Exception as e:  # noqa: BLE001 - said in the report; then bf16 is the baseline
+            note = f"its reference backend cannot run it ({type(e).__name__}: {e})"
+        else:
+            return judge("reference", logits, ref, logits_gap(nudged, ref), GATE_BOUNDS["reference"].yardstick)
+    b = GATE_BOUNDS["bf16"]
+    if bf16_logits is None or not comparable:
+        why = "bf16's logits were not measured" if comparable else "bf16 has other weights here"
+        return Gate("bf16", math.nan, math.nan, b.min_cos, b.max_rel, "fixed", f"{note}; {why}")
+    same = next((c for c in passed if _scheme(c) == _scheme(label)), None)
+    if same is None:
+        note += f"; no tileq {_scheme(label)} passed its gate earlier in this run to widen the bound by"
+        return judge("bf16", logits, bf16_logits, note=note)
+    return judge("bf16", logits, bf16_logits, passed[same], b.yardstick.format(counterpart=same), note)
+
+
+def gate_row(base: dict, gate: Gate, agree: dict) -> dict:
+    """The CSV row of a config's gate (value 1 passed, 0 FAILED), with its agreement with bf16."""
+    return dict(base, metric="gate", batch=1, value=float(gate.passed), gate_baseline=gate.baseline,
+                gate_cos=gate.cos, gate_rel_err=gate.rel, gate_bound=gate.bound,
+                gate="pass" if gate.passed else "FAILED", gate_note=gate.note, **agree)
+
+
+def _empty_cache() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def build_config(name: str, args, dev) -> tuple[object, str]:
+    """(model, how it was made) of config ``name`` (no '@' switches) on ``dev``."""
     checkpoint = getattr(args, "checkpoint", None)
     if checkpoint and name.partition(":")[0] == "checkpoint":
-        model, how = load_checkpoint(checkpoint, dev, fuse=args.fuse or name.endswith(":fused"))
-    elif checkpoint:  # bf16 with the checkpoint's shapes (random weights), as the baseline
-        model, how = dense_like(checkpoint, dev, args.seed), "bf16 (unquantized), the checkpoint's shapes"
-    else:
-        if name in TORCHAO_PEERS:
-            torchao_config(name)  # PeerUnavailable before any work
-        model = build_model(args.layers, dev, args.seed, small=args.small, model=getattr(args, "model", "qwen3-14b"))
-        how = quantize_model(model, name, args.fuse)
+        return load_checkpoint(checkpoint, dev, fuse=args.fuse or name.endswith(":fused"))
+    if checkpoint:  # bf16 with the checkpoint's shapes (random weights), as the baseline
+        return dense_like(checkpoint, dev, args.seed), "bf16 (unquantized), the checkpoint's shapes"
+    if name in TORCHAO_PEERS:
+        torchao_config(name)  # PeerUnavailable before any work
+    model = build_model(args.layers, dev, args.seed, small=args.small, model=getattr(args, "model", "qwen3-14b"))
+    return model, quantize_model(model, name, args.fuse)
+
+
+def run_config(label: str, args, prompts: dict, ref_logits, passed: dict | None = None,
+               dev=None) -> tuple[list[dict], torch.Tensor, Gate | None]:
+    """Build config ``label``, gate it (not bf16, the baseline: ``ref_logits`` are its first-step
+    logits) and time it if it passes (``time_config``): (its rows, its first-step logits, its gate).
+    Its rows carry the label; switches after '@' are set by the caller."""
+    name = split_config(label)[0]
+    dev = torch.device("cuda") if dev is None else dev
+    torch._dynamo.reset()  # transformers' forward wrapper is one code object: each config starts its own cache
+    _empty_cache()
+    t0 = time.time()
+    model, how = build_config(name, args, dev)
     setup_s = time.time() - t0
-    warm_gpu()  # (before the peak-memory count starts: its matrices are not the model's)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
     if label != name:
         how += f"; with {', '.join(label.split('@')[1:])}"
     base = dict(config=label, layers=args.layers, setup=how)
     logits = first_logits(model, prompts[1])
+    checkpoint = getattr(args, "checkpoint", None)
     agree = {}
     if ref_logits is not None and not checkpoint:  # a checkpoint's baseline has random weights
         rel = ((logits - ref_logits).norm() / ref_logits.norm()).item()
         cos = torch.nn.functional.cosine_similarity(logits, ref_logits, dim=-1).mean().item()
         agree = dict(logits_rel_err=rel, logits_cos=cos,
                      top1_match=float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean()))
-    if not torch.isfinite(logits).all():
-        raise RuntimeError(f"{label}: non-finite logits on the first step")
+    gate, rows = None, []
+    if label == "bf16":
+        if not torch.isfinite(logits).all():
+            raise RuntimeError(f"{label}: non-finite logits on the first step")
+    else:
+        gate = gate_config(label, model, prompts[1], logits, ref_logits, passed or {}, comparable=not checkpoint)
+        _empty_cache()  # the reference's float64 operands are no part of the timed model
+        rows.append(gate_row(base, gate, agree))
+        print(f"[e2e] {label}: {gate.describe()}", flush=True)
+    if gate is None or gate.passed:
+        rows += time_config(model, label, args, prompts, base, agree, setup_s)
+    del model
+    gc.collect()
+    _empty_cache()
+    return rows, logits, gate
+
+
+def time_config(model, label: str, args, prompts: dict, base: dict, agree: dict, setup_s: float) -> list[dict]:
+    """The timed rows of a built (and gated) config: TTFT, TPOT per mode and batch, kernel breakdowns,
+    peak memory, setup time, and ``--profile-host``'s diagnostics."""
+    rows = []
+    warm_gpu()  # (before the peak-memory count starts: its matrices are not the model's)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     modes = args.modes
     ttft_cache = _cache(model, 1, prompts[1].shape[1] + 8)
     rows.append(dict(base, metric="ttft_eager_ms", batch=1, value=measure_ttft(model.forward, prompts[1], ttft_cache),
@@ -689,11 +868,7 @@ def run_config(label: str, args, prompts: dict, ref_logits) -> tuple[list[dict],
     rows.append(dict(base, metric="setup_s", batch=0, value=setup_s))
     if getattr(args, "profile_host", False):  # diagnostics, after the peak memory is read
         rows += _host_diagnostics(label, model, prompts[1], compiled, base, Path(args.out) / "host_profile")
-    keep = logits if label == "bf16" else None
-    del model
-    gc.collect()
-    torch.cuda.empty_cache()
-    return rows, keep
+    return rows
 
 
 def _file_name(label: str) -> str:
@@ -731,7 +906,8 @@ def _host_diagnostics(name: str, model, prompt, compiled, base: dict, folder: Pa
     return rows
 
 
-FIELDS = ["config", "layers", "metric", "batch", "value", "logits_rel_err", "logits_cos", "top1_match", "setup"]
+FIELDS = ["config", "layers", "metric", "batch", "value", "logits_rel_err", "logits_cos", "top1_match",
+          "gate_baseline", "gate_cos", "gate_rel_err", "gate_bound", "gate", "gate_note", "setup"]
 
 
 def write_outputs(rows: list[dict], out: Path, args, plots: bool = True) -> str:
@@ -778,6 +954,7 @@ def report(rows: list[dict], args) -> str:
     agrees = {"compile", "graph"} & set(modes)
     if agrees:
         head += ["compiled step cos vs eager b1", "eager step cos, input's last bit changed b1"]
+    head += ["gate"]
     lines = [
         (f"# tileq e2e: {args.checkpoint} against bf16 with its shapes (random weights)"
          if getattr(args, "checkpoint", None) else
@@ -794,6 +971,7 @@ def report(rows: list[dict], args) -> str:
         f"--batches {','.join(map(str, args.batches))} --modes {','.join(modes)} --prompt {args.prompt}"
         f"{' --fuse' if args.fuse else ''}{' --profile-host' if getattr(args, 'profile_host', False) else ''}"
         f"{'' if getattr(args, 'compile_ttft', True) else ' --no-compile-ttft'}`",
+        f"- {_gate_words()}",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -815,7 +993,17 @@ def report(rows: list[dict], args) -> str:
         cells += [_fmt(agree.get("logits_cos"), 4), _fmt(agree.get("top1_match"), 2)]
         if agrees:
             cells += [_fmt(_value(rows, c, "compiled_step_cos", 1), 4), _fmt(_value(rows, c, "eager_step_floor_cos", 1), 4)]
+        gate = _gate_of(rows, c)
+        cells.append(gate["gate"] if gate else "baseline" if c == "bf16" else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    gated = [(c, g) for c in configs if (g := _gate_of(rows, c))]
+    if gated:
+        lines += ["", "Gate (before timing; rel = max |logits - baseline's| / max |baseline's|):", "",
+                  "| config | baseline | cos | rel | bound | result |", "|---|---|---|---|---|---|"]
+        for c, g in gated:
+            note = f" ({g['gate_note'].replace('|', '/')})" if g.get("gate_note") else ""
+            lines.append(f"| {c} | {g['gate_baseline']} | {_fmt(g['gate_cos'], 6)} | {_fmt(g['gate_rel_err'], 4)} | "
+                         f"{g['gate_bound']} | {g['gate']}{note} |")
     cats = [c for c, _ in KERNEL_CATEGORIES] + ["other"]
     tables = (("decode", "decode step (the compiled step where compile or graph is measured, else eager)"),
               ("prefill", f"eager prefill ({args.prompt}-token prompt)"),
@@ -838,6 +1026,21 @@ def report(rows: list[dict], args) -> str:
 
 def _fmt(v, digits=2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _gate_of(rows, config) -> dict | None:
+    return next((r for r in rows if r["config"] == config and r["metric"] == "gate"), None)
+
+
+def _gate_words() -> str:
+    """The gate and its bounds in a sentence (the report's header)."""
+    ref, bf = GATE_BOUNDS["reference"], GATE_BOUNDS["bf16"]
+    return (f"gate, before a config is timed: its first-step logits (the prompt's prefill at batch 1, last "
+            f"position) against its reference backend (the same model with TILEQ_BACKEND=reference): cos >= "
+            f"{ref.min_cos}, max |diff| / max |reference| <= {ref.max_rel:.4f}, or {ref.widen:g}x {ref.yardstick}, "
+            f"if larger; without a reference (peers) against bf16: cos >= {bf.min_cos}, rel <= {bf.max_rel}, or "
+            f"{bf.widen:g}x {bf.yardstick.format(counterpart='the tileq config of the same scheme')}; a config "
+            "that fails is FAILED and not timed")
 
 
 def _tf_version() -> str:
@@ -869,7 +1072,8 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(configs))], configs)
     ax.set_ylabel("TPOT (ms)")
     ax.set_title("Qwen3-14B-shaped decode: time per output token")
-    ax.legend()
+    if metrics:  # (a run whose every config FAILED its gate has no TPOT)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -952,19 +1156,33 @@ def run(args) -> int:
         raise UnsupportedError(expect("--configs", f"names from {', '.join(ALL_CONFIGS)}, each optionally "
                                                    f"with ':fused' and '@SWITCH=VALUE', or peers "
                                                    f"{', '.join(TORCHAO_PEERS)}", ",".join(bad)))
-    if "bf16" not in args.configs:
-        args.configs.insert(0, "bf16")
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    return measure(args, torch.device("cuda"))
+
+
+def order_configs(configs: list[str]) -> list[str]:
+    """bf16 first (every ratio and gate reads its logits), then the tileq configs, then the peers (a
+    peer's bound reads the tileq config of its scheme), each in the order given."""
+    peers = [c for c in configs if split_config(c)[0] in TORCHAO_PEERS]
+    return ["bf16", *(c for c in configs if c != "bf16" and c not in peers), *peers]
+
+
+def measure(args, dev) -> int:
+    """Every config of ``args.configs`` on ``dev``: built, gated, timed if it passes; e2e.csv and e2e.md
+    written after each (what is measured survives a cut-off run) and the report printed at the end.
+    Returns 1 where a config FAILED its gate, else 0."""
+    args.checkpoint = getattr(args, "checkpoint", None)
+    args.configs = order_configs(args.configs)
+    gen = torch.Generator(device=dev).manual_seed(args.seed)
     vocab = getattr(args, "vocab", None) or (4096 if args.small else QWEN3_14B["vocab_size"])
-    prompts = {b: torch.randint(0, vocab, (b, args.prompt), generator=gen, device="cuda")
+    prompts = {b: torch.randint(0, vocab, (b, args.prompt), generator=gen, device=dev)
                for b in sorted(set([1, *args.batches]))}
-    rows, ref = [], None
+    rows, ref, passed, failed = [], None, {}, []
     for name in args.configs:
         t0 = time.time()
         print(f"[e2e] {name}: building and measuring ...", flush=True)
         try:
             with switches(split_config(name)[1]):
-                got, keep = run_config(name, args, prompts, ref)
+                got, logits, gate = run_config(name, args, prompts, ref, passed, dev)
         except PeerUnavailable as e:  # a peer is measured where importable: said, not failed
             print(f"[e2e] {name}: not measured: {e}", flush=True)
             rows.append(dict(config=name, layers=args.layers, metric="unavailable", batch=0, value=float("nan"),
@@ -975,18 +1193,27 @@ def run(args) -> int:
             rows.append(dict(config=name, layers=args.layers, metric="error", batch=0, value=float("nan"),
                              setup=f"{type(e).__name__}: {e}"))
             gc.collect()
-            torch.cuda.empty_cache()
+            _empty_cache()
             continue
-        if keep is not None:
-            ref = keep
         rows.extend(got)
+        if name == "bf16":
+            ref = logits
+        if gate is not None and not gate.passed:
+            failed.append(name)
+            print(f"[e2e] {name}: FAILED its gate: not timed", flush=True)
+            write_outputs(rows, Path(args.out), args, plots=False)
+            continue
+        if gate is not None and gate.baseline == "reference" and ref is not None and not args.checkpoint:
+            passed[name] = logits_gap(logits, ref)  # its scheme's deviation from bf16: a peer's yardstick
         summary = ", ".join(f"{r['metric']}[b{r['batch']}]={r['value']:.3f}" for r in got
                             if r["metric"].startswith(("tpot", "ttft")))
         print(f"[e2e] {name}: {summary} ({time.time() - t0:.0f} s)", flush=True)
         write_outputs(rows, Path(args.out), args, plots=False)  # what is measured survives a cut-off run
     md = write_outputs(rows, Path(args.out), args)
     print(md)
-    return 0
+    if failed:
+        print(f"[e2e] FAILED their gate, not timed: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
 
 
 def register_cli(sub) -> None:
