@@ -55,3 +55,18 @@ def pytest_collection_modifyitems(config, items):
         return
     config.hook.pytest_deselected(items=gpu)
     items[:] = [item for item in items if not _needs_gpu(item)]
+
+
+@pytest.fixture
+def tested_triton(monkeypatch):
+    """Plans made as on a Triton the Gluon kernels were tested with (on any other, dispatch.gluon's
+    version gate alone refuses them: tests/test_gluon.py::test_gate_on_the_installed_triton and
+    tests/test_int4p.py::test_prefill_gate_on_the_installed_triton check that). Plans are cached
+    without the version: cleared around the pin."""
+    from tileq.dispatch import gluon
+    from tileq.dispatch.plan import _plan_cached
+
+    monkeypatch.setattr(gluon, "triton_version", lambda: gluon.GLUON_TRITON_VERSIONS[0])
+    _plan_cached.cache_clear()
+    yield
+    _plan_cached.cache_clear()

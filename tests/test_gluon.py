@@ -44,6 +44,11 @@ def _impl(spec, pipeline="prefill", arch="sm_90", interpreted=False, env="1"):
     return select.implementation(spec, pipeline, arch, interpreted, settings.parse_gluon(env))
 
 
+# The rules below the Triton-version gate, as on a Triton the Gluon kernels were tested with
+# (conftest.tested_triton); test_gate_on_the_installed_triton checks the gate itself.
+pytestmark = pytest.mark.usefixtures("tested_triton")
+
+
 # ---- selection: every reason ---------------------------------------------------------------
 
 
@@ -141,6 +146,22 @@ def test_untested_triton_version(monkeypatch):
     impl = _impl(_spec())
     assert impl == select.Implementation(
         "triton", "Gluon kernels are tested with Triton 3.6.0 only, this is 3.7.0")
+
+
+def test_gate_on_the_installed_triton(monkeypatch):
+    """The installed Triton, unpinned: a tested version lets the rules choose Gluon; any other
+    plans the portable kernel for every call, the plan naming the version it refused."""
+    from tileq.device import triton_version
+
+    monkeypatch.setattr(select, "triton_version", triton_version)
+    installed = triton_version()
+    impl, plan = _impl(_spec(), env=None), _plan(monkeypatch, "1")
+    if installed in select.GLUON_TRITON_VERSIONS:
+        assert impl.name == "gluon" and plan.impl == "gluon"
+        return
+    why = f"Gluon kernels are tested with Triton {', '.join(select.GLUON_TRITON_VERSIONS)} only, this is {installed}"
+    assert impl == select.Implementation("triton", why)
+    assert plan.impl == "triton" and plan.gluon is None and f"impl      : triton ({why})" in plan.describe()
 
 
 def test_switch_values():
@@ -523,7 +544,8 @@ def test_sm90_build_uses_wgmma_tma_mbarriers_and_setmaxnreg(index, sm90_builds):
     assert built["tag"].endswith("_fa") == (mma_acc and not spec.integer_mainloop)
     if spec.has_acc:  # 128 x 256 and the overlapped loop spill with acc_in: narrowed
         assert built["block_n"] <= 128 and not built["overlap"]
-    assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx  # TMA loads
+    # TMA loads (Triton 3.8 names the destination shared::cta, 3.6 shared::cluster: one CTA's either way)
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::(cluster|cta)\.global\.mbarrier::complete_tx::bytes", ptx)
     assert ("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx) is tma_store  # TMA stores
     assert "mbarrier.arrive.expect_tx" in ptx and "mbarrier.try_wait.parity" in ptx
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40;", ptx)  # the producer warp

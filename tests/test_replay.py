@@ -304,6 +304,7 @@ def _summary(outcomes):
             for o in outcomes]
 
 
+@pytest.mark.usefixtures("tested_triton")
 def test_int4_rules_replay_the_plan_among_their_variants():
     rows = _int4_rows(INT4_PROBLEMS)
     # int4-decode: the decode configs (the W4A8 problem at 512 timed none: not its problem)
@@ -326,6 +327,7 @@ def test_int4_rules_replay_the_plan_among_their_variants():
     assert groups[-1].vs_baseline == []  # (bf16 cuBLAS is never the same-math baseline)
 
 
+@pytest.mark.usefixtures("tested_triton")
 def test_int4_threshold_overrides_change_the_choice():
     rows = _int4_rows(INT4_PROBLEMS)
     # No split for a grid of 40 tiles: M = 48 then runs the decode kernel (3.0 against 1.0).
