@@ -9,7 +9,7 @@ The summary is DIR/summary.md (date, GPU, torch / Triton / transformers versions
 failed, skipped and errors per test file; every failure and error with the first line of its
 message; every skip with its reason) and DIR/tests.csv (every test id: outcome, seconds, part,
 message). ``--results ROOT`` writes them to ROOT/<gpu>/gpu-tests-<date>/, the place of a committed
-summary: bench/results/h200/gpu-tests-2026-12-08/ for an H200 run on that date (UTC), over every
+summary: bench/results/<gpu>/gpu-tests-<date>/ for a run on that date (UTC), over every
 part's XML of the run.
 
 ``--stamp`` runs on the GPU machine right after pytest: it writes the machine's facts (GPU, versions,

@@ -513,7 +513,7 @@ def test_timing_flush_modes():
 
 def test_report_by_m_range_and_int_mm_alone():
     """Per M range and model: tileq against the best baseline and, for int8, against torch._int_mm
-    alone (the medians the deleted scripts/gluon_report.py gave); cases without a timed
+    alone (the medians a deleted gluon_report.py script gave); cases without a timed
     torch._int_mm get no row in that table."""
     from tileq.bench.report import _by_range, group_by_case
 

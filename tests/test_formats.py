@@ -347,7 +347,7 @@ def test_mixed_precision_weights_match_transformers(mixed):
 
     if compat.version_tuple(transformers.__version__) >= (5, 24):
         pytest.skip("transformers >= 5.24 dequantizes every dense layer of a mixed-precision checkpoint with "
-                    "one config group (integrations/compressed_tensors.py: get_dense_scheme): no reference")
+                    "one config group (transformers.integrations.compressed_tensors.get_dense_scheme): no reference")
     model, out = mixed
     _assert_weights_exact(from_pretrained(out), fa.ct_reference(out, dtype=torch.float32))
 

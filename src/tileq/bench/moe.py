@@ -76,7 +76,7 @@ def experts_count(experts) -> int:
 
 
 class _Bf16Experts(torch.nn.Module):
-    """What transformers' experts implementations read off an experts module (integrations/moe.py)."""
+    """What transformers' experts implementations read off an experts module (transformers.integrations.moe)."""
 
     def __init__(self, gate_up, down):
         super().__init__()

@@ -11,7 +11,7 @@ and changed inside that range:
 * 5.25 added keyword arguments (``config=``, ``mesh_manager=``) to the tensor-parallel styles'
   hooks (``install_forward``, ``transform_output_post_forward``, ``shard_param``): tileq's
   row-wise style accepts and ignores them (``distributed/tp.py``);
-* 5.22 moved ``ParallelInterface`` to ``distributed/parallel_utils.py``;
+* 5.22 moved ``ParallelInterface`` to ``transformers.distributed.parallel_utils``;
   ``transformers.distributed.tensor_parallel`` still exports what tileq imports from it.
 
 A release older than the range is refused where tileq reaches into transformers

@@ -1,4 +1,4 @@
-"""tileq as a transformers experts implementation (transformers' ``integrations/moe.py``, 5.17
+"""tileq as a transformers experts implementation (``transformers.integrations.moe``, 5.17
 through 5.25: ``compat.py``).
 
 transformers' MoE models keep their routed experts in one module per layer (``Qwen3MoeExperts``,
