@@ -2,7 +2,7 @@
 # One GPU call: environment, GPU tests, tuning sweeps and benchmarks, logs and CSV under $OUT.
 #   bash scripts/gpu_run.sh [tests] [tune-prefill] [tune-decode] [bench-prefill] [bench-decode]
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
-#                          [tests-model] [tests-inline] [layerbench] [e2e] [e2e-opaque] [e2e-static] [e2e-small] [tests-gluon] [bench-gluon] [bench-gluon-decode]
+#                          [tests-model] [tests-inline] [layerbench] [e2e] [e2e-opaque] [e2e-static] [e2e-small] [tests-gluon] [bench-gluon]
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
 #                          [e2e-moe] [moebench] [census] [tests-qk] [qk-compile] [pack]
 #                          [tests-gpu-1] [tests-gpu-2] [tests-gpu-3] [tests-perf]
@@ -27,7 +27,7 @@
 #              OVERHEAD_ARGS (of tileq overhead), CENSUS_ARGS (of scripts/launch_census.py), MOE_E2E_ARGS (of tileq e2e --model qwen3-moe), MOE_ARGS (of tileq moebench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
 #              CKPT_ARGS (extra arguments of tileq e2e --make-checkpoint), CKPT_E2E_ARGS (of its tileq e2e runs),
-#              QK_LAYERS, QK_ARGS (of qk-compile's tileq e2e run), GD_ARGS (of bench-gluon-decode),
+#              QK_LAYERS, QK_ARGS (of qk-compile's tileq e2e run),
 #              TILEQ_COMMIT, TEST_WORKERS (the tests-gpu steps' pytest workers, default 8).
 # tests-formats installs the wheels in .whl/ (compressed-tensors and what it needs, made by pip download in
 # the checkout; pass carry [".whl"]) into /tmp/site, used by that step only (and by tests-gpu-3).
@@ -132,15 +132,6 @@ for step in "${steps[@]}"; do
           | grep -E '^(## |\| |tileq replay)' | head -20 | tee -a "$OUT/bench_int4.log"
       done
       (exit "$brc") ;;
-    bench-gluon-decode)
-      # The decode problems (M <= 16) of the llm-decode suite, int8 and fp8 rowcol, on the Gluon kernel
-      # swapped (tileq_gluon_decode: TMA-fed, 16 token columns) against the plan (the portable kernel),
-      # gated first, CUDA-graph replays in 3 interleaved rounds: $OUT/gluon_decode/ (GD_ARGS: more
-      # tileq bench arguments).
-      $PY -m tileq bench --suite llm-decode --cases rowcol:i8xi8:rcr,rowcol:fp8xfp8:rcr --m-max 16 \
-        --impls gluon-decode --baselines tileq --graphs --warmup 10 --runs 30 --rounds 3 --no-plots \
-        --out "$OUT/gluon_decode" --time-budget "${BENCH_SECONDS:-300}" --no-progress ${GD_ARGS:-} 2>&1 \
-        | tail -30 | tee "$OUT/bench_gluon_decode.log" ;;
     tests-gluon)
       # The sm_90 Gluon prefill kernel (opt-in, TILEQ_GLUON=1 inside the tests) against the reference.
       $PY -m pytest -q -rs -p no:cacheprovider -n 8 tests/test_gluon.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 \

@@ -17,7 +17,6 @@ import pytest
 if os.environ.get("TILEQ_TEST_GPU") != "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.pop("TILEQ_BACKEND", None)  # tests choose backends explicitly
-os.environ.pop("TILEQ_DETERMINISTIC", None)
 
 _GPU_WORDS = ("GPU", "CUDA", "sm_90 device")
 
@@ -64,9 +63,9 @@ def tested_triton(monkeypatch):
     tests/test_int4p.py::test_prefill_gate_on_the_installed_triton check that). Plans are cached
     without the version: cleared around the pin."""
     from tileq.dispatch import gluon
-    from tileq.dispatch.plan import _plan_cached
+    from tileq.dispatch.plan import _gemm_cached
 
     monkeypatch.setattr(gluon, "triton_version", lambda: gluon.GLUON_TRITON_VERSIONS[0])
-    _plan_cached.cache_clear()
+    _gemm_cached.cache_clear()
     yield
-    _plan_cached.cache_clear()
+    _gemm_cached.cache_clear()

@@ -60,9 +60,9 @@ def test_seed_op_gemv_decided_from_logical_m():
     p = build_problem(lhs.t(), rhs.t(), torch.ones(1), torch.ones(64), scheme="rowcol")
     assert p.spec.m == 1 and p.spec.k == 4096
     plan = make_plan(p.spec, torch.device("cuda"), backend="triton", arch="sm_90")
-    assert plan.pipeline == "decode"
+    assert plan.route.pipeline == "decode"
     p2 = build_problem(ri8(4096, 8), ri8(8, 64), torch.ones(4096), torch.ones(64), scheme="rowcol")
-    assert make_plan(p2.spec, torch.device("cuda"), backend="triton", arch="sm_90").pipeline == "prefill"
+    assert make_plan(p2.spec, torch.device("cuda"), backend="triton", arch="sm_90").route.pipeline == "prefill"
 
 
 def test_linear_flattens_leading_dims_and_uses_weight_convention():
@@ -93,6 +93,16 @@ def test_new_options_are_keyword_only():
                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         assert len(positional) == 4, (fn.__name__, positional)
 
+
+
+def test_the_deterministic_knob_is_gone():
+    """Every path sums in a fixed order: the knob that recorded a request for it was removed (a
+    caller passing it gets Python's TypeError), not kept and ignored."""
+    from tileq.settings import SWITCHES
+
+    for fn in (tileq.gemm, tileq.linear, tileq.explain):
+        assert "deterministic" not in inspect.signature(fn).parameters, fn.__name__
+    assert "TILEQ_DETERMINISTIC" not in SWITCHES
 
 def test_scheme_is_required():
     with pytest.raises(TypeError, match="scheme"):

@@ -133,12 +133,13 @@ def test_triton_chosen_and_why(spec_kw, pipeline, arch, interpreted, env, reason
 def test_one_column_b_groups_run_swapped_by_default():
     """bquant with one-column b_scale groups (W4A8's int4 values with group scales): the Gluon
     kernel by default, swapped."""
-    from tileq.dispatch.plan import _plan_cached
+    from tileq.device import for_arch
+    from tileq.dispatch.plan import _gemm_cached
 
     spec = _spec("bquant_fp8xfp8_rcr_prefill", m=1024, group_n=1)
     assert _impl(spec, env=None).name == "gluon"
-    plan = _plan_cached(spec, "triton", False, "sm_90", 132, False, None, None, None)
-    assert plan.impl == "gluon" and plan.gluon.swap_ab and "swapped" in plan.gluon_reason
+    plan = _gemm_cached(spec, "triton", False, for_arch("sm_90"), None, None, ())
+    assert plan.route.impl == "gluon" and plan.route.gluon.swap_ab and "swapped" in plan.route.gluon_reason
 
 
 def test_untested_triton_version(monkeypatch):
@@ -157,11 +158,11 @@ def test_gate_on_the_installed_triton(monkeypatch):
     installed = triton_version()
     impl, plan = _impl(_spec(), env=None), _plan(monkeypatch, "1")
     if installed in select.GLUON_TRITON_VERSIONS:
-        assert impl.name == "gluon" and plan.impl == "gluon"
+        assert impl.name == "gluon" and plan.route.impl == "gluon"
         return
     why = f"Gluon kernels are tested with Triton {', '.join(select.GLUON_TRITON_VERSIONS)} only, this is {installed}"
     assert impl == select.Implementation("triton", why)
-    assert plan.impl == "triton" and plan.gluon is None and f"impl      : triton ({why})" in plan.describe()
+    assert plan.route.impl == "triton" and plan.route.gluon is None and f"impl      : triton ({why})" in plan.describe()
 
 
 def test_switch_values():
@@ -302,23 +303,23 @@ def _plan(monkeypatch, env, spec=None, arch="sm_90"):
 @pytest.mark.filterwarnings("ignore:tileq. ignoring tuned table")  # the sm_90 table, planning sm_89
 def test_plan_records_the_implementation(monkeypatch):
     p = _plan(monkeypatch, "1")
-    assert p.impl == "gluon" and p.gluon == GluonConfig(block_n=128, stages=6, epi_preload=True)
+    assert p.route.impl == "gluon" and p.route.gluon == GluonConfig(block_n=128, stages=6, epi_preload=True)
     text = p.describe()
     assert re.search(r"^impl      : gluon \(sm_90 warp-specialized kernel", text, re.M)
     assert "gluon     : rowcol_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ep_ws2x64_sm90" in text
     assert "(the Triton fallback)" in text
     p = _plan(monkeypatch, None)
-    assert p.impl == "gluon" and "on by default" in p.describe()
+    assert p.route.impl == "gluon" and "on by default" in p.describe()
     p = _plan(monkeypatch, "0")
-    assert p.impl == "triton" and p.gluon is None
+    assert p.route.impl == "triton" and p.route.gluon is None
     assert "impl      : triton (TILEQ_GLUON=0 switches the Gluon kernel off)" in p.describe()
     p = _plan(monkeypatch, "1", _spec(family="rowcol_bf16xi8_rcr_prefill"))
     assert "impl      : triton (8-bit rcr prefill only" in p.describe()
     p = _plan(monkeypatch, None, _spec(family="rowcol_bf8xbf8_rcr_prefill"))  # served, opt-in
-    assert p.impl == "triton" and "off by default for bf8xbf8" in p.describe()
-    assert _plan(monkeypatch, "1", _spec(family="rowcol_bf8xbf8_rcr_prefill")).impl == "gluon"
+    assert p.route.impl == "triton" and "off by default for bf8xbf8" in p.describe()
+    assert _plan(monkeypatch, "1", _spec(family="rowcol_bf8xbf8_rcr_prefill")).route.impl == "gluon"
     p = _plan(monkeypatch, "1", _spec(family="aquant_fp8xfp8_rcr_preshufflequant"))
-    assert p.pipeline == "preshufflequant" and p.impl == "gluon"
+    assert p.route.pipeline == "preshufflequant" and p.route.impl == "gluon"
     p = _plan(monkeypatch, "1", arch="sm_89")
     assert "impl      : triton (Gluon kernels are sm_90 only, this is sm_89)" in p.describe()
 
@@ -335,15 +336,15 @@ def test_plan_for_fast_accum_and_acc_in(monkeypatch):
     assert "mma(fp8xfp8->f32) fast-accum" in text
     p = _plan(monkeypatch, "1", _spec("abquant_fp8xfp8_rcr_prefill", has_acc=True, fast_accum=True))
     text = p.describe()
-    assert p.impl == "gluon" and p.gluon == GluonConfig(stages=6)
+    assert p.route.impl == "gluon" and p.route.gluon == GluonConfig(stages=6)
     assert "gluon     : abquant_fp8xfp8_rcr_prefill__gluon_m128n128k128_s6_ws2x64_sm90" in text  # promoted
     assert "+ acc_in(f32)" in text and "with acc_in, 128 x 256 tiles spill" in text
     p = _plan(monkeypatch, "1", _spec("rowcol_i8xi8_rcr_prefill", has_acc=True))
-    assert p.impl == "gluon" and "+ acc_in(i32) -> cast f32" in p.describe()
+    assert p.route.impl == "gluon" and "+ acc_in(i32) -> cast f32" in p.describe()
     p = _plan(monkeypatch, None, _spec(fast_accum=True))
-    assert p.impl == "gluon" and "on by default" in p.describe()
+    assert p.route.impl == "gluon" and "on by default" in p.describe()
     p = _plan(monkeypatch, None, _spec(has_acc=True))
-    assert p.impl == "gluon" and "on by default" in p.describe()
+    assert p.route.impl == "gluon" and "on by default" in p.describe()
 
 
 def test_forced_config_runs_the_triton_kernel(monkeypatch):
@@ -351,7 +352,7 @@ def test_forced_config_runs_the_triton_kernel(monkeypatch):
     from tileq.dispatch.plan import with_config
 
     p = with_config(_plan(monkeypatch, "1"), TileConfig(128, 128, 128, 8, 3))
-    assert p.impl == "triton" and p.gluon is None
+    assert p.route.impl == "triton" and p.route.gluon is None
     assert "impl      : triton (a forced config of the portable kernel)" in p.describe()
 
 
@@ -361,7 +362,7 @@ def test_interpreter_plans_never_choose_gluon(monkeypatch):
 
     monkeypatch.setenv("TILEQ_GLUON", "1")
     p = make_plan(_spec(), torch.device("cpu"), backend="triton")
-    assert p.interpreted and p.impl == "triton"
+    assert p.interpreted and p.route.impl == "triton"
     assert "impl      : triton (the Triton interpreter runs the portable kernel" in p.describe()
 
 
@@ -590,7 +591,8 @@ def test_split_k_config_and_tag():
 def gluon_plan_for(monkeypatch):
     """A Gluon plan for CPU tensors (as make_plan gives on an H200) and a stand-in kernel."""
     from tileq.kernels.gluon import launch as glaunch
-    from tileq.dispatch.plan import _plan_cached
+    from tileq.device import for_arch
+    from tileq.dispatch.plan import _gemm_cached
     from tileq.problem import build_problem
 
     rec = KernelRecorder()
@@ -599,12 +601,17 @@ def gluon_plan_for(monkeypatch):
     def make(spec, pad=0, seed=0, out=None):
         args = make_args(spec, seed=seed, pad=pad)
         problem = args.call(build_problem, out=out)
-        plan = _plan_cached(problem.spec, "triton", False, "sm_90", 132, False, None, None, "1")
-        assert plan.impl == "gluon"
+        plan = _gemm_cached(problem.spec, "triton", False, for_arch("sm_90"), None, True, ())
+        assert plan.route.impl == "gluon"
         return args, problem, plan
 
     return rec, make
 
+
+
+def _with_gluon(plan, cfg):
+    """``plan`` running the Gluon kernel with ``cfg`` instead."""
+    return replace(plan, route=replace(plan.route, gluon=cfg))
 
 def test_launcher_descriptors_and_constexprs(gluon_plan_for):
     from tileq.kernels.launch import make_launch
@@ -615,7 +622,7 @@ def test_launcher_descriptors_and_constexprs(gluon_plan_for):
     assert type(gl_launch).__name__ == "GluonLaunch" and gl_launch.usable
     gl_launch(problem.a, problem.b, problem.a_scale, problem.b_scale, problem.bias, None, None)
     (grid, args, kwargs), = rec.calls
-    cfg = plan.gluon
+    cfg = plan.route.gluon
     assert cfg == GluonConfig(block_n=64, stages=8, epi_preload=True)  # 3 x 5 tiles of 128 x 128 fill few SMs
     assert kwargs["EPI_PRELOAD"] is False  # masked stores (N = 577): the vectors are loaded late
     assert grid == (3 * 10,)
@@ -651,7 +658,7 @@ def test_launcher_swaps_one_column_b_groups(gluon_plan_for):
     rec, make = gluon_plan_for
     spec = _spec("bquant_fp8xfp8_rcr_prefill", m=300, n=576, k=1024, group_n=1)
     _, problem, plan = make(spec)
-    assert plan.gluon.swap_ab and plan.gluon.tag.endswith("_swap_ws2x64")
+    assert plan.route.gluon.swap_ab and plan.route.gluon.tag.endswith("_swap_ws2x64")
     launch = make_launch(problem, plan)
     launch(problem.a, problem.b, problem.a_scale, problem.b_scale, None, None, None)
     (grid, args, kwargs), = rec.calls
@@ -659,14 +666,14 @@ def test_launcher_swaps_one_column_b_groups(gluon_plan_for):
     assert kwargs["TRANS_C"] is True and kwargs["A_SCALE"] == "group" and kwargs["B_SCALE"] == "vector"
     assert a_desc.base.data_ptr() == problem.b.data_ptr() and b_desc.base.data_ptr() == problem.a.data_ptr()
     assert (a_desc.shape, a_desc.block_shape) == ([576, 1024], [128, 128])
-    assert (b_desc.shape, b_desc.block_shape) == ([300, 1024], [plan.gluon.block_n, 128])
-    assert (c_desc.shape, c_desc.block_shape) == ([300, 576], [plan.gluon.sub_n, 64]) and out.shape == (300, 576)
+    assert (b_desc.shape, b_desc.block_shape) == ([300, 1024], [plan.route.gluon.block_n, 128])
+    assert (c_desc.shape, c_desc.block_shape) == ([300, 576], [plan.route.gluon.sub_n, 64]) and out.shape == (300, 576)
     assert args[5] is problem.b_scale and args[6] is problem.a_scale  # the kernel's A scale, B scale
     sb = problem.b_scale  # [Gk, N]: the kernel reads it per row n (stride 1 here) and group g
     assert args[9:] == (576, 300, 1024, 576, 0, sb.stride(1), sb.stride(0), 0, problem.a_scale.stride(0))
     # abquant's A groups stay on the rows: not swapped (128 x 64 tiles)
     _, problem2, plan2 = make(_spec("abquant_fp8xfp8_rcr_prefill", m=300, n=576, k=1024, group_n=1))
-    assert not plan2.gluon.swap_ab
+    assert not plan2.route.gluon.swap_ab
 
 
 @needs_interpreter
@@ -677,7 +684,7 @@ def test_split_reduce_transposed(gluon_plan_for):
     rec, make = gluon_plan_for
     out = torch.zeros(300, 576, dtype=torch.bfloat16)
     _, problem, plan = make(_spec("bquant_fp8xfp8_rcr_prefill", m=300, n=576, k=1024, group_n=1), out=out)
-    plan = replace(plan, gluon=GluonConfig(split_k=2, swap_ab=True))
+    plan = _with_gluon(plan, GluonConfig(split_k=2, swap_ab=True))
 
     def fill(grid, args, kwargs):  # block [BM, BN] of C^T: value = row index within the block
         ws = args[4].view(-1, 2, 128, 128)
@@ -707,7 +714,7 @@ def test_launcher_split_k_writes_partials_and_reduces(gluon_plan_for, n, program
     rec, make = gluon_plan_for
     out = torch.zeros(300, n, dtype=torch.bfloat16)
     _, problem, plan = make(_spec(m=300, n=n, k=1024), pad=0, out=out)
-    plan = replace(plan, gluon=GluonConfig(split_k=3))
+    plan = _with_gluon(plan, GluonConfig(split_k=3))
 
     def fill(grid, args, kwargs):
         ws = args[4].view(-1, 3, 128, 128)
@@ -745,7 +752,7 @@ def test_launcher_passes_acc_in_and_fast_accum(gluon_plan_for):
     from tileq.problem import build_problem
 
     problem = args.call(build_problem)
-    plan = replace(plan, gluon=GluonConfig(block_n=256, stages=4, overlap=True))
+    plan = _with_gluon(plan, GluonConfig(block_n=256, stages=4, overlap=True))
     launch = make_launch(problem, plan)
     launch(problem.a, problem.b, problem.a_scale, problem.b_scale, problem.bias, acc, None)
     (grid, kargs, kwargs), = rec.calls
@@ -755,14 +762,14 @@ def test_launcher_passes_acc_in_and_fast_accum(gluon_plan_for):
     assert grid == (3 * 5,)
     # The direct launch specializes on which optional pointers are present: acc_in included.
     _, no_acc, plan_no_acc = make(replace(spec, has_acc=False))
-    plain = make_launch(no_acc, replace(plan_no_acc, gluon=plan.gluon))
+    plain = make_launch(no_acc, _with_gluon(plan_no_acc, plan.route.gluon))
     assert isinstance(launch.variant(True)[1], KernelCall)
     assert launch.variant(True)[1].sid != plain.variant(True)[1].sid
 
     rec.calls.clear()
     _, problem, plan = make(_spec(m=300, n=576, k=1024, fast_accum=True))
-    assert plan.gluon.tag == "m128n64k128_s8_ep_ws2x64"
-    plan = replace(plan, gluon=GluonConfig(overlap=True))  # a forced overlap: not for MMA_ACC
+    assert plan.route.gluon.tag == "m128n64k128_s8_ep_ws2x64"
+    plan = _with_gluon(plan, GluonConfig(overlap=True))  # a forced overlap: not for MMA_ACC
     make_launch(problem, plan)(problem.a, problem.b, problem.a_scale, problem.b_scale, None, None, None)
     (_, kargs, kwargs), = rec.calls
     assert kwargs["MMA_ACC"] and not kwargs["INT_DOT"] and not kwargs["OVERLAP"] and not kwargs["HAS_ACC"]
@@ -893,20 +900,20 @@ def test_gpu_odd_shapes(family, m, n, k, gluon_on):
 @pytest.fixture
 def forced_gluon_config(monkeypatch):
     """Make the planner return a given Gluon config (its cache cleared before and after)."""
+    from tileq.dispatch import gemm as dgemm
     from tileq.dispatch import gluon as gdispatch
-    from tileq.dispatch import plan as dplan
-    from tileq.dispatch.plan import _plan_cached
+    from tileq.dispatch.plan import _gemm_cached
 
     def force(cfg):
         # (the planner calls choose_tiles; patching gluon_config alone forced nothing)
-        monkeypatch.setattr(dplan, "choose_tiles", lambda spec, num_sms: (cfg, "forced by the test"))
+        monkeypatch.setattr(dgemm, "choose_tiles", lambda spec, num_sms: (cfg, "forced by the test"))
         monkeypatch.setattr(gdispatch, "gluon_config", lambda spec, num_sms: cfg)
-        _plan_cached.cache_clear()
+        _gemm_cached.cache_clear()
         api.clear_call_cache()
 
     yield force
     monkeypatch.undo()
-    _plan_cached.cache_clear()
+    _gemm_cached.cache_clear()
     api.clear_call_cache()
 
 
@@ -940,7 +947,7 @@ def test_forced_gluon_config_reaches_the_plan(forced_gluon_config, monkeypatch):
     """The GPU tests' forced configs are what the plan runs (CPU check of the fixture)."""
     forced_gluon_config(GluonConfig(block_n=64, stages=8, split_k=3))
     p = _plan(monkeypatch, "1", _spec(m=4096))
-    assert p.gluon == GluonConfig(block_n=64, stages=8, split_k=3) and "forced by the test" in p.describe()
+    assert p.route.gluon == GluonConfig(block_n=64, stages=8, split_k=3) and "forced by the test" in p.describe()
 
 
 FAST_FAMILIES = ["rowcol_fp8xfp8_rcr_prefill", "tensor_fp8xfp8_rcr_prefill", "rowcol_fp8xbf8_rcr_prefill",

@@ -15,7 +15,7 @@ import torch
 
 import tileq
 from tileq import api_grouped
-from tileq.dispatch.grouped import make_grouped_plan
+from tileq.dispatch.plan import make_plan
 from tileq.errors import (
     DTypeError,
     LayoutError,
@@ -231,9 +231,9 @@ def test_kernel_planned_configs_and_fresh_output():
     for rows, swapped, bm in (((3, 5), True, 16), ((20, 30), True, 32), ((40, 50), False, 64),
                               ((140, 2), False, 64)):
         args, kw = make_case(CASES[1], e=2, rows=rows, n=40, k=96, spare=0)
-        plan = make_grouped_plan(api_grouped.validate(*args, out_dtype=torch.bfloat16, group_n=None,
-                                                      row_scale=None, out=None, counts=None, **kw)[0],
-                                 torch.device("cpu"), backend="triton")
+        plan = make_plan(api_grouped.validate(*args, out_dtype=torch.bfloat16, group_n=None,
+                                              row_scale=None, out=None, counts=None, **kw)[0],
+                         torch.device("cpu"), backend="triton")
         assert (plan.config.swap_ab, plan.config.block_m) == (swapped, bm), plan.describe()
         y = tileq.grouped_linear(*args, backend="triton", **kw)
         check_close(y, grouped_linear_ref(*args, **kw))

@@ -15,7 +15,7 @@ import torch
 
 import tileq
 from tileq import api_grouped
-from tileq.dispatch.grouped import make_grouped_plan
+from tileq.dispatch.plan import make_plan
 from tileq.kernels.grouped.launch import GroupedLaunch
 from tileq.kernels.grouped.spec import GroupedConfig, config_problem
 from tileq.reference_grouped import grouped_linear_ref
@@ -160,7 +160,7 @@ def _forced(args, kw, cfg, out):
 
 def _planned(args, kw, out):
     spec, _ = _validated(args, kw, out)
-    return make_grouped_plan(spec, out.device)
+    return make_plan(spec, out.device)
 
 
 # ---- bandwidth report ------------------------------------------------------------------------

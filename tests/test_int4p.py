@@ -13,10 +13,10 @@ import torch
 
 import tileq
 from tileq import api_prepacked
-from tileq.api_prepacked import linear_prepacked
+from tileq.api_prepacked import describe_prepacked, linear_prepacked
 from tileq.device import for_arch
 from tileq.dispatch import int4 as rules
-from tileq.dispatch.int4 import default_config, describe_prepacked
+from tileq.dispatch.int4 import default_config
 from tileq.dispatch.thresholds import for_arch as thresholds_for
 from tileq.errors import DTypeError, ShapeError
 from tileq.kernels.int4p import prefill_launch as pl
@@ -521,7 +521,9 @@ def test_w4a8_fp8_prefill_runs_tileqs_fp8_gemm(w_kind, x_kind):
     fp8, group scales by scheme bquant (groups of one column), the others by rowcol; per-token or
     per-tensor activation scales, bias; against the float64 reference."""
     from tileq.dispatch.plan import make_plan
+    from tileq.dispatch.prepacked import inner_spec
     from tileq.kernels.int4p.fp8_prefill import Fp8PrefillLaunch
+    from tileq.kernels.int4p.spec import PrepackedSpec
 
     torch.manual_seed(5)
     m, n, k, group_k = 7, 40, 640, 256 if w_kind == "group" else 128
@@ -531,7 +533,7 @@ def test_w4a8_fp8_prefill_runs_tileqs_fp8_gemm(w_kind, x_kind):
     x = (torch.randn(m, k) * 50).clamp(-400, 400).to(torch.float8_e4m3fn)
     sx = torch.rand(m) + 0.5 if x_kind == "vector" else torch.tensor(0.7)
     bias = torch.randn(n)
-    spec = rules.inner_spec(m, n, k, "fp8", x_kind, w_kind, torch.bfloat16, group_k, True)
+    spec = inner_spec(PrepackedSpec(m, n, k, "fp8", x_kind, w_kind, torch.bfloat16, group_k, True))
     plan = make_plan(spec, torch.device(DEV), backend="triton")
     launch = Fp8PrefillLaunch(n, k, w_kind, x_kind, group_k, torch.bfloat16, x.dtype, plan)
     assert launch.scheme == ("bquant" if w_kind == "group" else "rowcol")
@@ -841,12 +843,14 @@ def test_selftest_prepacked_pass():
 
 def test_tuned_table_configs_parse_and_serve_only_their_sizes():
     import json
+    from importlib import resources
 
-    from tileq.dispatch.int4 import _TUNED_PATH, config_for, tuned_table
+    from tileq.dispatch.int4 import config_for
+    from tileq.dispatch.tuned import INT4_DECODE_TABLE, int4_decode_table
 
-    doc = json.load(open(_TUNED_PATH))
+    doc = json.loads(resources.files("tileq.dispatch").joinpath(INT4_DECODE_TABLE).read_text())
     assert doc["arch"] == "sm_90" and "H200" in doc["about"]
-    table = tuned_table()
+    table = int4_decode_table()
     assert len(table) == len(doc["entries"]) > 0
     for e in doc["entries"]:
         cfg = table[(e["n"], e["k"], e["m"])]

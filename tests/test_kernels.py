@@ -85,15 +85,16 @@ def test_split_k_is_deterministic_and_correct(monkeypatch):
     want = args.call(tileq.gemm, backend="reference")
     forced = TileConfig(16, 64, 128, 4, 2, split_k=4)
     monkeypatch.setattr(h, "heuristic_config", lambda *a, **k: forced)
+    import tileq.dispatch.gemm as gemm
     import tileq.dispatch.plan as plan
 
-    plan._plan_cached.cache_clear()
-    monkeypatch.setattr(plan, "heuristic_config", lambda *a, **k: forced)
+    plan._gemm_cached.cache_clear()
+    monkeypatch.setattr(gemm, "heuristic_config", lambda *a, **k: forced)
     text = args.call(tileq.explain, backend="triton")
     assert "split_k=4" in text
     y1 = args.call(tileq.gemm, backend="triton")
-    y2 = args.call(tileq.gemm, backend="triton", deterministic=True)
-    plan._plan_cached.cache_clear()
+    y2 = args.call(tileq.gemm, backend="triton")
+    plan._gemm_cached.cache_clear()
     check_close(y1, want, torch.float32)
     assert torch.equal(y1, y2)
 

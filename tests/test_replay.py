@@ -67,8 +67,13 @@ def test_tiling_entries_force_each_candidate_on_a_gluon_plan(monkeypatch):
     real = V._plan
     spec = case.spec(m, n, k)
     chosen_cfg, why = choose_tiles(spec, SMS)
-    monkeypatch.setattr(V, "_plan", lambda problem, ctx, gluon=None: replace(
-        real(problem, ctx, gluon), impl="gluon", impl_reason="on", gluon=chosen_cfg, gluon_reason=why))
+
+    def gluon_plan(problem, ctx, gluon=None):
+        plan = real(problem, ctx, gluon)
+        return replace(plan, route=replace(plan.route, impl="gluon", impl_reason="on", gluon=chosen_cfg,
+                                           gluon_reason=why))
+
+    monkeypatch.setattr(V, "_plan", gluon_plan)
     ran = []
     monkeypatch.setattr(V, "plan_runnable", lambda ops, problem, plan, note, kernel: ran.append((plan, note, kernel)))
     impls = V.tiling_impls(ops, Context(cpu, "triton"))
@@ -79,7 +84,7 @@ def test_tiling_entries_force_each_candidate_on_a_gluon_plan(monkeypatch):
         impl.build(ops, Context(cpu, "triton"))
     chosen = tiling_name(spec, chosen_cfg, SMS)
     for (plan, note, kernel), (name, (cfg, cost, text)) in zip(ran, tilings.items()):
-        assert plan.impl == "gluon" and plan.gluon == cfg and "forced tiling" in plan.gluon_reason
+        assert plan.route.impl == "gluon" and plan.route.gluon == cfg and "forced tiling" in plan.route.gluon_reason
         assert note.startswith(text) and f"{cost:.0f} K steps" in note
         assert note.endswith("; the plan's choice") == (name == chosen)
         assert kernel == f"abquant_fp8xfp8_rcr_prefill__gluon_{instance_tag(spec, cfg)}_sm90"
@@ -254,12 +259,11 @@ def _int4_rows(problems, default=2.0):
     a row for every variant the bench times for the call (``default`` ms unless given), with the
     kernel its plan names, and bf16 cuBLAS."""
     from tileq.bench import int4 as I
-    from tileq.device import for_arch
 
     rows = []
     for case_name, shape, m, n, k, times in problems:
         case = parse_case(case_name)
-        base = I.plan_of(case, m, n, k, for_arch("sm_90"))
+        base = I.plan_of(case, m, n, k)
         made = I.variants(base)
         assert set(times) <= set(made), sorted(set(times) - set(made))
 
@@ -267,9 +271,9 @@ def _int4_rows(problems, default=2.0):
             return R.Result("int4", *key, case.name, case.scheme.value, case.dtypes, "rcr", impl, kind, R.OK,
                             time_ms=ms, kernel=kernel)
 
-        rows.append(row("tileq", "tileq", times.get(I.variant_name(base), default), base.kernel))
+        rows.append(row("tileq", "tileq", times.get(I.variant_name(base), default), base.route.kernel))
         for name, make in made.items():
-            kernel = make().kernel if name != "fp8-gemm" else "dequant-fp8+tileq"
+            kernel = make().route.kernel if name != "fp8-gemm" else "dequant-fp8+tileq"
             rows.append(row(I.PREFIX + name, "variant", times.get(name, default), kernel))
         rows.append(row("torch_bf16_matmul", "unquantized", 4.0))
     return rows
@@ -373,7 +377,7 @@ def test_tuned_table_writer(tmp_path):
     entry = {"n": 5120, "k": 5120, "config": "m64n16k512_w4_s3_r168_pf_stk_swap", "us": 1000.0,
              "heuristic": D1[7:], "heuristic_us": 1100.0, "shape": "llm.a"}
     assert doc["entries"] == [{**entry, "m": 1, "measured_m": [1]}, {**entry, "m": 16, "measured_m": [4, 16]}]
-    # what dispatch.int4.tuned_table reads: {(n, k, 1 or 16): config}
+    # what dispatch.tuned.int4_decode_table reads: {(n, k, 1 or 16): config}
     table = {(e["n"], e["k"], e["m"]): Int4pConfig.parse_tag(e["config"]) for e in doc["entries"]}
     assert table[(5120, 5120, 16)].streamk
     assert decode_rule(1, 7168, 5120, "bf16", for_arch("sm_90"))[0].tag in lines[2]

@@ -1,4 +1,4 @@
-"""A decode split over K summed by the portable kernel itself (``dispatch.plan.sums_in_kernel``):
+"""A decode split over K summed by the portable kernel itself (``dispatch.gemm.sums_in_kernel``):
 one launch instead of the GEMM and ``_splitk_reduce_kernel``. The last program of each tile adds
 the partials in split order, the reduction kernel's order, so the result is the same bits; its
 tile counters go back to zero. Run through Triton's interpreter; the sm_90 build of such a kernel
@@ -12,6 +12,7 @@ import torch
 
 from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
+from tileq.dispatch import gemm as gemm_mod
 from tileq.dispatch import plan as plan_mod
 from tileq.kernels import buffers, launch
 from tileq.problem import build_problem
@@ -34,8 +35,8 @@ def _launch(problem, cfg, in_kernel: bool, monkeypatch):
     p = plan_mod.with_config(base, cfg)
     with monkeypatch.context() as mp:
         if not in_kernel:
-            mp.setattr(plan_mod, "sums_in_kernel", lambda pipeline, cfg: False)
-        assert p.in_kernel_sum is in_kernel
+            mp.setattr(gemm_mod, "sums_in_kernel", lambda pipeline, cfg: False)
+        assert p.route.in_kernel_sum is in_kernel
         return launch.GemmLaunch(problem, p), p
 
 
@@ -66,6 +67,6 @@ def test_in_kernel_sum_equals_the_reduction_kernel(family, m, n, k, split, swapp
 def test_only_decode_splits_sum_in_the_kernel():
     from tileq.kernels.config import TileConfig
 
-    assert plan_mod.sums_in_kernel("decode", TileConfig(64, 16, 256, 4, 4, 2, swap_ab=True))
-    assert not plan_mod.sums_in_kernel("decode", TileConfig(64, 16, 256, 4, 4, 1, swap_ab=True))
-    assert not plan_mod.sums_in_kernel("prefill", TileConfig(128, 128, 64, 8, 3, 2))
+    assert gemm_mod.sums_in_kernel("decode", TileConfig(64, 16, 256, 4, 4, 2, swap_ab=True))
+    assert not gemm_mod.sums_in_kernel("decode", TileConfig(64, 16, 256, 4, 4, 1, swap_ab=True))
+    assert not gemm_mod.sums_in_kernel("prefill", TileConfig(128, 128, 64, 8, 3, 2))

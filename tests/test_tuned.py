@@ -8,7 +8,7 @@ import torch
 from tileq.dispatch import tuned
 from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
-from tileq.dispatch.plan import _plan_cached, make_plan
+from tileq.dispatch.plan import _gemm_cached, make_plan
 
 FAM = parse_family("rowcol_i8xi8_rcr_decode")
 
@@ -29,11 +29,11 @@ def use_table(tmp_path, monkeypatch):
         monkeypatch.setenv("TILEQ_TUNED_TABLES", str(path))
         monkeypatch.setattr(tuned, "_shipped_tables", lambda: [])  # only the table under test
         tuned.clear_cache()
-        _plan_cached.cache_clear()
+        _gemm_cached.cache_clear()
         return path
     yield install
     tuned.clear_cache()
-    _plan_cached.cache_clear()
+    _gemm_cached.cache_clear()
 
 
 def plan_for(m, n=5120, k=5120):
@@ -43,19 +43,30 @@ def plan_for(m, n=5120, k=5120):
 def test_hit_and_neighbouring_bucket(use_table):
     use_table(table())
     p = plan_for(3)  # bucket 4: exact hit
-    assert p.config.tag == "m16n32k512_w4_s4" and p.config_source == "table: t.json"
+    assert p.config.tag == "m16n32k512_w4_s4" and p.route.config_source == "table: t.json"
     assert "[table: t.json]" in p.describe()
     p = plan_for(8)  # bucket 8 not tuned: borrows bucket 4
-    assert p.config.tag == "m16n32k512_w4_s4" and "M bucket 4" in p.config_source
+    assert p.config.tag == "m16n32k512_w4_s4" and "M bucket 4" in p.route.config_source
     p = plan_for(40)  # borrows bucket 4 but needs an M tile covering 40 rows
     assert p.config.block_m == 64
 
 
 def test_miss_uses_heuristic(use_table):
     use_table(table())
-    assert plan_for(1, n=4096).config_source == "heuristic"
-    assert plan_for(1024).config_source in ("heuristic",) or plan_for(1024).pipeline == "prefill"
+    assert plan_for(1, n=4096).route.config_source == "heuristic"
+    assert plan_for(1024).route.config_source in ("heuristic",) or plan_for(1024).route.pipeline == "prefill"
 
+
+
+def test_the_tables_switch_keys_the_plan(use_table, tmp_path, monkeypatch):
+    """TILEQ_TUNED_TABLES reaches the planner through settings.current() and is part of the plan
+    cache's key: a new value takes effect on the next plan, with no cache to clear."""
+    use_table(table())
+    assert plan_for(3).route.config_source == "table: t.json"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(table(entries={})))
+    monkeypatch.setenv("TILEQ_TUNED_TABLES", str(other))
+    assert plan_for(3).route.config_source == "heuristic"
 
 @pytest.mark.parametrize("doc,reason", [
     ("{not json", "Expecting property name"),
@@ -68,7 +79,7 @@ def test_bad_tables_are_refused_with_a_warning(use_table, doc, reason):
     use_table(doc)
     with pytest.warns(UserWarning, match=reason):
         p = plan_for(3)
-    assert p.config_source == "heuristic"
+    assert p.route.config_source == "heuristic"
 
 
 def test_illegal_entry_is_not_used(use_table):
@@ -77,7 +88,7 @@ def test_illegal_entry_is_not_used(use_table):
     doc = table(entries={"abquant_fp8xfp8_rcr_decode|m4|n5120|k5120": "m16n32k512_w4_s4"})
     use_table(doc)
     p = make_plan(family_spec(fam, 4, 5120, 5120), torch.device("cuda"), backend="triton", arch="sm_90")
-    assert p.config_source == "heuristic" and p.config.block_k <= 128
+    assert p.route.config_source == "heuristic" and p.config.block_k <= 128
 
 
 def test_shipped_h200_table_is_valid():

@@ -10,8 +10,23 @@ See README.md for the schemes, layouts and scale shapes.
 import importlib
 import importlib.util
 
-from . import errors
+from . import errors, extensions
 from .version import __version__
+
+
+def _import_hf_moe() -> None:
+    from .integrations import hf_moe  # noqa: F401 - registers transformers' experts modules with quantize_
+
+
+def _import_distributed() -> None:
+    from . import distributed  # noqa: F401 - registers the sharded-model paths of quantize_ and the checkpoints
+
+
+# The parts of quantize_ and from_pretrained / save_pretrained that live on the floors above them,
+# imported on those calls' first use (they import torch): whichever tileq module a program imports
+# first, this file runs before it.
+extensions.add("tileq.integrations.hf_moe", _import_hf_moe)
+extensions.add("tileq.distributed", _import_distributed)
 
 
 def _import_api() -> None:

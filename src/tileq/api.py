@@ -24,7 +24,7 @@ from ._runtime import bounded_put, cache_get
 from .dtypes import PackedInt4
 from .prepacked import PrepackedInt4
 from .errors import DTypeError, ShapeError, TileqError, expect
-from .problem import LINEAR_NAMES, Problem, Scheme, build_problem
+from .problem import GEMM_NAMES, LINEAR_NAMES, ArgNames, Problem, Scheme, build_problem
 
 # Call signatures kept (oldest dropped first): enough for every layer shape of a model at every
 # batch size a server sees, small in memory (no tensors are held).
@@ -59,15 +59,15 @@ def _arg_key(x):
 
 
 def _call_key(op, a, b, a_scale, b_scale, bias, acc, out, scheme, out_dtype, group_k, group_n,
-              backend, deterministic, pipeline, fast_accum):
+              backend, pipeline, fast_accum):
     """The call signature, or None when an argument is not described by one."""
     try:
         return (
             op, _arg_key(a), _arg_key(b), _arg_key(a_scale), _arg_key(b_scale), _arg_key(bias),
             _arg_key(acc), _arg_key(out),
             type(scheme), scheme, type(out_dtype), out_dtype, type(group_k), group_k,
-            type(group_n), group_n, type(backend), backend, type(deterministic), deterministic,
-            type(pipeline), pipeline, type(fast_accum), fast_accum,
+            type(group_n), group_n, type(backend), backend, type(pipeline), pipeline,
+            type(fast_accum), fast_accum,
             # What the planners read from the environment.
             settings.key(),
         )
@@ -136,11 +136,25 @@ def _storage(x):
     return x.data if type(x) is PackedInt4 else x
 
 
-def _run(problem: Problem, backend, deterministic, pipeline, key=None, **extra) -> torch.Tensor:
-    p = _plan.make_plan(problem.spec, problem.device, backend=backend, deterministic=deterministic,
-                        pipeline=pipeline)
+def _run(problem: Problem, backend, pipeline, key=None, **extra) -> torch.Tensor:
+    p = _plan.make_plan(problem.spec, problem.device, backend=backend, pipeline=pipeline)
     _remember(key, problem, p, **extra)
     return _plan.execute(p, problem)
+
+
+def _gemm(op: str, names: ArgNames, a, b, a_scale, b_scale, scheme, out_dtype, bias, acc, group_k, group_n, out,
+          backend, pipeline, fast_accum) -> torch.Tensor:
+    """``gemm`` for a caller whose arguments are named ``names`` in its messages."""
+    key = _call_key(op, a, b, a_scale, b_scale, bias, acc, out, scheme, out_dtype, group_k, group_n, backend,
+                    pipeline, fast_accum)
+    hit = _lookup(key)
+    if hit is not None:
+        return hit.run(_storage(a), _storage(b), a_scale, b_scale, bias, acc, out)
+    problem = build_problem(
+        a, b, a_scale, b_scale, scheme=scheme, out_dtype=out_dtype, bias=bias, acc=acc,
+        group_k=group_k, group_n=group_n, out=out, fast_accum=fast_accum, names=names,
+    )
+    return _run(problem, backend, pipeline, key)
 
 
 def gemm(
@@ -157,7 +171,6 @@ def gemm(
     group_n: int | None = None,
     out=None,
     backend: str | None = None,
-    deterministic: bool | None = None,
     pipeline: str | None = None,
     fast_accum: bool = False,
 ) -> torch.Tensor:
@@ -176,16 +189,8 @@ def gemm(
     if isinstance(b, PrepackedInt4) or isinstance(a, PrepackedInt4):
         raise DTypeError(expect("a, b", "tensors or tileq.PackedInt4 (gemm's B is the logical [K, N])",
                                 "a tileq.PrepackedInt4 (an nn.Linear weight [N, K]: use tileq.linear(x, w, ...))"))
-    key = _call_key("gemm", a, b, a_scale, b_scale, bias, acc, out, scheme, out_dtype, group_k,
-                    group_n, backend, deterministic, pipeline, fast_accum)
-    hit = _lookup(key)
-    if hit is not None:
-        return hit.run(_storage(a), _storage(b), a_scale, b_scale, bias, acc, out)
-    problem = build_problem(
-        a, b, a_scale, b_scale, scheme=scheme, out_dtype=out_dtype, bias=bias, acc=acc,
-        group_k=group_k, group_n=group_n, out=out, fast_accum=fast_accum,
-    )
-    return _run(problem, backend, deterministic, pipeline, key)
+    return _gemm("gemm", GEMM_NAMES, a, b, a_scale, b_scale, scheme, out_dtype, bias, acc, group_k, group_n, out,
+                 backend, pipeline, fast_accum)
 
 
 def explain(
@@ -202,7 +207,6 @@ def explain(
     group_n: int | None = None,
     out=None,
     backend: str | None = None,
-    deterministic: bool | None = None,
     pipeline: str | None = None,
     fast_accum: bool = False,
 ) -> str:
@@ -211,9 +215,7 @@ def explain(
         a, b, a_scale, b_scale, scheme=scheme, out_dtype=out_dtype, bias=bias, acc=acc,
         group_k=group_k, group_n=group_n, out=out, fast_accum=fast_accum,
     )
-    p = _plan.make_plan(problem.spec, problem.device, backend=backend, deterministic=deterministic,
-                        pipeline=pipeline)
-    return p.describe()
+    return _plan.make_plan(problem.spec, problem.device, backend=backend, pipeline=pipeline).describe()
 
 
 def linear(
@@ -229,7 +231,6 @@ def linear(
     group_n: int | None = None,
     out=None,
     backend: str | None = None,
-    deterministic: bool | None = None,
     pipeline: str | None = None,
     fast_accum: bool = False,
 ) -> torch.Tensor:
@@ -243,7 +244,7 @@ def linear(
         return _linear_prepacked(x, w, x_scale, w_scale, scheme, out_dtype, bias, group_k, out, backend,
                                  pipeline, fast_accum)
     key = _call_key("linear", x, w, x_scale, w_scale, bias, None, out, scheme, out_dtype, group_k,
-                    group_n, backend, deterministic, pipeline, fast_accum)
+                    group_n, backend, pipeline, fast_accum)
     hit = _lookup(key)
     if hit is not None:
         if hit.flatten_k is not None:
@@ -290,8 +291,7 @@ def linear(
     )
     flatten_k = k if x2 is not x and not isinstance(x, PackedInt4) else None
     try:
-        y = _run(problem, backend, deterministic, pipeline, key, lead=lead, flatten_k=flatten_k,
-                 x_scale_rows=x_scale_rows)
+        y = _run(problem, backend, pipeline, key, lead=lead, flatten_k=flatten_k, x_scale_rows=x_scale_rows)
     except TileqError as e:
         # Planning and execution speak of gemm's a and b: say x and w.
         renamed = _with_head(e, _LINEAR_HEADS)
@@ -319,7 +319,7 @@ def linear_call(x, w, x_scale, w_scale, *, scheme, out_dtype, bias, group_k, gro
             return None
         return prepacked_call(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k)
     key = _call_key("linear", x, w, x_scale, w_scale, bias, None, None, scheme, out_dtype, group_k,
-                    group_n, None, None, None, False)
+                    group_n, None, None, False)
     hit = _lookup(key)
     if hit is None:
         linear(x, w, x_scale, w_scale, scheme=scheme, out_dtype=out_dtype, bias=bias, group_k=group_k,
@@ -364,16 +364,17 @@ def a8w8_matmul_dequant(
     a = lhs.t() if a_trans else lhs
     b = rhs.t() if b_trans else rhs
     try:
-        return gemm(
-            a, b, act_scale, weight_scale, scheme=Scheme.ROWCOL, out_dtype=out_dtype, acc=acc,
-            backend=backend,
-        )
+        return _gemm("a8w8_matmul_dequant", _SEED_NAMES, a, b, act_scale, weight_scale, Scheme.ROWCOL, out_dtype,
+                     None, acc, 128, None, None, backend, None, False)
     except TileqError as e:
-        raise _renamed(e, a_trans, b_trans) from None
+        head = str(e).partition(": ")[0]
+        if (head == "lhs" and a_trans) or (head == "rhs" and b_trans):
+            raise type(e)(f"{e} (shapes are logical: {head} is passed transposed)") from None
+        raise
 
 
-# The seed op's argument names for gemm's, in the messages of its errors.
-_SEED_NAMES = {"a": "lhs", "b": "rhs", "a_scale": "act_scale", "b_scale": "weight_scale"}
+# The seed op's names in its messages; it transposes with a_trans / b_trans (its shapes are logical).
+_SEED_NAMES = ArgNames("lhs", "rhs", "act_scale", "weight_scale", logical=True)
 # linear's, for the errors raised after validation (planning, execution).
 _LINEAR_HEADS = {"a": "x", "b": "w", "a, b": "x, w", "a_scale": "x_scale", "b_scale": "w_scale"}
 
@@ -385,22 +386,6 @@ def _with_head(e: TileqError, names: dict) -> TileqError:
     if not sep or head not in names:
         return e
     return type(e)(f"{names[head]}: {rest}")
-
-
-def _renamed(e: TileqError, a_trans: bool, b_trans: bool) -> TileqError:
-    """The same error with gemm's argument name at the head of the message replaced by the seed
-    op's (``a_scale: ...`` -> ``act_scale: ...``); shapes stay logical ([M, K] / [K, N])."""
-    # gemm's transposition hint speaks of b.t(); the seed op transposes with a_trans / b_trans.
-    msg = str(e).split("; did you mean", 1)[0]
-    head, sep, rest = msg.partition(": ")
-    if sep and head in _SEED_NAMES:
-        name = _SEED_NAMES[head]
-        note = ""
-        if (head == "a" and a_trans) or (head == "b" and b_trans):
-            note = f" (shapes are logical: {name} is passed transposed)"
-        msg = f"{name}: {rest}{note}"
-    msg = msg.replace("(a is [", "(lhs is [logical ")
-    return type(e)(msg)
 
 
 _PREPACKED_SCHEMES = ("bquant", "rowcol", "tensor")

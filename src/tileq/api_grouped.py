@@ -26,7 +26,7 @@ import torch
 from . import settings
 from ._runtime import bounded_put, cache_get
 from .api import _arg_key
-from .dispatch import grouped as _grouped
+from .dispatch.plan import make_plan
 from .dtypes import OUT_DTYPES, OperandType, check_pair, operand_type
 from .errors import (
     DTypeError,
@@ -286,7 +286,7 @@ def grouped_linear(x, w, x_scale=None, w_scale=None, *, scheme, offsets=None, co
     spec, args = validate(x, w, x_scale, w_scale, scheme=scheme, offsets=offsets, counts=counts,
                           out_dtype=out_dtype, group_k=group_k, group_n=group_n, row_scale=row_scale,
                           out=out)
-    plan = _grouped.make_grouped_plan(spec, x.device, backend=backend)
+    plan = make_plan(spec, x.device, backend=backend)
     if plan.executor == "reference":
         return grouped_linear_ref(x, w, args.x_scale, args.w_scale, scheme=spec.scheme, offsets=offsets,
                                   counts=counts, out_dtype=out_dtype, group_k=group_k,
@@ -306,5 +306,5 @@ def explain_grouped(x, w, x_scale=None, w_scale=None, *, scheme, offsets=None, c
     meta tensors work). ``arch``: plan for a named arch (e.g. 'sm_90') instead of x's device."""
     spec, _ = validate(x, w, x_scale, w_scale, scheme=scheme, offsets=offsets, counts=counts,
                        out_dtype=out_dtype, group_k=group_k, group_n=group_n, row_scale=row_scale, out=out)
-    return _grouped.make_grouped_plan(spec, x.device, backend=backend, arch=arch).describe()
+    return make_plan(spec, x.device, backend=backend, arch=arch).describe()
 

@@ -4,18 +4,18 @@ scales (W4A8).
 
 A call is checked once (shapes, dtypes, the scales' kinds, the bias, ``out``); its signature
 (everything the plan and the launch depend on, ``settings.key()`` included) finds its launch. A new
-signature is planned (``dispatch.int4.plan_prepacked``: path, kernel, config or tiling) and its
-launch made from the plan by the launchers of ``kernels/int4p``, which decide nothing.
+signature is planned (``dispatch.plan.make_plan`` on its ``PrepackedSpec``: path, kernel, config or
+tiling) and its launch made from the plan by the launchers of ``kernels/int4p``, which decide
+nothing. ``describe_prepacked`` says what runs for a call described by its sizes.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import device as _device
 from . import settings as _settings
 from ._runtime import bounded_put, interpreter_active
-from .dispatch.int4 import Int4Plan, plan_prepacked
+from .dispatch.plan import Plan, make_plan
 from .errors import DTypeError, ShapeError, expect
 from .kernels.direct import tracing
 from .kernels.int4p.config import X_TYPES, Int4pConfig
@@ -23,6 +23,7 @@ from .kernels.int4p.dequant import DequantLaunch
 from .kernels.int4p.fp8_prefill import Fp8PrefillLaunch
 from .kernels.int4p.launch import Int4pLaunch
 from .kernels.int4p.prefill_launch import GluonPrefillLaunch
+from .kernels.int4p.spec import PrepackedSpec
 from .prepacked import PrepackedInt4
 
 _OUT = (torch.bfloat16, torch.float16, torch.float32)
@@ -160,32 +161,32 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
            x2.stride(0), x.device, config, traced, _settings.key())
     launch = _LAUNCHES.get(key)
     if launch is None:
-        plan = plan_prepacked(m, n, k, x_type, x_kind, w_kind, out_dtype, group_k, b is not None,
-                              _device.facts(x.device), config=config, device=x.device, traced=traced)
+        spec = PrepackedSpec(m, n, k, x_type, x_kind, w_kind, out_dtype, group_k, b is not None)
+        plan = make_plan(spec, x.device, config=config, traced=traced)
         launch = make_launch(plan, x.dtype, sw_strides, sx_stride, x.device)
         bounded_put(_LAUNCHES, key, launch, LAUNCH_CACHE_SIZE)
     return launch, x2, sx, sw, b, lead
 
 
-def make_launch(plan: Int4Plan, x_dtype: torch.dtype, sw_strides: tuple[int, int], sx_stride: int,
+def make_launch(plan: Plan, x_dtype: torch.dtype, sw_strides: tuple[int, int], sx_stride: int,
                 device: torch.device):
-    """The launch of ``plan`` for tensors of these dtypes and strides on ``device``."""
-    m, n, k, w_kind, x_kind = plan.m, plan.n, plan.k, plan.w_kind, plan.x_kind
-    if plan.path == "gluon-prefill":
-        fallback = DequantLaunch(n, k, w_kind, x_kind, sw_strides, plan.group_k, plan.out_dtype, x_dtype)
-        return GluonPrefillLaunch(m, n, k, x_dtype, plan.out_dtype, w_kind, sw_strides, plan.group_k, plan.has_bias,
-                                  device, fallback, tokens=plan.tokens, num_sms=plan.facts.num_sms,
-                                  overlap=plan.overlap, split=plan.split, x_kind=x_kind, sx_stride=sx_stride,
-                                  fused=plan.fused, streamk=plan.streamk)
-    if plan.path == "fp8-gemm":
-        if plan.inner is None:
-            raise plan.inner_error
-        return Fp8PrefillLaunch(n, k, w_kind, x_kind, plan.group_k, plan.out_dtype, x_dtype, plan.inner)
-    if plan.path == "dequant+cublas":
-        return DequantLaunch(n, k, w_kind, x_kind, sw_strides, plan.group_k, plan.out_dtype, x_dtype)
-    return Int4pLaunch(m, n, k, plan.compute_type, plan.out_dtype, w_kind, sw_strides, x_kind, sx_stride,
-                       plan.group_k, plan.has_bias, device, plan.config, cast_x=plan.cast,
-                       num_sms=plan.facts.num_sms)
+    """The launch of ``plan`` (a prepacked plan) for tensors of these dtypes and strides on ``device``."""
+    s, r = plan.spec, plan.route
+    m, n, k, w_kind, x_kind = s.m, s.n, s.k, s.w_kind, s.x_kind
+    if r.path == "gluon-prefill":
+        fallback = DequantLaunch(n, k, w_kind, x_kind, sw_strides, s.group_k, s.out_dtype, x_dtype)
+        return GluonPrefillLaunch(m, n, k, x_dtype, s.out_dtype, w_kind, sw_strides, s.group_k, s.has_bias,
+                                  device, fallback, tokens=r.tokens, num_sms=plan.facts.num_sms,
+                                  overlap=r.overlap, split=r.split, x_kind=x_kind, sx_stride=sx_stride,
+                                  fused=r.fused, streamk=r.streamk)
+    if r.path == "fp8-gemm":
+        if r.inner is None:
+            raise r.inner_error
+        return Fp8PrefillLaunch(n, k, w_kind, x_kind, s.group_k, s.out_dtype, x_dtype, r.inner)
+    if r.path == "dequant+cublas":
+        return DequantLaunch(n, k, w_kind, x_kind, sw_strides, s.group_k, s.out_dtype, x_dtype)
+    return Int4pLaunch(m, n, k, r.compute_type, s.out_dtype, w_kind, sw_strides, x_kind, sx_stride,
+                       s.group_k, s.has_bias, device, r.config, cast_x=r.cast, num_sms=plan.facts.num_sms)
 
 
 class PrepackedCall:
@@ -210,3 +211,23 @@ def prepacked_call(x, w: PrepackedInt4, x_scale, w_scale, *, out_dtype, bias, gr
         return None
     prepared = _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, None)
     return None if isinstance(prepared, torch.Tensor) else PrepackedCall(prepared[0])
+
+
+def described_plan(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16, w_scale: str = "group",
+                   config: Int4pConfig | None = None, device: torch.device | None = None) -> Plan:
+    """The plan of a call described by its sizes: activations of ``x_dtype`` (fp8 with per-token
+    scales), W's scales ``w_scale``, the output in the activations' 16-bit type (bf16 for fp8),
+    group_k 128, no bias; on ``device``, or without one on an sm_90 GPU with the default switches."""
+    x_type = X_TYPES[x_dtype]
+    sixteen = x_type in ("bf16", "fp16")
+    spec = PrepackedSpec(m, n, k, x_type, "none" if sixteen else "vector", w_scale,
+                         x_dtype if sixteen else torch.bfloat16)
+    if device is None:
+        return make_plan(spec, torch.device("cuda"), arch="sm_90", config=config)
+    return make_plan(spec, device, config=config)
+
+
+def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16, w_scale: str = "group",
+                       config: Int4pConfig | None = None, device: torch.device | None = None) -> str:
+    """What ``linear_prepacked`` runs for these sizes (``described_plan(...).describe()``)."""
+    return described_plan(m, n, k, x_dtype, w_scale, config, device).describe()

@@ -29,7 +29,7 @@ from .catalog.families import catalog, family_spec
 from .dispatch import thresholds
 from .dispatch.gluon import GLUON_ARCH, gluon_config, gluon_serves
 from .dispatch.heuristic import choose_pipeline, heuristic_config
-from .dispatch.plan import sums_in_kernel
+from .dispatch.gemm import sums_in_kernel
 from .catalog.names import KernelFamily, KernelInstance, parse_family
 
 # Representative shapes: a Qwen3-14B projection (N = K = 5120) at prefill and decode sizes.

@@ -1,5 +1,4 @@
-"""The ``tileq`` CLI's own commands (list, build, explain, selftest), the options of ``tileq tune``,
-and the argument types every subcommand's options use.
+"""The ``tileq`` CLI's own commands (list, build, explain, selftest) and the options of ``tileq tune``.
 
 Importing this module imports no torch, Triton or kernel module, so that ``tileq --help`` and
 ``tileq COMMAND --help`` answer at once: each command imports what it needs when it runs. The value
@@ -10,11 +9,11 @@ against tileq.problem, tileq.device, tileq.catalog and tileq.tune).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
 
+from .argtypes import names_from, nonnegative_int, positive_float, positive_int, positive_ints, sizes_nk
 from .errors import TileqError, UnsupportedError, expect
 
 SCHEMES = ("tensor", "rowcol", "aquant", "bquant", "abquant")  # tileq.problem.Scheme
@@ -24,94 +23,6 @@ PIPELINES = ("prefill", "decode", "preshufflequant")  # tileq.catalog.names.PIPE
 OUT_DTYPES = ("bf16", "fp16", "fp32")
 TUNE_CASES = ("i8_rowcol", "fp8_tensor", "fp8_rowcol", "fp8_aquant", "fp8_abquant", "fp8_i4_bquant",
               "bf16_i4_bquant")  # tileq.tune.CASES
-
-
-# ----------------------------------------------------------------------------- argument types
-# A refused value ends the command before any work, on one line: "tileq explain: error: argument
-# --m: expected a positive integer, got 0" (argparse's usage above it), exit status 2.
-
-
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-
-
-def _number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = _integer(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def nonnegative_int(text: str) -> int:
-    value = _integer(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = _number(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    value = _number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
-    return value
-
-
-def positive_ints(text: str) -> list[int]:
-    """A comma-separated list of positive integers ('1,16,4096')."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return values
-
-
-def sizes_nk(text: str) -> list[tuple[int, int]]:
-    """A comma-separated list of NxK sizes ('5120x5120,17408x5120')."""
-    try:
-        pairs = [tuple(int(v) for v in p.lower().split("x")) for p in text.split(",") if p.strip()]
-    except ValueError:
-        pairs = []
-    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
-        raise argparse.ArgumentTypeError(f"expected comma-separated NxK sizes of positive integers "
-                                         f"(e.g. 5120x5120,17408x5120), got {text!r}")
-    return pairs
-
-
-def names_from(valid, what: str = "names"):
-    """The type of a comma-separated list of names out of ``valid`` (``--configs A8W8,W4A16``)."""
-
-    def parse(text: str) -> list[str]:
-        names = [v.strip() for v in text.split(",") if v.strip()]
-        bad = [v for v in names if v not in valid]
-        if not names or bad:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {what} from {', '.join(valid)}, "
-                                             f"got {', '.join(bad) if bad else repr(text)}")
-        return names
-
-    parse.__name__ = what
-    return parse
 
 
 # ----------------------------------------------------------------------------- parsers
@@ -446,7 +357,8 @@ def _explain_grouped(args, arch: str) -> int:
 def _explain_prepacked(args) -> int:
     import torch
 
-    from .dispatch.int4 import described_plan, traced_config
+    from .api_prepacked import described_plan
+    from .dispatch.int4 import traced_config
     from .kernels.int4p.config import W_SCALE_OF_SCHEME, kernel_name
 
     if args.b not in ("int4", "i4") or args.layout != "rcr" or args.a not in _PREPACKED_X:
@@ -464,10 +376,11 @@ def _explain_prepacked(args) -> int:
     path = plan.describe()
     print(f"problem : M={args.m} N={args.n} K={args.k}, x {args.a} x prepacked int4 (layout i4p1), "
           f"scheme {args.scheme}" + (f", group_k {args.group_k}" if args.scheme == "bquant" else ""))
-    decode = plan.path == "decode"
-    print(f"runs    : {plan.kernel if decode else path}")
+    route = plan.route
+    decode = route.path == "decode"
+    print(f"runs    : {route.kernel if decode else path}")
     if decode:  # the decode kernel: its config and where it came from (the prefill paths have theirs in the name)
-        cfg, source = plan.config, plan.reason
+        cfg, source = route.config, route.reason
         cap = f", registers capped at {cfg.maxnreg}" if cfg.maxnreg else ""
         cap += ", group scales loaded one K tile ahead" if cfg.scale_ahead else ""
         cap += ", fp8 activations converted to fp16 (an fp16 wgmma)" if cfg.fp16 else ""
@@ -482,7 +395,7 @@ def _explain_prepacked(args) -> int:
               f"{cfg.stages} stages, {split}{cap} ({source})")
         if cfg.maxnreg:  # a traced launch cannot carry the cap: compiled code runs the twin
             twin, how = traced_config(cfg)
-            print(f"compiled: under torch.compile {kernel_name(plan.compute_type, plan.w_kind, twin)} (no register "
+            print(f"compiled: under torch.compile {kernel_name(route.compute_type, plan.spec.w_kind, twin)} (no register "
                   f"cap, which a traced launch cannot carry: {how})")
     print("executor: the kernels of tileq.prepacked on an sm_90 GPU (Triton decode kernel; from "
           "33 tokens the Gluon prefill kernel where dispatch.int4.prefill_tiling gives it the call: split over K "

@@ -107,6 +107,8 @@ class ArgNames:
 
     ``weight``: the caller passed B as an nn.Linear weight w [N, K] and build_problem gets its
     transpose (``tileq.linear``): messages about B then show w's own shape, strides and dims.
+    ``logical``: the caller transposes with flags (``a8w8_matmul_dequant``'s a_trans / b_trans):
+    shapes are called logical, and no ``.t()`` is suggested.
     """
 
     a: str = "a"
@@ -114,6 +116,7 @@ class ArgNames:
     a_scale: str = "a_scale"
     b_scale: str = "b_scale"
     weight: bool = False
+    logical: bool = False
 
 
 GEMM_NAMES = ArgNames()
@@ -470,8 +473,9 @@ def _k_mismatch(m: int, k: int, b_shape: tuple, names: ArgNames) -> str:
             msg += (f"; did you mean {names.b}.t()? tileq.linear takes the nn.Linear weight [N, K] "
                     f"(tileq.gemm takes the logical B [K, N])")
         return msg
-    msg = expect(names.b, f"K={k} rows ({names.a} is [{m}, {k}])", f"shape {b_shape}")
-    if b_shape[1] == k:
+    logical = "logical " if names.logical else ""
+    msg = expect(names.b, f"K={k} rows ({names.a} is [{logical}{m}, {k}])", f"shape {b_shape}")
+    if b_shape[1] == k and not names.logical:
         msg += (f"; did you mean {names.b}.t()? tileq.gemm takes the logical B [K, N]; "
                 f"tileq.linear takes an nn.Linear weight [N, K]")
     return msg

@@ -40,7 +40,7 @@ def _family_source(family: str, m: int, n: int, k: int, config: str):
     from .errors import ShapeError, expect
     from .kernels.config import TileConfig
     from .kernels.gemm_kernel import _gemm_kernel
-    from .dispatch.plan import sums_in_kernel
+    from .dispatch.gemm import sums_in_kernel
     from .kernels.launch import signature
 
     fam = catalog_family(family, "family")
@@ -125,7 +125,7 @@ def run(args) -> int:
 
 
 def register_cli(sub) -> None:
-    from .commands import positive_int
+    from .argtypes import positive_int
 
     p = sub.add_parser(
         "sass", help="compile one kernel for sm_90 (no GPU) and count the instructions of its K loop",

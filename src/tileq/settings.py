@@ -19,7 +19,6 @@ BACKENDS = ("auto", "triton", "reference")
 # name -> what it does (one line; docs/guide.md lists them the same way)
 SWITCHES = {
     "TILEQ_BACKEND": "auto (default) | triton | reference: the executor when a call does not name one",
-    "TILEQ_DETERMINISTIC": "1: deterministic reductions when a call does not say (tileq reduces in a fixed order anyway)",
     "TILEQ_GLUON": "unset: the sm_90 Gluon kernels where they are on by default; 0: off; 1: on for every problem they serve",
     "TILEQ_DIRECT_LAUNCH": "0: every launch through Triton's JITFunction.run instead of the compiled kernel's launcher",
     "TILEQ_CHECK_FINITE": "1: activation quantization raises ScaleError on non-finite input (synchronizes)",
@@ -43,7 +42,6 @@ def key() -> tuple:
 @dataclass(frozen=True)
 class Settings:
     backend: str  # one of BACKENDS
-    deterministic: bool
     gluon: bool | None  # None: the shipped default; True / False: forced on / off
     direct_launch: bool
     check_finite: bool
@@ -105,7 +103,6 @@ def current() -> Settings:
         tables = _text(raw["TILEQ_TUNED_TABLES"]) if raw["TILEQ_TUNED_TABLES"] is not None else ""
         s = Settings(
             backend=parse_backend(raw["TILEQ_BACKEND"]),
-            deterministic=_flag(raw["TILEQ_DETERMINISTIC"]),
             gluon=parse_gluon(raw["TILEQ_GLUON"]),
             direct_launch=raw["TILEQ_DIRECT_LAUNCH"] is None or _text(raw["TILEQ_DIRECT_LAUNCH"]) != "0",
             check_finite=_flag(raw["TILEQ_CHECK_FINITE"]),

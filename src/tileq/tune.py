@@ -19,7 +19,7 @@ from .kernels.config import TileConfig, config_problem
 from .catalog.families import family_spec
 from .device import facts as device_facts
 from .dispatch import thresholds
-from .dispatch.heuristic import choose_pipeline
+from .dispatch.heuristic import choose_pipeline, decode_m_tile
 from .catalog.names import KernelFamily, parse_family
 from .dispatch.tuned import entry_key
 from .errors import UnsupportedError, expect
@@ -45,7 +45,7 @@ def candidates(pipeline: str, eight_bit: bool, m: int = 1) -> list[TileConfig]:
     """The search grid; the legality predicate prunes it per problem."""
     if pipeline == "decode":
         # One M tile covering M (re-reading the weight per M tile would double the bytes).
-        bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+        bm = decode_m_tile(m)
         grid = [
             TileConfig(bm, bn, bk, 4, 4, sk)
             for bn in (16, 32, 64, 128)

@@ -56,7 +56,7 @@ def warmup(problems, *, device=None, progress: bool = False) -> list[str]:
         plan = make_plan(spec, dev)
         args = make_args(spec, device=dev)
         execute(plan, args.call(build_problem))
-        names.append(plan.instance.name if plan.instance else plan.family.name)
+        names.append(plan.instance.name if plan.instance else plan.route.family.name)
         if progress:
             print(f"[{i}/{len(specs)}] {names[-1]}", flush=True)
     torch.cuda.synchronize(dev)

@@ -60,7 +60,7 @@ class Case:
 
     @property
     def prepacked_kinds(self) -> tuple[str, str, str]:
-        """A prepacked case's call as ``dispatch.int4.plan_prepacked`` takes it: (x_type, x_kind,
+        """A prepacked case's call as its ``PrepackedSpec`` holds it: (x_type, x_kind,
         w_kind), e.g. ('fp8', 'vector', 'group') for ``bquant:fp8xi4p:rcr``."""
         from ..kernels.int4p.config import W_SCALE_OF_SCHEME, X_TYPES
 

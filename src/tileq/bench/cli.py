@@ -19,7 +19,7 @@ import re
 import shlex
 import sys
 
-from ..commands import (
+from ..argtypes import (
     names_from,
     nonnegative_float,
     nonnegative_int,
@@ -70,14 +70,13 @@ def register_cli(subparsers) -> None:
     p.add_argument("--baselines", default=None,
                    help="comma-separated baselines to run besides tileq (default: every default "
                    "entry of the registry; 'reference' times tileq's torch reference)")
-    p.add_argument("--impls", default=None, metavar="gluon,triton,deep,gluon-decode",
+    p.add_argument("--impls", default=None, metavar="gluon,triton,deep",
                    help="also time tileq forced onto one kernel, comma-separated: 'gluon' (the sm_90 "
                    "Gluon kernel switched on as by TILEQ_GLUON=1, with the plan's tiling; N/A where it "
                    "does not serve the problem), 'triton' (the plan forced onto the portable "
-                   "Triton kernel), 'deep' (that kernel with as many pipeline stages as shared "
-                   "memory holds, at most 8) and/or 'gluon-decode' (a decode problem on the Gluon "
-                   "kernel swapped, 16 token columns); rows tileq_gluon / tileq_triton / tileq_deep / "
-                   "tileq_gluon_decode beside tileq (the plan's choice)")
+                   "Triton kernel) and/or 'deep' (that kernel with as many pipeline stages as shared "
+                   "memory holds, at most 8); rows tileq_gluon / tileq_triton / tileq_deep beside tileq "
+                   "(the plan's choice)")
     p.add_argument("--gluon-tilings", action="store_true",
                    help="also time every candidate tiling of the Gluon kernel's wave model "
                    "(dispatch.gluon.tile_costs: 128, 128+split, 64, 256) for each prefill problem the "

@@ -92,7 +92,7 @@ def _tileq_kernel(ops: Operands, backend: str) -> str:
     except Exception as e:  # the gated run reports the same error with its context
         return f"(no plan: {_short(e, 120)})"
     inst = p.instance
-    return inst.name if inst is not None else p.family.name
+    return inst.name if inst is not None else p.route.family.name
 
 
 class _ShapeState:

@@ -1,10 +1,10 @@
 """Prepacked int4 calls forced onto one path, decode config or prefill tiling: the rows of
 ``tileq bench --int4-variants``, what ``tileq replay --rule int4-*`` checks the dispatch layer's
-choices against (``dispatch/int4.py``: ``plan_prepacked`` and the rules it calls).
+choices against (``dispatch/prepacked.py``'s route and the ``dispatch/int4.py`` rules it calls).
 
 The ``tileq`` row of a prepacked case (``bquant:bf16xi4p:rcr``, ...) times ``tileq.linear`` on the
-``PrepackedInt4``: whatever its plan runs. These rows time the same call with the plan replaced by
-one forced ``Int4Plan``, launched by the launcher the API would make for it
+``PrepackedInt4``: whatever its plan runs. These rows time the same call with the plan's route
+replaced by one forced route, launched by the launcher the API would make for it
 (``api_prepacked.make_launch``). Each variant's name says what runs (``variant_name``; the row's
 kernel column names the instance)::
 
@@ -68,18 +68,20 @@ def decode_name(tag: str, cast: bool = False) -> str:
 
 
 def variant_name(plan) -> str:
-    """The variant an ``Int4Plan`` runs (the module docstring's names)."""
-    if plan.path == "decode":
-        return decode_name(plan.config.tag, plan.cast)
-    if plan.path == "gluon-prefill":
-        return gluon_name(plan.tokens, plan.split, plan.streamk, plan.fused)
-    return plan.path  # 'fp8-gemm' | 'dequant+cublas'
+    """The variant a prepacked plan runs (the module docstring's names)."""
+    r = plan.route
+    if r.path == "decode":
+        return decode_name(r.config.tag, r.cast)
+    if r.path == "gluon-prefill":
+        return gluon_name(r.tokens, r.split, r.streamk, r.fused)
+    return r.path  # 'fp8-gemm' | 'dequant+cublas'
 
 
 def plan_kernel(plan) -> str:
     """The row's kernel column: the instance (fp8-gemm: with the inner 8-bit GEMM's instance)."""
-    inner = getattr(plan.inner, "instance", None)
-    return f"{plan.kernel} ({inner.name})" if plan.path == "fp8-gemm" and inner is not None else plan.kernel
+    r = plan.route
+    inner = r.inner.instance if r.path == "fp8-gemm" and r.inner is not None else None
+    return f"{r.kernel} ({inner.name})" if inner is not None else r.kernel
 
 
 # ----------------------------------------------------------------------------- the candidates
@@ -148,80 +150,73 @@ def gluon_tilings(m: int, n: int, k: int, x_type: str, w_kind: str, w4a8: bool, 
     return out
 
 
-def _reset(base, **fields):
-    """``base`` (the call's plan) with its path's fields replaced by ``fields``."""
-    blank = {"config": None, "config_source": "", "compute_type": None, "tokens": None, "split": 1, "streamk": False,
-             "fused": False, "overlap": False, "not_gluon": None, "inner": None, "inner_error": None, "reason": FORCED}
-    return replace(base, **{**blank, **fields})
-
-
 def decode_plan(base, cfg, cast: bool = False):
     """The decode kernel with ``cfg`` (``cast``: fp8 activations cast to bf16 first)."""
-    from ..kernels.int4p.config import kernel_name
+    from ..dispatch.prepacked import decode_route
 
-    ct = "bf16" if cast else base.x_type
-    return _reset(base, path="decode", kernel=kernel_name(ct, base.w_kind, cfg), config=cfg,
-                  config_source="given config", compute_type=ct)
+    ct = "bf16" if cast else base.spec.x_type
+    return replace(base, route=decode_route(base.spec, cfg, ct, FORCED, "given config"))
 
 
 def gluon_plan(base, tokens: int, split: int = 1, streamk: bool = False, fused: bool = False):
     """The Gluon prefill kernel with this tiling on the build that runs it."""
-    from ..dispatch.int4 import overlap_for
-    from ..kernels.int4p.prefill_launch import kernel_name
+    from ..dispatch.prepacked import prefill_route
 
-    w4a8 = base.x_kind != "none"
-    ct = "fp8" if fused else ("bf16" if w4a8 else base.x_type)
-    kernel = kernel_name(ct, base.w_kind, tokens, split, streamk, w4a8 and not fused)
-    return _reset(base, path="gluon-prefill", kernel=kernel, tokens=tokens, split=split, streamk=streamk, fused=fused,
-                  overlap=overlap_for(ct, tokens, base.facts))
+    return replace(base, route=prefill_route(base.spec, base.facts, tokens, split, streamk, fused, FORCED))
 
 
 def fp8_gemm_plan(base, device):
     """W4A8 on tileq's fp8 GEMM over the int4 values, with the 8-bit GEMM's own plan."""
-    from ..dispatch.int4 import inner_spec
     from ..dispatch.plan import make_plan
+    from ..dispatch.prepacked import fp8_gemm_route, inner_spec
     from ..errors import TileqError
 
-    spec = inner_spec(base.m, base.n, base.k, base.x_type, base.x_kind, base.w_kind, base.out_dtype, base.group_k,
-                      base.has_bias)
+    spec = inner_spec(base.spec)
     try:
         inner = make_plan(spec, device) if device is not None else make_plan(spec, torch.device("cuda"), arch="sm_90")
     except TileqError as e:
         raise NotApplicable(f"the fp8 GEMM does not plan this call: {e}") from None
-    return _reset(base, path="fp8-gemm", kernel="dequant-fp8+tileq", inner=inner)
+    return replace(base, route=replace(fp8_gemm_route(FORCED), inner=inner))
 
 
-def plan_of(case, m: int, n: int, k: int, facts, device=None, **kw):
+def dequant_plan(base):
+    """W4A16: the weight dequantized to 16 bits, then a cuBLAS product."""
+    from ..dispatch.prepacked import dequant_route
+
+    return replace(base, route=dequant_route(FORCED))
+
+
+def plan_of(case, m: int, n: int, k: int, device=None, *, num_sms: int | None = None, **kw):
     """The plan ``tileq.linear`` makes for a prepacked case's call of (m, n, k) tokens on
-    ``device`` (None: described for a GPU of ``facts``, as ``tileq replay`` asks; ``kw``:
-    ``config=``): bf16 output, group_k 128, no bias."""
-    from ..dispatch.int4 import plan_prepacked
+    ``device`` (None: described for an sm_90 GPU of ``num_sms`` SMs, as ``tileq replay`` asks;
+    ``kw``: ``config=``): bf16 output, group_k 128, no bias."""
+    from ..dispatch.plan import make_plan
+    from ..kernels.int4p.spec import PrepackedSpec
 
     x_type, x_kind, w_kind = case.prepacked_kinds
     if w_kind == "group" and -(-k // GROUP_K) == 1:
         w_kind = "vector"  # (one group over K: tileq.linear reads a [1, N] scale per channel)
-    return plan_prepacked(m, n, k, x_type, x_kind, w_kind, torch.bfloat16, GROUP_K, False, facts, device=device,
-                          **kw)
+    spec = PrepackedSpec(m, n, k, x_type, x_kind, w_kind, torch.bfloat16, GROUP_K)
+    if device is None:
+        return make_plan(spec, torch.device("cuda"), arch="sm_90", num_sms=num_sms, **kw)
+    return make_plan(spec, device, **kw)
 
 
 def call_plan(ops: Operands, **kw):
     """The plan ``tileq.linear`` makes for the case's call on its operands' device."""
-    from ..device import facts
-
-    device = ops.a.device
-    return plan_of(ops.case, ops.m, ops.n, ops.k, facts(device), device, **kw)
+    return plan_of(ops.case, ops.m, ops.n, ops.k, ops.a.device, **kw)
 
 
 def variants(base, device=None, with_plan: bool = True) -> dict:
-    """{variant name: a thunk making its Int4Plan} timed for the call of ``base`` (its plan; the
+    """{variant name: a thunk making its plan} timed for the call of ``base`` (its plan; the
     module docstring's list), the plan's own choice included; ``device``: where the fp8 GEMM's
     plan is made (None: described for an sm_90 GPU); ``with_plan``: add the plan's own where the
     list does not hold it."""
     from ..dispatch import int4 as D
     from ..dispatch import thresholds
 
-    m, n, k, facts = base.m, base.n, base.k, base.facts
-    x_type, w4a8 = base.x_type, base.x_kind != "none"
+    m, n, k, facts = base.spec.m, base.spec.n, base.spec.k, base.facts
+    x_type, w4a8 = base.spec.x_type, base.spec.x_kind != "none"
     T = thresholds.for_arch(facts.arch.name)
     out: dict = {}
     if m < T.INT4_DEQUANT_MIN_M:
@@ -234,13 +229,13 @@ def variants(base, device=None, with_plan: bool = True) -> dict:
         if w4a8:  # the other decode route: the activations cast to bf16 (the bf16 rule's config)
             cfg = D.config_for(m, n, k, "bf16", facts)[0]
             out[decode_name(cfg.tag, cast=True)] = lambda cfg=cfg: decode_plan(base, cfg, cast=True)
-    for t, s, stk, fused in gluon_tilings(m, n, k, x_type, base.w_kind, w4a8, facts):
+    for t, s, stk, fused in gluon_tilings(m, n, k, x_type, base.spec.w_kind, w4a8, facts):
         out[gluon_name(t, s, stk, fused)] = lambda t=t, s=s, stk=stk, fused=fused: gluon_plan(base, t, s, stk, fused)
     if m >= PREFILL_PATHS_MIN_M:
         if w4a8:
             out["fp8-gemm"] = lambda: fp8_gemm_plan(base, device)
         else:
-            out["dequant+cublas"] = lambda: _reset(base, path="dequant+cublas", kernel="dequant+cublas")
+            out["dequant+cublas"] = lambda: dequant_plan(base)
     if with_plan and variant_name(base) not in out:
         out[variant_name(base)] = lambda: base
     return out
@@ -268,23 +263,24 @@ def runnable(ops: Operands, plan, *, note: str) -> Runnable:
     device = ops.a.device
     w = ops.w_prepacked
     sw = ops.b_scale.float()
-    if plan.w_kind == "group":
+    w_kind, x_kind = plan.spec.w_kind, plan.spec.x_kind
+    if w_kind == "group":
         sw_strides = (sw.stride(0), sw.stride(1))
-    elif plan.w_kind == "vector":
+    elif w_kind == "vector":
         sw = sw.reshape(-1)
         sw_strides = (0, sw.stride(0))
     else:
         sw, sw_strides = sw.reshape(()), (0, 0)
     sx = None
-    if plan.x_kind == "vector":
+    if x_kind == "vector":
         sx = ops.a_scale.float().reshape(ops.m)
-    elif plan.x_kind == "scalar":
+    elif x_kind == "scalar":
         sx = ops.a_scale.float().reshape(())
     x = ops.a
-    if plan.path == "gluon-prefill" and ((0 if plan.cast else x.data_ptr()) | w.data.data_ptr()) & 15:
+    if plan.route.path == "gluon-prefill" and ((0 if plan.route.cast else x.data_ptr()) | w.data.data_ptr()) & 15:
         raise NotApplicable("TMA cannot read these operands (base pointers not 16-byte aligned): the launch "
                             "would run the dequantize fallback")
-    launch = make_launch(plan, x.dtype, sw_strides, sx.stride(0) if plan.x_kind == "vector" else 0, device)
+    launch = make_launch(plan, x.dtype, sw_strides, sx.stride(0) if x_kind == "vector" else 0, device)
     args = (x, w.data, sx, sw, None)
 
     def gated():
@@ -310,7 +306,7 @@ def int4_impls(ops: Operands, ctx: Context) -> tuple[Impl, ...]:
     for name, make in variants(base, ops.a.device).items():
         def build(ops, ctx, make=make, name=name):
             if name == chosen:
-                return runnable(ops, base, note=f"the plan's choice: {base.reason}")
+                return runnable(ops, base, note=f"the plan's choice: {base.route.reason}")
             return runnable(ops, make(), note=FORCED)
 
         why = gluon_why if name.startswith("gluon:") else None

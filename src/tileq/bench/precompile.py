@@ -17,20 +17,18 @@ import time
 
 def _kernel_name(case, m, n, k, device) -> str:
     """The instance tileq's row of (case, m, n, k) runs (a prepacked case: its int4 plan's)."""
+    from ..dispatch.plan import make_plan
+
     if case.prepacked:
         import torch
 
-        from ..device import facts
-        from ..dispatch.int4 import plan_prepacked
+        from ..kernels.int4p.spec import PrepackedSpec
         from .cases import GROUP_K
 
-        x_type, x_kind, w_kind = case.prepacked_kinds
-        return plan_prepacked(m, n, k, x_type, x_kind, w_kind, torch.bfloat16, GROUP_K, False, facts(device),
-                              device=device).kernel
-    from ..dispatch.plan import make_plan
-
+        spec = PrepackedSpec(m, n, k, *case.prepacked_kinds, torch.bfloat16, GROUP_K)
+        return make_plan(spec, device).route.kernel
     plan = make_plan(case.spec(m, n, k), device, backend="triton")
-    return plan.instance.name if plan.instance is not None else plan.family.name
+    return plan.instance.name if plan.instance is not None else plan.route.family.name
 
 
 def kernel_jobs(items, device) -> list[tuple[str, int, int, int]]:

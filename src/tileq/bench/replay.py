@@ -15,8 +15,8 @@ Adding a rule is one function from a problem to the dispatch layer's choice::
 
     @rule("int4-decode", prefix="tileq_int4:", help="the int4 decode kernel's config ...")
     def int4_decode(p: Problem) -> Choice | None:
-        plan = <dispatch.int4.plan_prepacked for the problem's call>
-        return Choice(variant_name(plan), among=<the decode variants>, why=plan.reason)
+        plan = <dispatch.plan.make_plan for the problem's call>
+        return Choice(variant_name(plan), among=<the decode variants>, why=plan.route.reason)
 
 ``Problem`` carries the CSV's key (suite, shape, M, N, K, case), the problem's ``spec``, the SM
 count of the run and the timed variants; ``Choice.variant`` names the variant picked (None: the
@@ -412,19 +412,18 @@ INT4_EDGES = (16, 64, 255)  # decode tiles of 16 tokens, the small-M prefill ran
 W4A16_GROUP = "bquant:bf16xi4p:rcr"  # the case the tuned decode table is measured on
 
 
-def _int4(p: Problem, arch: str = "sm_90"):
-    """(case, facts, plan) of a prepacked int4 problem: the plan ``dispatch.int4.plan_prepacked``
-    makes for the call described on a GPU of ``arch`` with the run's SM count; None for another
-    kind of case."""
-    from ..device import for_arch
+def _int4(p: Problem):
+    """(case, facts, plan) of a prepacked int4 problem: the plan ``dispatch.plan.make_plan`` makes
+    for the call described on an sm_90 GPU with the run's SM count, and those facts; None for
+    another kind of case."""
     from .cases import parse_case
     from .int4 import plan_of
 
     case = parse_case(p.case)
     if not case.prepacked:
         return None
-    facts = replace(for_arch(arch), num_sms=p.num_sms)
-    return case, facts, plan_of(case, p.m, p.n, p.k, facts)
+    plan = plan_of(case, p.m, p.n, p.k, num_sms=p.num_sms)
+    return case, plan.facts, plan
 
 
 def _prefixed(p: Problem, head: str) -> list[str]:
@@ -434,7 +433,7 @@ def _prefixed(p: Problem, head: str) -> list[str]:
 @rule("int4-decode", prefix="tileq_int4:", edges=INT4_EDGES,
       help="The prepacked int4 decode kernel's config: `dispatch.int4.config_for` (the tuned table, else "
            "`decode_rule`: tiles, split over K, occupancy band, stream-K for a wave tail; INT4_DECODE_*) and, "
-           "for W4A8, `compute_type` (fp8 activations in the kernel or cast to bf16), through `plan_prepacked`, "
+           "for W4A8, `compute_type` (fp8 activations in the kernel or cast to bf16), through `make_plan`, "
            "against every decode config timed by `tileq bench --int4-variants` (rows tileq_int4:decode:<config>"
            "[:cast]; a sweep up to M = 32). `--write-table FILE` writes the tuned table from the same rows.")
 def int4_decode(p: Problem) -> Choice | None:
@@ -445,16 +444,16 @@ def int4_decode(p: Problem) -> Choice | None:
     if got is None or not among:
         return None
     _, _, plan = got
-    if plan.path != "decode":
-        return Choice(None, why=f"the plan runs {plan.path}: {plan.reason}", among=among)
-    return Choice(variant_name(plan), why=plan.reason, among=among)
+    if plan.route.path != "decode":
+        return Choice(None, why=f"the plan runs {plan.route.path}: {plan.route.reason}", among=among)
+    return Choice(variant_name(plan), why=plan.route.reason, among=among)
 
 
 @rule("int4-prefill", prefix="tileq_int4:", edges=INT4_EDGES,
       help="The prepacked int4 path and tiling from INT4_PREFILL_MIN_M tokens: the decode kernel or the Gluon "
            "prefill kernel (`prefill_tiling`: `prefers`, `tokens_for`, `split_for`; then `streamk_for`), W4A16's "
            "dequantize + cuBLAS and W4A8's fp8 GEMM or fused build (`problem_reason`, `fused_for`) through "
-           "`plan_prepacked`, against every timed path and tiling of `tileq bench --int4-variants` (the decode "
+           "`make_plan`, against every timed path and tiling of `tileq bench --int4-variants` (the decode "
            "kernel at the plan's own config: the decode config is int4-decode's).")
 def int4_prefill(p: Problem) -> Choice | None:
     from ..dispatch import int4 as D
@@ -469,14 +468,14 @@ def int4_prefill(p: Problem) -> Choice | None:
     T = thresholds.for_arch(facts.arch.name)
     if p.m < T.INT4_PREFILL_MIN_M:
         return Choice(None, why=f"M < INT4_PREFILL_MIN_M = {T.INT4_PREFILL_MIN_M}: the decode kernel only")
-    ct = D.compute_type(p.m, p.n, p.k, plan.x_type, facts)
-    decode = decode_name(D.config_for(p.m, p.n, p.k, ct, facts)[0].tag, cast=ct != plan.x_type)
-    return Choice(variant_name(plan), why=plan.reason, among=tuple(others) + (decode,))
+    ct = D.compute_type(p.m, p.n, p.k, plan.spec.x_type, facts)
+    decode = decode_name(D.config_for(p.m, p.n, p.k, ct, facts)[0].tag, cast=ct != plan.spec.x_type)
+    return Choice(variant_name(plan), why=plan.route.reason, among=tuple(others) + (decode,))
 
 
 @rule("int4-streamk", prefix="tileq_int4:", edges=INT4_EDGES,
       help="W4A16 stream-K on the Gluon prefill kernel (`dispatch.int4.streamk_for`: INT4_STREAMK_*, its cost "
-           "against the tiling's) through `plan_prepacked`, where the plan runs that kernel: the tiling "
+           "against the tiling's) through `make_plan`, where the plan runs that kernel: the tiling "
            "`prefill_tiling` gives against stream-K with 128- and 256-token tiles (rows tileq_int4:gluon:t128:stk, "
            "gluon:t256:stk).")
 def int4_streamk(p: Problem) -> Choice | None:
@@ -484,44 +483,44 @@ def int4_streamk(p: Problem) -> Choice | None:
     from .int4 import gluon_name, variant_name
 
     got = _int4(p)
-    if got is None or got[2].x_kind != "none" or not any(v.endswith(":stk") for v in p.times):
+    if got is None or got[2].spec.x_kind != "none" or not any(v.endswith(":stk") for v in p.times):
         return None
     _, facts, plan = got
-    if plan.path != "gluon-prefill":
-        return Choice(None, why=f"the plan runs {plan.path}: {plan.reason}")
+    if plan.route.path != "gluon-prefill":
+        return Choice(None, why=f"the plan runs {plan.route.path}: {plan.route.reason}")
     t, split = D.prefill_tiling(p.m, p.n, p.k, facts)
     among = (gluon_name(t, split), gluon_name(D.T128, streamk=True), gluon_name(D.T256, streamk=True))
-    return Choice(variant_name(plan), why=plan.reason, among=among)
+    return Choice(variant_name(plan), why=plan.route.reason, among=among)
 
 
 @rule("int4-w4a8", prefix="tileq_int4:", edges=INT4_EDGES,
       help="W4A8's route on prepacked int4 weights (fp8 activations, per-token scales): the decode kernel on "
            "them or on activations cast to bf16 (`compute_type`), the Gluon prefill kernel's 16-bit build on cast "
            "activations or its fused fp8 build (`fused_for`), or the fp8 GEMM on the int4 values "
-           "(INT4_W4A8_MAX_M), through `plan_prepacked`: each route at the plan's config or tiling.")
+           "(INT4_W4A8_MAX_M), through `make_plan`: each route at the plan's config or tiling.")
 def int4_w4a8(p: Problem) -> Choice | None:
     from ..dispatch import int4 as D
     from ..dispatch import thresholds
     from .int4 import decode_name, gluon_name, variant_name
 
     got = _int4(p)
-    if got is None or got[2].x_kind == "none":
+    if got is None or got[2].spec.x_kind == "none":
         return None
     _, facts, plan = got
     m, n, k = p.m, p.n, p.k
-    among = [decode_name(D.config_for(m, n, k, plan.x_type, facts)[0].tag),
+    among = [decode_name(D.config_for(m, n, k, plan.spec.x_type, facts)[0].tag),
              decode_name(D.config_for(m, n, k, "bf16", facts)[0].tag, cast=True), "fp8-gemm"]
     tiling = D.prefill_tiling(m, n, k, facts, x_scale=True)
     if tiling is None and m >= thresholds.for_arch(facts.arch.name).INT4_PREFILL_MIN_M:
         tiling = (D.tokens_for(m, n, facts, x_scale=True), 1)
     if tiling is not None:
         among += [gluon_name(*tiling), gluon_name(*tiling, fused=True)]
-    return Choice(variant_name(plan), why=plan.reason, among=tuple(among))
+    return Choice(variant_name(plan), why=plan.route.reason, among=tuple(among))
 
 
 def write_tuned_table(problems: list[Problem], path: str, *, margin: float, about_run: str,
                       arch: str = "sm_90") -> list[str]:
-    """Write the prepacked int4 decode kernel's tuned table (``dispatch.int4.tuned_table``'s file
+    """Write the prepacked int4 decode kernel's tuned table (``dispatch.tuned.int4_decode_table``'s file
     format) from the ``W4A16_GROUP`` problems' decode configs (rows tileq_int4:decode:<config>):
     per weight (shape, N, K), for M = 1 and for M 2..INT4_TUNED_MAX_M, the config with the least
     total time over the M values timed in that range (timed at every one of them) where it beats

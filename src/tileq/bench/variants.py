@@ -13,11 +13,6 @@ dispatch layer forced, through the same launcher (``kernels.launch.make_launch``
   tileq_deep             ``--impls deep``: the same with as many pipeline stages as one
                          program's shared memory holds (at most 8; N/A where the plan's are
                          already the most): more K tiles in flight per program
-  tileq_gluon_decode     ``--impls gluon-decode``: a decode problem (M <= 16, 8-bit rowcol or tensor, rcr)
-                         run by the sm_90 Gluon kernel swapped (the weight's rows on the tile's 128
-                         rows, the tokens on 16 columns), as many ring slots as shared memory holds
-                         and the tiles of the grid's last wave split over K to fill the SMs
-                         (``gluon_decode_config``): TMA-fed decode, an experiment no route takes
   tileq_gluon:<tiling>   ``--gluon-tilings``: the Gluon kernel with one candidate tiling of its wave
                          model (``dispatch.gluon.tile_costs``: 128, 128+split, 64, 256), as the
                          planner would finish it (``gluon_tilings``); one row per candidate for
@@ -91,7 +86,7 @@ def plan_runnable(ops: Operands, problem, plan, *, note: str, kernel: str) -> Ru
 
     launch = make_launch(problem, plan)
     a, b = _storage(problem.a), _storage(problem.b)
-    if plan.impl == "gluon" and (not isinstance(launch, GluonLaunch) or (a.data_ptr() | b.data_ptr()) & 15):
+    if plan.route.impl == "gluon" and (not isinstance(launch, GluonLaunch) or (a.data_ptr() | b.data_ptr()) & 15):
         raise NotApplicable("TMA cannot read these operands (rows or base pointers not 16-byte aligned): "
                             "the call would run the Triton kernel")
     args = (a, b, problem.a_scale, problem.b_scale, problem.bias, problem.acc)
@@ -108,7 +103,7 @@ def gluon_instance(plan, cfg=None) -> str:
     """The instance name of a Gluon plan's kernel (``cfg``: another config of it)."""
     from ..kernels.gluon.config import instance_name
 
-    return instance_name(plan.family.name, plan.spec, cfg or plan.gluon, plan.arch.tag)
+    return instance_name(plan.route.family.name, plan.spec, cfg or plan.route.gluon, plan.arch.tag)
 
 
 # ----------------------------------------------------------------------------- --impls
@@ -117,9 +112,9 @@ def gluon_instance(plan, cfg=None) -> str:
 def build_gluon(ops: Operands, ctx: Context) -> Runnable:
     problem = _problem(ops)
     plan = _plan(problem, ctx, gluon=True)
-    if plan.impl != "gluon":
-        raise NotApplicable(plan.impl_reason)
-    return plan_runnable(ops, problem, plan, note=f"TILEQ_GLUON=1; {plan.gluon_reason}",
+    if plan.route.impl != "gluon":
+        raise NotApplicable(plan.route.impl_reason)
+    return plan_runnable(ops, problem, plan, note=f"TILEQ_GLUON=1; {plan.route.gluon_reason}",
                          kernel=gluon_instance(plan))
 
 
@@ -128,10 +123,11 @@ def build_triton(ops: Operands, ctx: Context) -> Runnable:
 
     problem = _problem(ops)
     plan = _plan(problem, ctx)
-    forced = with_config(plan, plan.config, source=plan.config_source)
-    note = ("the plan runs the portable kernel itself" if plan.impl == "triton"
-            else f"the plan's {plan.impl} kernel replaced by the portable one")
-    return plan_runnable(ops, problem, forced, note=f"{note} [{plan.config_source}]",
+    impl, source = plan.route.impl, plan.route.config_source
+    forced = with_config(plan, plan.config, source=source)
+    note = ("the plan runs the portable kernel itself" if impl == "triton"
+            else f"the plan's {impl} kernel replaced by the portable one")
+    return plan_runnable(ops, problem, forced, note=f"{note} [{source}]",
                          kernel=forced.instance.name)
 
 
@@ -159,51 +155,10 @@ def build_deep(ops: Operands, ctx: Context) -> Runnable:
     stages = deepest_stages(plan.spec, plan.config, plan.arch)
     if stages == plan.config.num_stages:
         raise NotApplicable(f"the plan's {stages} stages are already the most that fit")
-    forced = with_config(plan, replace(plan.config, num_stages=stages), source=plan.config_source)
+    source = plan.route.config_source
+    forced = with_config(plan, replace(plan.config, num_stages=stages), source=source)
     return plan_runnable(ops, problem, forced, note=f"the plan's portable-kernel config with {stages} stages "
-                         f"instead of {plan.config.num_stages} [{plan.config_source}]", kernel=forced.instance.name)
-
-
-GLUON_DECODE_TOKENS = 16  # the swapped tile's columns: every decode M (<= 16) in one tile
-GLUON_DECODE_MIN_K_STEPS = 4  # K tiles per split item at least (a ring's fill per item)
-
-
-def gluon_decode_config(m: int, n: int, k: int, out_dtype, num_sms: int):
-    """The swapped Gluon config ``--impls gluon-decode`` runs for an M x N x K decode problem:
-    16 token columns, the deepest ring that fits, and the last wave's tiles (every tile where
-    they are fewer than the SMs) split over K into as many items as fill the SMs, each item at
-    least GLUON_DECODE_MIN_K_STEPS K tiles."""
-    from ..dispatch.waves import cdiv, split_to_fill
-    from ..kernels.gluon.config import GluonConfig, max_stages
-
-    cfg = GluonConfig(block_n=GLUON_DECODE_TOKENS, swap_ab=True)
-    tiles = cdiv(n, cfg.block_m)  # (swapped: the weight's N on the tile's rows)
-    k_steps = cdiv(k, cfg.block_k)
-    cfg = replace(cfg, split_k=split_to_fill(tiles, num_sms, k_steps, GLUON_DECODE_MIN_K_STEPS, k_steps))
-    return replace(cfg, stages=max_stages(cfg, out_dtype))
-
-
-def build_gluon_decode(ops: Operands, ctx: Context) -> Runnable:
-    from ..device import facts
-    from ..dispatch.gluon import GLUON_LAYOUTS, GLUON_PAIRS, gluon_unavailable
-
-    problem = _problem(ops)
-    spec = problem.spec
-    if spec.m > GLUON_DECODE_TOKENS:
-        raise NotApplicable(f"decode sizes only (M <= {GLUON_DECODE_TOKENS}), this is M = {spec.m}")
-    if (spec.a_type, spec.b_type) not in GLUON_PAIRS or spec.layout not in GLUON_LAYOUTS:
-        raise NotApplicable(f"8-bit rcr only, this is {spec.a_type}x{spec.b_type} {spec.layout}")
-    if spec.scheme.grouped or spec.has_acc:
-        raise NotApplicable("tensor and rowcol scales without acc_in only (the swapped kernel's scales)")
-    plan = _plan(problem, ctx)
-    if plan.executor != "triton":
-        raise NotApplicable(f"the {plan.executor} executor runs no Gluon kernel")
-    why = gluon_unavailable(plan.arch.name, plan.interpreted, None)
-    if why is not None:
-        raise NotApplicable(why)
-    cfg = gluon_decode_config(spec.m, spec.n, spec.k, spec.out_dtype, facts(problem.device).num_sms)
-    forced = replace(plan, impl="gluon", gluon=cfg, gluon_reason="forced decode tiling (tileq bench --impls gluon-decode)")
-    return plan_runnable(ops, problem, forced, note=f"Gluon swapped decode: {cfg.tag}", kernel=gluon_instance(forced))
+                         f"instead of {plan.config.num_stages} [{source}]", kernel=forced.instance.name)
 
 
 PREPACKED = "a prepacked int4 weight runs its own kernels (its variants: --int4-variants)"
@@ -221,14 +176,11 @@ IMPLS: dict[str, Impl] = {
     "deep": Impl("tileq_deep", KIND, "tileq's plan forced onto the portable Triton kernel with as many "
                  "pipeline stages as one program's shared memory holds (at most 8)", _not_prepacked, build_deep,
                  default=False),
-    "gluon-decode": Impl("tileq_gluon_decode", KIND, "a decode problem run by the sm_90 Gluon kernel swapped "
-                         "with 16 token columns (gluon_decode_config; an experiment)", _not_prepacked,
-                         build_gluon_decode, default=False),
 }
 
 
 def select_impls(names: list[str]) -> tuple[Impl, ...]:
-    """``--impls``: the variant entries named ('gluon', 'triton', 'deep', 'gluon-decode'), in that order."""
+    """``--impls``: the variant entries named ('gluon', 'triton', 'deep'), in that order."""
     unknown = [n for n in names if n not in IMPLS]
     if unknown:
         raise UnsupportedError(expect("impls", f"names from {', '.join(IMPLS)}", ", ".join(unknown)))
@@ -280,14 +232,14 @@ def tiling_impls(ops: Operands, ctx: Context) -> tuple[Impl, ...]:
     plan = _plan(problem, ctx, gluon=True)
     spec = problem.spec
     here = None
-    if plan.impl != "gluon":
+    if plan.route.impl != "gluon":
         if plan.executor != "triton":
             why = f"the {plan.executor} executor runs no Gluon kernel"
         else:
-            why = gluon_serves(spec, plan.pipeline, thresholds.for_arch(GLUON_ARCH).DECODE_MAX_M)
+            why = gluon_serves(spec, plan.route.pipeline, thresholds.for_arch(GLUON_ARCH).DECODE_MAX_M)
         if why:
             return (Impl(TILINGS_NA, KIND, "the Gluon kernel's tilings", lambda *_: why, _unreachable),)
-        here = plan.impl_reason  # served, but not here (no GPU, another arch, another Triton)
+        here = plan.route.impl_reason  # served, but not here (no GPU, another arch, another Triton)
     num_sms = facts(problem.device).num_sms
     chosen = tiling_name(spec, choose_tiles(spec, num_sms)[0], num_sms)
     impls = []
@@ -295,7 +247,8 @@ def tiling_impls(ops: Operands, ctx: Context) -> tuple[Impl, ...]:
         note = f"{text}; modelled cost {cost:.0f} K steps" + ("; the plan's choice" if name == chosen else "")
 
         def build(ops, ctx, cfg=cfg, note=note):
-            forced = replace(plan, gluon=cfg, gluon_reason="forced tiling (tileq bench --gluon-tilings)")
+            forced = replace(plan, route=replace(plan.route, gluon=cfg,
+                                                 gluon_reason="forced tiling (tileq bench --gluon-tilings)"))
             return plan_runnable(ops, problem, forced, note=note, kernel=gluon_instance(forced))
 
         impls.append(Impl(TILING_PREFIX + name, KIND, f"the Gluon kernel with the {name} tiling",

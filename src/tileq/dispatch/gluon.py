@@ -52,10 +52,8 @@ GLUON_LAYOUTS = ("rcr",)
 GLUON_INT8_SCHEMES = (Scheme.TENSOR, Scheme.ROWCOL)
 GLUON_GROUP_K = 128  # the kernel's K tile: a group scale applies to exactly one K tile
 GLUON_GROUP_N = 128  # a b_scale column group spans a 128-column sub-tile of the N tile
-# On by default where the GPU tests passed and the kernel measured faster than the portable one
-# (evidence: GLUON_INT8_MIN_M and bench/results/h200/gluon/final2/); the e5m2 pairs pass the same
-# GPU tests but were not timed, and abquant with one-column b_scale groups measured no faster
-# (0.93-1.01x): both opt-in (TILEQ_GLUON=1).
+# On by default where the kernel measured faster than the portable one (gluon/final2/); the others
+# it serves are opt-in, TILEQ_GLUON=1 (docs/performance.md section 1, "Kernels").
 GLUON_DEFAULT_PAIRS = ((OperandType.FP8, OperandType.FP8), (OperandType.I8, OperandType.I8))
 
 _GLUON_ON = "sm_90 warp-specialized kernel (TMA producer warp + 2 consumer warpgroups)"

@@ -1,4 +1,4 @@
-"""The grouped GEMM's plan: executor and tile config of a ``GroupedSpec``, and why.
+"""A grouped GEMM's route (a ``GroupedSpec``): its tile config, orientation and launch order, and why.
 
 The host never knows how many rows each expert has (they live on the device), so the rule reads
 what the shapes say: T / E rows per expert in the contiguous form, C in the masked form (an upper
@@ -16,31 +16,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import torch
-
-from .. import device as _device
 from ..device import ARCHS, check_types
 from ..errors import UnsupportedError, expect
 from ..kernels.grouped.launch import grid
 from ..kernels.grouped.spec import GroupedConfig, GroupedSpec, config_problem
 from . import thresholds
 from .heuristic import base_config
-from .plan import resolve_backend
 
+if TYPE_CHECKING:
+    from .plan import Plan
 
 @dataclass(frozen=True)
-class GroupedPlan:
-    spec: GroupedSpec
-    executor: str  # 'triton' | 'reference'
-    interpreted: bool
-    arch: str | None
-    config: GroupedConfig | None
+class GroupedRoute:
+    """What runs a grouped GEMM: the grouped kernel's tile config, and why."""
+
+    config: GroupedConfig | None  # None: the reference executor
     reason: str
 
-    def describe(self) -> str:
-        s = self.spec
-        where = self.executor + (" (Triton interpreter)" if self.interpreted else "")
+    def describe(self, plan: Plan) -> str:
+        s = plan.spec
+        where = plan.executor + (" (Triton interpreter)" if plan.interpreted else "")
         groups = f"  group_k={s.group_k} group_n={s.group_n}" if s.grouped else ""
         lines = [
             (f"problem   : grouped {s.form} {s.scheme} {s.x_type}x{s.w_type}  E={s.e} "
@@ -53,13 +50,16 @@ class GroupedPlan:
             c = self.config
             lines.append(f"config    : BM={c.block_m} BN={c.block_n} BK={c.block_k} warps={c.num_warps} "
                          f"stages={c.num_stages} group_m={c.group_m}"
-                         f"{' swapped' if c.swap_ab else ''}  [{self.arch}]")
+                         f"{' swapped' if c.swap_ab else ''}  [{plan.arch.name}]")
             lines.append(f"grid      : {grid_text(s, c)}")
         else:
             lines.append("config    : n/a (the reference loops over experts in torch)")
         lines.append(f"why       : {self.reason}")
         lines.append("lowering  : per expert " + " -> ".join(lowering(s)))
         return "\n".join(lines)
+
+
+REFERENCE_ROUTE = GroupedRoute(None, "the reference backend (per-expert torch loop)")
 
 
 def grid_text(spec: GroupedSpec, cfg: GroupedConfig) -> str:
@@ -144,16 +144,3 @@ def choose_config(spec: GroupedSpec, arch_name: str) -> tuple[GroupedConfig, str
                                       "kernel's K tile must divide it", f"{spec.group_k} ({problem})"))
     return cfg, why
 
-
-def make_grouped_plan(spec: GroupedSpec, device: torch.device, *, backend=None,
-                      arch: str | None = None) -> GroupedPlan:
-    """Plan a grouped call on tensors of ``device`` (or, with ``arch``, for a named arch)."""
-    executor, interpreted = resolve_backend(backend, device)
-    if arch is not None:
-        executor, interpreted = "triton", False
-    if executor == "reference":
-        return GroupedPlan(spec, executor, False, None, None, "the reference backend (per-expert torch loop)")
-    facts = (_device.for_arch(arch) if arch is not None
-             else _device.facts(device if not interpreted else torch.device("cpu")))
-    cfg, why = choose_config(spec, facts.arch.name)
-    return GroupedPlan(spec, executor, interpreted, facts.arch.name, cfg, why)

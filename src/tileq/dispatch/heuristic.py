@@ -38,6 +38,11 @@ def choose_pipeline(spec: ProblemSpec, decode_max_m: int) -> str:
     return "prefill"
 
 
+def decode_m_tile(m: int) -> int:
+    """The decode M tile: the narrowest of 16, 32 and 64 rows that covers M (64 above)."""
+    return 16 if m <= 16 else (32 if m <= 32 else 64)
+
+
 def _width(spec: ProblemSpec) -> str:
     ct = compute_type(spec.a_type, spec.b_type)
     return "16bit" if ct in (OperandType.BF16, OperandType.FP16) else "8bit"
@@ -65,7 +70,7 @@ def heuristic_config(spec: ProblemSpec, arch: ArchInfo, pipeline: str, num_sms: 
     if OperandType.I4 in (spec.a_type, spec.b_type):
         bn = min(bn, 128)  # the unpacked copy of the int4 tile needs registers too
     if pipeline == "decode":
-        bm = 16 if spec.m <= 16 else (32 if spec.m <= 32 else 64)
+        bm = decode_m_tile(spec.m)
         swapped = _decode_swapped(spec, arch, bk, w, s, num_sms)
         if swapped is not None:
             return swapped
@@ -101,7 +106,7 @@ def _decode_swapped(spec: ProblemSpec, arch: ArchInfo, bk: int, w: int, s: int,
     tiles = math.ceil(spec.n / 64)
     if not int4_weight and (spec.m > t.DECODE_SWAP_MAX_M or tiles < t.DECODE_SWAP_MIN_TILES_PER_SM * num_sms):
         return None
-    m_tile = 16 if spec.m <= 16 else (32 if spec.m <= 32 else 64)
+    m_tile = decode_m_tile(spec.m)
     if spec.scheme.grouped:
         # A split over K where 64-row tiles alone leave SMs idle (each split >= 4 K tiles).
         k_tiles = max(math.ceil(spec.k / bk), 1)

@@ -1,39 +1,32 @@
-"""Prepacked int4 weights: every routing decision of a call on a ``PrepackedInt4`` weight.
+"""Prepacked int4 weights: the rules that route a call on a ``PrepackedInt4`` weight.
 
-``plan_prepacked`` makes one ``Int4Plan`` per call signature: the path ('decode': the Triton decode
-kernel; 'gluon-prefill': the sm_90 Gluon prefill kernel; 'fp8-gemm': W4A8 on tileq's fp8 GEMM over
-the int4 values; 'dequant+cublas'), its kernel instance, the decode config or the prefill tiling,
-where each choice came from and why. ``api_prepacked.linear_prepacked`` runs it and
-``describe_prepacked`` (``tileq explain --prepacked``) prints it. The numbers are the plan's arch's
-(``thresholds.for_arch``, ``INT4_*``); the device facts are ``tileq.device``'s.
+The decode kernel's config (``config_for``: the tuned table, else ``decode_rule``), whether W4A8
+activations are cast first (``compute_type``), the Gluon prefill kernel's tiling
+(``prefill_tiling``, ``streamk_for``) and build (``fused_for``, ``overlap_for``), and why that
+kernel does not serve a call (``unserved``). ``dispatch.prepacked`` makes the plan from them.
+The numbers are the plan's arch's (``thresholds.for_arch``, ``INT4_*``); the device facts are
+``tileq.device``'s; every grid is costed by ``dispatch.waves``.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
 from .. import device as _device
 from .. import settings as _settings
 from ..device import DeviceFacts
-from ..dtypes import OperandType
-from ..errors import TileqError
 from ..kernels.int4p.config import (DECODE_TOKEN_TILES, PER_SM_CAPPED, PER_SM_S2, PER_SM_S3, REGS_AHEAD,
-                                    REGS_CAPPED, ROWS, X_TYPES, Int4pConfig, kernel_name)
+                                    REGS_CAPPED, ROWS, Int4pConfig)
 from ..kernels.int4p.prefill_launch import TOKEN_TILES, overlap_builds, tiles
-from ..kernels.int4p.prefill_launch import kernel_name as prefill_kernel_name
 from ..kernels.int4p.streamk import k_blocks
 from ..kernels.int4p.streamk import schedule as streamk_schedule
 from ..prepacked import BLOCK_K
-from ..problem import ProblemSpec, ScaleKind, Scheme
 from . import thresholds, waves
 from .gluon import gluon_unavailable
+from .tuned import int4_decode_table
 
-PATHS = ("decode", "gluon-prefill", "fp8-gemm", "dequant+cublas")
 T64, T128, T256 = TOKEN_TILES  # the Gluon prefill kernel's token tiles
 D16, D32 = DECODE_TOKEN_TILES  # the decode kernel's
 SM90 = _device.for_arch("sm_90")  # rules called without facts plan for an sm_90 GPU (its typical SMs)
@@ -43,22 +36,11 @@ def _table(facts: DeviceFacts):
     return thresholds.for_arch(facts.arch.name)
 
 
-def _sixteen_bit(x_type: str) -> bool:
+def sixteen_bit(x_type: str) -> bool:
     return x_type in ("bf16", "fp16")
 
 
 # ----------------------------------------------------------------------------- decode kernel
-
-_TUNED_PATH = os.path.join(os.path.dirname(__file__), "data", "tuned_int4_sm90.json")
-
-
-@functools.lru_cache(maxsize=1)
-def tuned_table() -> dict:
-    """{(n, k, 1 or 16): config} measured on an H200 (data/tuned_int4_sm90.json, its 'about' says how)."""
-    with open(_TUNED_PATH) as f:
-        doc = json.load(f)
-    return {(e["n"], e["k"], e["m"]): Int4pConfig.parse_tag(e["config"]) for e in doc["entries"]}
-
 
 def config_for(m: int, n: int, k: int, x_type: str = "bf16", facts: DeviceFacts = SM90) -> tuple[Int4pConfig, str]:
     """(config, where it came from) of the decode kernel: the tuned table for the weights and
@@ -66,8 +48,8 @@ def config_for(m: int, n: int, k: int, x_type: str = "bf16", facts: DeviceFacts 
     code), else the rule (``decode_rule``; its reason follows "heuristic: "). fp8 activations take
     the rule, which has its own measured branch for them."""
     T = _table(facts)
-    if m <= T.INT4_TUNED_MAX_M and _sixteen_bit(x_type):
-        hit = tuned_table().get((n, k, 1 if m == 1 else T.INT4_TUNED_MAX_M))
+    if m <= T.INT4_TUNED_MAX_M and sixteen_bit(x_type):
+        hit = int4_decode_table().get((n, k, 1 if m == 1 else T.INT4_TUNED_MAX_M))
         if hit is not None:
             return hit, "tuned table"
     cfg, why = decode_rule(m, n, k, x_type, facts)
@@ -86,7 +68,7 @@ def decode_rule(m: int, n: int, k: int, x_type: str = "bf16", facts: DeviceFacts
     step); a split's partials summed in the kernel; fp8 activations converted to fp16 in the
     kernel. Measured on an H200 (``INT4_DECODE_*``'s evidence, and int4/fixup/, int4/fp16-decode/)."""
     cfg, why = _decode_tiles(m, n, k, x_type, facts)
-    if streamk and _sixteen_bit(x_type):
+    if streamk and sixteen_bit(x_type):
         cfg, why = _streamk_tail(cfg, m, n, facts, why)
     if cfg.split_k > 1:
         cfg, why = replace(cfg, fixup=True), f"{why}; the partials summed in the kernel"
@@ -106,12 +88,10 @@ def _decode_tiles(m: int, n: int, k: int, x_type: str, facts: DeviceFacts) -> tu
     step = T.INT4_DECODE_SPLIT_STEP
     rows = waves.cdiv(n, ROWS)
     ktiles = waves.cdiv(k, BLOCK_K)
-    sixteen = _sixteen_bit(x_type)
+    sixteen = sixteen_bit(x_type)
     bm = D16 if m <= T.INT4_DECODE_TILE16_MAX_M else D32
     tiles_ = rows * waves.cdiv(m, bm)
-    split = 1
-    while tiles_ * split < T.INT4_DECODE_SPLIT_WAVES * sms and ktiles >= T.INT4_DECODE_SPLIT_MIN_KTILES * step * split:
-        split *= step
+    split = waves.split_until(tiles_, T.INT4_DECODE_SPLIT_WAVES * sms, ktiles, T.INT4_DECODE_SPLIT_MIN_KTILES, step)
     if bm == D32:
         return Int4pConfig(D32, split, 2), (f"{m} tokens: 32-token tiles, two stages, {tiles_ * split} "
                                            f"programs (split-K {split})")
@@ -119,9 +99,7 @@ def _decode_tiles(m: int, n: int, k: int, x_type: str, facts: DeviceFacts) -> tu
     # split-K): their capped split-K configs won at M = 4 and 16 where bf16's lost.
     like_m1 = m == 1 or not sixteen
     if like_m1:
-        while (tiles_ * split * step <= PER_SM_CAPPED * sms
-               and ktiles >= T.INT4_DECODE_SPLIT_MIN_KTILES * step * split):
-            split *= step
+        split = waves.split_within(tiles_, PER_SM_CAPPED * sms, ktiles, T.INT4_DECODE_SPLIT_MIN_KTILES, step, split)
     programs = tiles_ * split
     what = f"{programs} programs ({rows} row tiles x split-K {split})"
     if programs <= PER_SM_S3 * sms:
@@ -168,14 +146,10 @@ def _streamk_tail(cfg: Int4pConfig, m: int, n: int, facts: DeviceFacts, why: str
 def traced_config(cfg: Int4pConfig) -> tuple[Int4pConfig, str]:
     """(config, why) a launch traced into a torch.compile graph runs in place of ``cfg``: torch
     launches a user kernel with its warps and stages only, so a traced launch has no register cap
-    (``maxnreg``). Three stages hold two programs per SM by shared memory whatever their registers:
-    the same config uncapped. Two stages capped at 168 registers (group scales ahead): uncapped
-    without scales ahead (216 registers with them: two per SM, and up to 1.35x slower). Two
-    stages capped at 128 (four per SM; uncapped they take 168-196: 1.27-1.39x slower): three
-    stages with scales ahead. Replayed on the H200 sweep of every config (int4/scale-ahead/, 44
-    problems): 1.029x the capped configs' time, median (1.035x geometric mean, 1.14x at most); a
-    40-layer W4A16 step on an H100 (h100/int4-traced-2026-12-07/): graphed 5.46 against 5.98 ms
-    with the capped kernel as an opaque op, compiled without a graph 11.31 against 16.59."""
+    (``maxnreg``). Three stages: the same config uncapped (shared memory holds two programs per SM
+    whatever their registers); two stages capped at 168 registers: uncapped, group scales in the
+    loop; two stages capped at 128: three stages, scales ahead. The measurements: docs/int4.md
+    ("Decode configs"; int4/scale-ahead/, h100/int4-traced-2026-12-07/)."""
     if cfg.maxnreg is None:
         return cfg, ""
     if cfg.stages >= 3:
@@ -227,12 +201,13 @@ def prefill_tiling(m: int, n: int, k: int, facts: DeviceFacts = SM90, x_scale: b
 
 def split_for(m: int, n: int, k: int, tokens: int, facts: DeviceFacts = SM90) -> int:
     """K ranges per tile for a grid of fewer tiles than SMs (1 otherwise): the split whose items
-    take the fewest K blocks one after another (``plan_cost``; ties: the smaller split), each
-    range at least ``min_split_blocks(m)`` blocks, at most INT4_MAX_SPLIT."""
-    if tiles(m, n, tokens) >= facts.num_sms:
+    take the fewest K blocks one after another (``waves.cheapest_split``; ties: the smaller
+    split), each range at least ``min_split_blocks(m)`` blocks, at most INT4_MAX_SPLIT."""
+    count = tiles(m, n, tokens)
+    if count >= facts.num_sms:
         return 1
-    cands = [s for s in range(1, _table(facts).INT4_MAX_SPLIT + 1) if k_blocks(k) >= min_split_blocks(m, facts) * s]
-    return min(cands, key=lambda s: (plan_cost(m, n, k, tokens, s, facts), s)) if cands else 1
+    return waves.cheapest_split(count, k_blocks(k), facts.num_sms, min_split_blocks(m, facts),
+                                int(_table(facts).INT4_MAX_SPLIT))
 
 
 def min_split_blocks(m: int, facts: DeviceFacts = SM90) -> int:
@@ -283,15 +258,15 @@ def _block_cost(tokens: int, facts: DeviceFacts) -> float:
 def plan_cost(m: int, n: int, k: int, tokens: int, split: int, facts: DeviceFacts = SM90) -> float:
     """A tiling's K blocks per SM one after another: waves of the grid's items x the blocks of the
     longest K range (a 256-token tile's at INT4_TILE256_COST)."""
-    return waves.split_cost(tiles(m, n, tokens), k_blocks(k), split, facts.num_sms) * _block_cost(tokens, facts)
+    return waves.split_cost(tiles(m, n, tokens), k_blocks(k), split, facts.num_sms, _block_cost(tokens, facts))
 
 
 def streamk_cost(m: int, n: int, k: int, tokens: int, facts: DeviceFacts = SM90) -> float:
     """Stream-K's in the same units: a program's data-parallel tiles' K blocks, its ``per`` units
     and INT4_STREAMK_OVERHEAD."""
     s = streamk_schedule(tiles(m, n, tokens), k, facts.num_sms)
-    return (waves.streamk_cost(s.dp, s.k_blocks, s.per, facts.num_sms, _table(facts).INT4_STREAMK_OVERHEAD)
-            * _block_cost(tokens, facts))
+    return waves.streamk_cost(s.dp, s.k_blocks, s.per, facts.num_sms, _table(facts).INT4_STREAMK_OVERHEAD,
+                              _block_cost(tokens, facts))
 
 
 def streamk_for(m: int, n: int, k: int, tokens: int, split: int, facts: DeviceFacts = SM90,
@@ -357,7 +332,7 @@ def problem_reason(m: int, k: int, x_type: str, x_kind: str, w_kind: str, out_dt
             and not (tokens == T256 and m < T.INT4_GROUP_T256_MAX_M)):
         return (f"with group scales, dequantize + cuBLAS from {T.INT4_GROUP_SCALE_MAX_M} tokens (measured faster; "
                 f"256-token tiles below {T.INT4_GROUP_T256_MAX_M} where their waves cost less)")
-    if not w4a8 and (not _sixteen_bit(x_type) or x_kind != "none"):
+    if not w4a8 and (not sixteen_bit(x_type) or x_kind != "none"):
         return ("bf16/fp16 activations without an activation scale (W4A16) or fp8 ones with a per-token "
                 "or per-tensor scale (W4A8) only")
     if w4a8 and m >= T.INT4_W4A8_MAX_M:
@@ -385,204 +360,3 @@ def unserved(m: int, k: int, x_type: str, x_kind: str, w_kind: str, out_dtype: t
     if device.type != "cuda" or switches.interpreted:
         return "a compiled kernel on a GPU"
     return gluon_unavailable(facts.arch.name, False, switches.gluon)
-
-
-# ----------------------------------------------------------------------------- the plan
-
-
-@dataclass(frozen=True)
-class Int4Plan:
-    """What runs one prepacked-int4 call, and why.
-
-    ``path``: 'decode' (``config``, ``compute_type``: the activations' type the kernel runs, fp8
-    cast to bf16 first where it differs), 'gluon-prefill' (``tokens`` x 128-row tiles, ``split``
-    over K or ``streamk``; ``fused``: the fp8 build, else W4A8 activations cast to bf16;
-    ``overlap``), 'fp8-gemm' (``inner``: the 8-bit GEMM's ``dispatch.plan.Plan``) or
-    'dequant+cublas'. ``kernel``: the kernel instance (the path's name for the last two).
-    ``reason``: why this path and config or tiling; ``not_gluon``: why the Gluon prefill kernel
-    does not take a prefill-sized call that runs elsewhere."""
-
-    path: str
-    kernel: str
-    m: int
-    n: int
-    k: int
-    x_type: str  # the call's activations: 'bf16' | 'fp16' | 'fp8' | 'bf8'
-    x_kind: str  # their scale: 'none' | 'vector' | 'scalar'
-    w_kind: str  # the weight's scales: 'group' | 'vector' | 'scalar'
-    out_dtype: torch.dtype
-    group_k: int
-    has_bias: bool
-    facts: DeviceFacts
-    reason: str
-    config: Int4pConfig | None = None
-    config_source: str = ""  # 'tuned table' | 'heuristic: <why>' | 'given config'
-    compute_type: str | None = None
-    tokens: int | None = None
-    split: int = 1
-    streamk: bool = False
-    fused: bool = False
-    overlap: bool = False
-    not_gluon: str | None = None
-    inner: object = None
-    inner_error: Exception | None = field(default=None, compare=False)
-
-    @property
-    def cast(self) -> bool:
-        """Whether fp8 activations are cast to bf16 before the kernel."""
-        if self.path == "decode":
-            return self.compute_type != self.x_type
-        return self.path == "gluon-prefill" and self.x_kind != "none" and not self.fused
-
-    @property
-    def prefill_ct(self) -> str:
-        """The Gluon prefill build's activation type: 'fp8' (fused), 'bf16' (cast), else the call's."""
-        return "fp8" if self.fused else ("bf16" if self.cast else self.x_type)
-
-    def describe(self) -> str:
-        """The kernel (or path) and why, in one line (``tileq explain --prepacked``)."""
-        T = _table(self.facts)
-        if self.path == "decode":
-            return f"{self.kernel} ({self.reason})"
-        if self.path == "gluon-prefill":
-            overlap = " (the next slice while this one's wgmmas run)" if self.overlap else ""
-            cast = ""
-            if self.fused:
-                cast = ("; its fp8 build: the fp8 activations as they are, the weight converted to e4m3, fp8 "
-                        "wgmma promoted every 128 of K, their scale in the epilogue")
-                if self.m >= T.INT4_W4A8_MAX_M:
-                    cast += f"; from {T.INT4_W4A8_MAX_M} tokens only {fused_wide_rule(self.facts)}"
-            elif self.cast:
-                cast = f"; {self.x_type} activations cast to bf16 first, their scale in the epilogue"
-            return (f"{self.kernel} ({self.reason}: the sm_90 Gluon prefill kernel, {self.tokens}-token x 128-row "
-                    f"tiles, int4 converted in registers{overlap}{cast})")
-        if self.path == "fp8-gemm":
-            scheme = "bquant" if self.w_kind == "group" else "rowcol"
-            return (f"{self.kernel} ({self.reason}, W4A8: W's int4 values written as {self.x_type}, then tileq's "
-                    f"fp8 {scheme} GEMM with its scales; not the Gluon prefill kernel: {self.not_gluon})")
-        return (f"{self.kernel} ({self.reason}: W dequantized to 16 bits, then a cuBLAS product; not the Gluon "
-                f"prefill kernel: {self.not_gluon})")
-
-
-def plan_prepacked(m: int, n: int, k: int, x_type: str, x_kind: str, w_kind: str, out_dtype: torch.dtype,
-                   group_k: int, has_bias: bool, facts: DeviceFacts, *, config: Int4pConfig | None = None,
-                   device: torch.device | None = None, switches: _settings.Settings | None = None,
-                   traced: bool = False) -> Int4Plan:
-    """The plan of a call y = x @ W^T on a prepacked int4 weight W [N, K]: x of ``x_type`` with
-    scale ``x_kind``, W's scales ``w_kind``, on ``device`` (``facts`` its facts; None: a described
-    call on a GPU of ``facts``' arch with the default switches); ``config``: a given decode config
-    (the decode kernel runs it on the call's own activations). ``switches``: ``settings.current()``
-    unless given. ``traced``: the launch is traced into a torch.compile graph (the decode kernel
-    then runs ``traced_config``'s config)."""
-    T = _table(facts)
-    call = dict(m=m, n=n, k=k, x_type=x_type, x_kind=x_kind, w_kind=w_kind, out_dtype=out_dtype, group_k=group_k,
-                has_bias=has_bias, facts=facts)
-    if config is not None:
-        return Int4Plan("decode", kernel_name(x_type, w_kind, config), reason="given config", config=config,
-                        config_source="given config", compute_type=x_type, **call)
-    w4a8 = x_kind != "none"
-    tiling = prefill_tiling(m, n, k, facts, w4a8)
-    not_gluon = None
-    if m >= T.INT4_DEQUANT_MIN_M or tiling is not None:
-        fused = w4a8 and fused_for(m, x_type, w_kind, n, k, facts)
-        not_gluon = unserved(m, k, x_type, x_kind, w_kind, out_dtype, tiling[0] if tiling else None, fused, facts,
-                             device, switches)
-        if not_gluon is None:
-            return _prefill_plan(call, tiling, fused, facts)
-        if m >= T.INT4_DEQUANT_MIN_M and w4a8:
-            inner, error = _inner_plan(m, n, k, x_type, x_kind, w_kind, out_dtype, group_k, has_bias, facts, device)
-            return Int4Plan("fp8-gemm", "dequant-fp8+tileq", reason=f"M >= {T.INT4_DEQUANT_MIN_M}",
-                            not_gluon=not_gluon, inner=inner, inner_error=error, **call)
-        if m >= T.INT4_DEQUANT_MIN_M:
-            return Int4Plan("dequant+cublas", "dequant+cublas", reason=f"M >= {T.INT4_DEQUANT_MIN_M}",
-                            not_gluon=not_gluon, **call)
-    ct = compute_type(m, n, k, x_type, facts)
-    cfg, source = config_for(m, n, k, ct, facts)  # (the device's SM count; 132 on an H200)
-    if traced and cfg.maxnreg is not None:
-        cfg, how = traced_config(cfg)
-        source = f"{source}; traced into a compiled graph (no register cap): {how}"
-    reason = source
-    if ct != x_type:
-        why = (f"M > {T.INT4_W4A8_CAST_MAX_M}" if m > T.INT4_W4A8_CAST_MAX_M else
-               f"{n * k // 2 / 1e6:.1f} MB of int4 >= {cast_min_bytes(m, facts) / 1e6:.0f} MB")
-        reason = f"{x_type} activations cast to {ct} first: {why}; {source}"
-    return Int4Plan("decode", kernel_name(ct, w_kind, cfg), reason=reason, config=cfg, config_source=source,
-                    compute_type=ct, not_gluon=not_gluon, **call)
-
-
-def _prefill_plan(call: dict, tiling: tuple[int, int], fused: bool, facts: DeviceFacts) -> Int4Plan:
-    """The Gluon prefill kernel's plan for the tiling (stream-K where it beats it) and the reason."""
-    T = _table(facts)
-    m, n, k, sms = call["m"], call["n"], call["k"], facts.num_sms
-    w4a8 = call["x_kind"] != "none"
-    t, split = tiling
-    t_sk, streamk = streamk_for(m, n, k, t, split, facts, w4a8)
-    count = tiles(m, n, t)
-    if streamk:
-        s = streamk_schedule(tiles(m, n, t_sk), k, sms)
-        reason = (f"stream-K: {s.dp} whole tiles of {t_sk} tokens, then {s.per} of the other {s.units} "
-                  f"(tile, K block) units per SM: {streamk_cost(m, n, k, t_sk, facts):.1f} K blocks "
-                  f"per SM one after another against {plan_cost(m, n, k, t, split, facts):.1f} with "
-                  f"{count} tiles of {t} tokens{f' split over K {split} ways' if split > 1 else ''} "
-                  f"(x {T.INT4_STREAMK_MARGIN} needed)")
-        t, split = t_sk, 1
-    elif split > 1:
-        reason = f"{count} tiles of {t} tokens for {sms} SMs, at most {T.INT4_SPLIT_FILL} x SMs: split over K {split} ways"
-    elif call["m"] >= T.INT4_DEQUANT_MIN_M and t == T256:
-        reason = (f"M >= {T.INT4_T256_MIN_M}: {prefill_waves(m, n, T256, facts)} waves of 256-token tiles "
-                  f"(x {T.INT4_TILE256_COST}) against {prefill_waves(m, n, T128, facts)} of 128-token ones")
-    elif call["m"] >= T.INT4_DEQUANT_MIN_M:
-        reason = f"M >= {T.INT4_DEQUANT_MIN_M}"
-    else:
-        reason = f"M >= {T.INT4_PREFILL_MIN_M} with {tiles(m, n, T64)} tiles of 64 tokens for {sms} SMs"
-    ct = "fp8" if fused else ("bf16" if w4a8 else call["x_type"])
-    xs = w4a8 and not fused  # (the 16-bit build with the activations' scale)
-    name = prefill_kernel_name(ct, call["w_kind"], t, split, streamk, xs)
-    return Int4Plan("gluon-prefill", name, reason=reason, tokens=t, split=split, streamk=streamk, fused=fused,
-                    overlap=overlap_for(ct, t, facts), **call)
-
-
-def inner_spec(m: int, n: int, k: int, x_type: str, x_kind: str, w_kind: str, out_dtype: torch.dtype,
-               group_k: int, has_bias: bool) -> ProblemSpec:
-    """The 8-bit GEMM of the fp8-gemm path: x [M, K] (fp8) times the int4 values as x's type,
-    [K, N] K-major, group scales by scheme bquant (groups of one column), the others by rowcol."""
-    a = OperandType(x_type)
-    scalar = ScaleKind.SCALAR
-    b_kind = {"group": ScaleKind.GROUP, "vector": ScaleKind.VECTOR, "scalar": scalar}[w_kind]
-    return ProblemSpec(m=m, n=n, k=k, a_type=a, b_type=a, layout="rcr",
-                       scheme=Scheme.BQUANT if w_kind == "group" else Scheme.ROWCOL,
-                       a_scale_kind=ScaleKind.VECTOR if x_kind == "vector" else scalar, b_scale_kind=b_kind,
-                       out_dtype=out_dtype, group_k=group_k, group_n=1, has_bias=has_bias)
-
-
-def _inner_plan(m, n, k, x_type, x_kind, w_kind, out_dtype, group_k, has_bias, facts, device):
-    """(the 8-bit GEMM's plan, None), as ``tileq.linear`` makes it for tensors on ``device``
-    (without one: for ``facts``' arch), or (None, the error) where it cannot be planned: the call
-    raises it, a description does not."""
-    from .plan import make_plan
-
-    spec = inner_spec(m, n, k, x_type, x_kind, w_kind, out_dtype, group_k, has_bias)
-    try:
-        if device is None:
-            return make_plan(spec, torch.device("cuda"), arch=facts.arch.name), None
-        return make_plan(spec, device), None
-    except TileqError as e:
-        return None, e
-
-
-def described_plan(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16, w_scale: str = "group",
-                   config: Int4pConfig | None = None, device: torch.device | None = None) -> Int4Plan:
-    """The plan of a described call: activations of ``x_dtype`` (fp8 with per-token scales), W's
-    scales ``w_scale``, the output in the activations' 16-bit type (bf16 for fp8), no bias; on
-    ``device``, or without one on an sm_90 GPU with the default switches."""
-    x_type = X_TYPES[x_dtype]
-    x_kind = "none" if _sixteen_bit(x_type) else "vector"
-    out = x_dtype if _sixteen_bit(x_type) else torch.bfloat16
-    facts = _device.facts(device) if device is not None else SM90
-    return plan_prepacked(m, n, k, x_type, x_kind, w_scale, out, 128, False, facts, config=config, device=device)
-
-
-def describe_prepacked(m: int, n: int, k: int, x_dtype: torch.dtype = torch.bfloat16, w_scale: str = "group",
-                       config: Int4pConfig | None = None, device: torch.device | None = None) -> str:
-    """What ``linear_prepacked`` runs for these sizes (``described_plan(...).describe()``)."""
-    return described_plan(m, n, k, x_dtype, w_scale, config, device).describe()

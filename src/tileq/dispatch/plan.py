@@ -1,6 +1,14 @@
-"""The plan: which executor, pipeline, kernel instance and config run a ProblemSpec, and the
-lowering as tile stages. One plan, two executors: the Triton kernel is specialized on it and the
-torch reference interprets the same problem, so ``tileq explain`` shows what either would do.
+"""The plan of a call, for every kind of problem: ``make_plan`` is the one entry point and
+``Plan`` the one type, the differences between the kinds held as data (``variant``, ``route``).
+
+- 'gemm': an 8-bit or pk_int4 GEMM (a ``problem.ProblemSpec``; ``gemm.GemmRoute``: pipeline,
+  portable-kernel config, Gluon kernel and tiles);
+- 'prepacked': ``tileq.linear`` on a prepacked int4 weight (a ``kernels.int4p.spec.PrepackedSpec``;
+  ``prepacked.PrepackedRoute``: path, kernel, decode config or prefill tiling);
+- 'grouped': ``tileq.grouped_linear`` (a ``kernels.grouped.spec.GroupedSpec``;
+  ``grouped.GroupedRoute``: tile config).
+
+The launchers run a plan and decide nothing; ``tileq explain`` prints ``Plan.describe()``.
 """
 
 from __future__ import annotations
@@ -12,23 +20,50 @@ import torch
 
 from .. import device as _device
 from .. import settings as _settings
-from ..catalog.names import KernelFamily, KernelInstance
-from ..device import ARCHS, ArchInfo, check_types
-from ..dtypes import compute_type, mma_types
-from ..errors import UnsupportedError, expect
+from ..catalog.names import KernelInstance
+from ..device import ArchInfo, DeviceFacts
+from ..errors import TileqError, UnsupportedError, expect
 from ..kernels.config import TileConfig, config_problem
-from ..kernels.gluon.config import accumulation, instance_name
+from ..kernels.grouped.spec import GroupedConfig, GroupedSpec
+from ..kernels.int4p.config import Int4pConfig
+from ..kernels.int4p.spec import PrepackedSpec
 from ..kernels.launch import launch_gemm
-from ..kernels.select import kernel_notes
-from ..problem import Problem, ProblemSpec, ScaleKind
+from ..problem import Problem, ProblemSpec
 from ..reference import gemm_ref
-from . import thresholds, tuned
-from .gluon import choose_tiles, implementation
-from .heuristic import choose_pipeline, heuristic_config
+from . import gemm, grouped, prepacked
 
-BACKENDS = _settings.BACKENDS
 
-_DTYPE_SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f32", torch.int32: "i32"}
+@dataclass(frozen=True)
+class Plan:
+    """What runs one call, and why (the module docstring lists the variants)."""
+
+    variant: str  # 'gemm' | 'prepacked' | 'grouped'
+    spec: ProblemSpec | PrepackedSpec | GroupedSpec
+    executor: str  # 'triton' | 'reference'
+    interpreted: bool  # Triton's interpreter runs the kernels
+    facts: DeviceFacts | None  # the GPU (or arch) planned for; None: the reference executor
+    route: gemm.GemmRoute | prepacked.PrepackedRoute | grouped.GroupedRoute
+
+    @property
+    def arch(self) -> ArchInfo | None:
+        return self.facts.arch if self.facts is not None else None
+
+    @property
+    def config(self) -> TileConfig | Int4pConfig | GroupedConfig | None:
+        """The kernel config the route runs: every route has one (None: the reference executor,
+        a prepacked path other than the decode kernel)."""
+        return self.route.config
+
+    @property
+    def instance(self) -> KernelInstance | None:
+        """The catalog's instance of the portable kernel a gemm plan runs (None: the reference
+        executor; the prepacked and grouped kernels are named by their routes)."""
+        if self.variant != "gemm" or self.config is None:
+            return None
+        return KernelInstance(self.route.family, self.config, self.arch.name)
+
+    def describe(self) -> str:
+        return self.route.describe(self)
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> tuple[str, bool]:
@@ -53,208 +88,87 @@ def resolve_backend(backend: str | None, device: torch.device) -> tuple[str, boo
     )
 
 
-def deterministic_requested(flag: bool | None) -> bool:
-    if flag is not None:
-        return bool(flag)
-    return _settings.current().deterministic
+def make_plan(spec: ProblemSpec | PrepackedSpec | GroupedSpec, device: torch.device, *, backend=None,
+              arch: str | None = None, num_sms: int | None = None, pipeline: str | None = None,
+              config: Int4pConfig | None = None, traced: bool = False) -> Plan:
+    """The plan of a call on tensors of ``device``; with ``arch``, of a call described for a GPU of
+    that arch (``num_sms``: its SM count, default the arch's typical one).
+
+    ``backend`` (gemm, grouped): 'auto', 'triton' or 'reference' (None: ``TILEQ_BACKEND``).
+    ``pipeline`` (gemm): 'prefill' or 'decode' forced. ``config`` (prepacked): a decode config
+    the decode kernel runs; ``traced`` (prepacked): the launch is traced into a torch.compile
+    graph. A described prepacked call plans with the default switches, compiled."""
+    if num_sms is not None and arch is None:
+        raise UnsupportedError(expect("num_sms", "None without arch (a device's facts are its own)", num_sms))
+    if isinstance(spec, ProblemSpec):
+        _refuse("an 8-bit or pk_int4 GEMM", config=config, traced=traced)
+        return _gemm_plan(spec, device, backend, arch, num_sms, pipeline)
+    if isinstance(spec, PrepackedSpec):
+        _refuse("a prepacked int4 weight", backend=backend, pipeline=pipeline)
+        return _prepacked_plan(spec, device, arch, num_sms, config, traced)
+    if isinstance(spec, GroupedSpec):
+        _refuse("a grouped GEMM", pipeline=pipeline, config=config, traced=traced)
+        return _grouped_plan(spec, device, backend, arch, num_sms)
+    raise TypeError(f"make_plan: a ProblemSpec, PrepackedSpec or GroupedSpec, not {type(spec).__name__}")
 
 
-@dataclass(frozen=True)
-class Plan:
-    spec: ProblemSpec
-    executor: str  # 'triton' | 'reference'
-    interpreted: bool
-    arch: ArchInfo | None
-    family: KernelFamily
-    config: TileConfig | None
-    config_source: str  # 'heuristic' | 'table: <file>' | 'n/a'
-    deterministic: bool
-    pipeline_reason: str = ""
-    # Which kernel family runs it (kernels/select.py): 'triton' (the portable kernel, also the
-    # fallback of a Gluon plan for calls TMA cannot serve) or 'gluon' (sm_90), and why.
-    impl: str = "triton"
-    impl_reason: str = ""
-    gluon: object = None  # kernels.gluon.config.GluonConfig when impl == 'gluon'
-    gluon_reason: str = ""  # why that tile (kernels.gluon.config.choose_tiles)
-
-    @property
-    def pipeline(self) -> str:
-        return self.family.pipeline
-
-    @property
-    def in_kernel_sum(self) -> bool:
-        """Whether the portable kernel sums its split over K itself (``sums_in_kernel``)."""
-        return self.executor == "triton" and self.config is not None and sums_in_kernel(self.pipeline, self.config)
-
-    @property
-    def instance(self) -> KernelInstance | None:
-        if self.config is None or self.arch is None:
-            return None
-        return KernelInstance(self.family, self.config, self.arch.name)
-
-    def stages(self) -> list[str]:
-        return lowering(self.spec)
-
-    def describe(self) -> str:
-        s = self.spec
-        where = self.executor + (" (Triton interpreter)" if self.interpreted else "")
-        lines = [
-            f"problem   : {s.scheme} {s.a_type}x{s.b_type} {s.layout}  M={s.m} N={s.n} K={s.k}"
-            + (f"  group_k={s.group_k} group_n={s.group_n}" if s.scheme.grouped else ""),
-            f"executor  : {where}",
-            f"pipeline  : {self.pipeline} ({self.pipeline_reason})",
-            f"family    : {self.family.name}",
-        ]
-        if self.executor == "triton":
-            lines.append(f"impl      : {self.impl} ({self.impl_reason})")
-        if self.gluon is not None:
-            lines.append(f"gluon     : {instance_name(self.family.name, s, self.gluon, self.arch.tag)}")
-            lines.append(f"            {self.gluon.describe(accumulation(s))}")
-            if self.gluon_reason:
-                lines.append(f"            {self.gluon_reason}")
-        if self.instance is not None:
-            fallback = " (the Triton fallback)" if self.gluon is not None else ""
-            lines.append(f"instance  : {self.instance.name}{fallback}")
-            c = self.config
-            lines.append(
-                f"config    : BM={c.block_m} BN={c.block_n} BK={c.block_k} warps={c.num_warps} "
-                f"stages={c.num_stages} split_k={c.split_k}  [{self.config_source}]"
-            )
-            lines.append("kernel    : " + "; ".join(kernel_notes(s, c)))
-        else:
-            lines.append("config    : n/a (the reference runs the same lowering in torch)")
-        if self.in_kernel_sum:
-            lines.append("reduction : split over K summed in the kernel by each tile's last program, in split order "
-                         "(one launch; bit-identical run to run)")
-        else:
-            lines.append("reduction : fixed order, no atomics (bit-identical run to run)")
-        lines.append("lowering  : " + " -> ".join(self.stages()))
-        return "\n".join(lines)
+def _refuse(what: str, **options) -> None:
+    """Options the variant has no meaning for are refused, never ignored."""
+    given = [name for name, value in options.items() if value not in (None, False)]
+    if given:
+        raise UnsupportedError(expect(", ".join(given), f"none for {what} (its plan has no such option)",
+                                      ", ".join(f"{n}={options[n]!r}" for n in given)))
 
 
-def sums_in_kernel(pipeline: str, cfg: TileConfig) -> bool:
-    """A decode split over K is summed by the kernel itself (each tile's last program adds the
-    partials in split order), saving the reduction kernel's launch; its tiles are small ([64, 16]
-    fp32: the last program's extra reads are a few KB). Prefill splits keep the reduction kernel,
-    which spreads the sum of large tiles over the whole GPU."""
-    return pipeline == "decode" and cfg.split_k > 1
+def _facts(device: torch.device, arch: str | None, num_sms: int | None) -> DeviceFacts:
+    """The device's facts, or the named arch's (its typical SM count unless ``num_sms``)."""
+    if arch is None:
+        return _device.facts(device)
+    facts = _device.for_arch(arch)
+    return facts if num_sms is None else replace(facts, num_sms=num_sms)
 
 
-def lowering(spec: ProblemSpec) -> list[str]:
-    """The tile stages in the epilogue order of docs/schemes.md section 1."""
-    st: list[str] = []
-    ct = compute_type(spec.a_type, spec.b_type)
-    for side, t in (("a", spec.a_type), ("b", spec.b_type)):
-        if t is not ct:
-            st.append(f"convert {side}({t}->{ct})" if t.value != "i4" else f"unpack {side}(i4->{ct})")
-    acc_short = "i32" if spec.integer_mainloop else "f32"
-    mma_a, mma_b = mma_types(spec.a_type, spec.b_type)
-    mma = f"mma({mma_a}x{mma_b}->{acc_short})"
-    if spec.a_type.is_float8 and spec.b_type.is_float8 and not spec.scheme.grouped:
-        mma += " fast-accum" if spec.fast_accum else " promoted to f32 per K tile"
-    if spec.scheme.grouped:
-        scales = []
-        if spec.a_scale_kind is ScaleKind.GROUP:
-            scales.append(f"a_scale[M,Gk]({spec.a_scale_layout})")
-        if spec.b_scale_kind is ScaleKind.GROUP:
-            scales.append(f"b_scale[Gk,Gn](group_n={spec.group_n})")
-        st.append(f"{mma} per K-group of {spec.group_k}")
-        st.append("promote(" + " x ".join(scales) + ") += f32")
-    else:
-        st.append(mma)
-    if spec.has_acc:
-        st.append(f"+ acc_in({_DTYPE_SHORT[spec.acc_dtype]})")
-    st.append("cast f32" if spec.acc_dtype == torch.int32 else "f32")
-    if spec.a_scale_kind is ScaleKind.SCALAR:
-        st.append("row_scale(scalar)")
-    elif spec.a_scale_kind is ScaleKind.VECTOR:
-        st.append("row_scale[M]")
-    if spec.b_scale_kind is ScaleKind.SCALAR:
-        st.append("col_scale(scalar)")
-    elif spec.b_scale_kind is ScaleKind.VECTOR:
-        st.append("col_scale[N]")
-    if spec.has_bias:
-        st.append("+ bias[N]")
-    st.append(f"cast {_DTYPE_SHORT[spec.out_dtype]}")
-    return st
+# ----------------------------------------------------------------------------- gemm
 
 
-def family_of(spec: ProblemSpec, pipeline: str) -> KernelFamily:
-    return KernelFamily(spec.scheme, spec.a_type, spec.b_type, spec.layout, pipeline)
+def _gemm_plan(spec, device, backend, arch, num_sms, pipeline) -> Plan:
+    forced = gemm.check_pipeline(pipeline, spec)
+    executor, interpreted = resolve_backend(backend, device)
+    if executor == "reference":
+        return _gemm_cached(spec, executor, False, None, forced, None, ())
+    # The interpreter has no arch and runs the default arch's plan (the reference target).
+    facts = _facts(device if not interpreted else torch.device("cpu"), arch, num_sms)
+    env = _settings.current()
+    return _gemm_cached(spec, executor, interpreted, facts, forced, env.gluon, env.tuned_tables)
 
 
 @lru_cache(maxsize=4096)
-def _plan_cached(spec: ProblemSpec, executor: str, interpreted: bool, arch_name: str | None,
-                 num_sms: int, deterministic: bool, forced_pipeline: str | None = None,
-                 device_name: str | None = None, gluon_switch: bool | None = None) -> Plan:
-    decode_max_m = thresholds.for_arch(arch_name).DECODE_MAX_M
-    pipeline = forced_pipeline or choose_pipeline(spec, decode_max_m)
-    if forced_pipeline:
-        why = "forced by the caller"
-    else:
-        why = f"logical M={spec.m} {'<=' if spec.m <= decode_max_m else '>'} {decode_max_m}"
-        if pipeline == "preshufflequant":
-            why += ", a_scale preshuffled"
-    family = family_of(spec, pipeline)
+def _gemm_cached(spec: ProblemSpec, executor: str, interpreted: bool, facts: DeviceFacts | None,
+                 forced_pipeline: str | None, gluon_switch: bool | None, user_tables: tuple[str, ...]) -> Plan:
+    """Plans per (spec, executor, device facts, switches): every argument is one the plan reads."""
     if executor == "reference":
-        return Plan(spec, executor, False, None, family, None, "n/a", deterministic, why)
-    arch = ARCHS[arch_name]
-    check_types(arch, spec.a_type, spec.b_type)
-    hit = tuned.lookup(spec, arch, pipeline, device_name)
-    if hit is not None:
-        cfg, source = hit
-    else:
-        cfg, source = heuristic_config(spec, arch, pipeline, num_sms), "heuristic"
-    impl = implementation(spec, pipeline, arch.name, interpreted, gluon_switch)
-    gcfg, tiles_why = None, ""
-    if impl.name == "gluon":
-        gcfg, tiles_why = choose_tiles(spec, num_sms)
-    return Plan(spec, executor, interpreted, arch, family, cfg, source, deterministic, why,
-                impl.name, impl.reason, gcfg, tiles_why)
-
-
-def _check_pipeline(pipeline: str | None, spec: ProblemSpec) -> str | None:
-    if pipeline is None:
-        return None
-    allowed = ["prefill", "decode"]
-    if spec.scheme.a_grouped and spec.a_scale_layout.value == "preshuffled":
-        allowed.append("preshufflequant")
-    if pipeline not in allowed:
-        raise UnsupportedError(expect("pipeline", f"None or one of {', '.join(allowed)}", repr(pipeline)))
-    return pipeline
-
-
-def make_plan(spec: ProblemSpec, device: torch.device, *, backend=None, deterministic=None,
-              arch: str | None = None, pipeline: str | None = None) -> Plan:
-    """Plan a problem for tensors on ``device`` (or, with ``arch``, for a described problem)."""
-    forced = _check_pipeline(pipeline, spec)
-    executor, interpreted = resolve_backend(backend, device)
-    det = deterministic_requested(deterministic)
-    arch_name, sms, device_name = None, 0, None
-    if executor == "triton":
-        # A named arch plans with its typical SM count; the interpreter has no arch and runs the
-        # default arch's plan (the reference target).
-        facts = (_device.for_arch(arch) if arch is not None
-                 else _device.facts(device if not interpreted else torch.device("cpu")))
-        arch_name, sms, device_name = facts.arch.name, facts.num_sms, facts.name
-    gluon = _settings.current().gluon if executor == "triton" else None
-    return _plan_cached(spec, executor, interpreted, arch_name, sms, det, forced, device_name, gluon)
+        return Plan("gemm", spec, executor, False, None, gemm.reference_route(spec, forced_pipeline))
+    route = gemm.choose_route(spec, facts, interpreted, forced_pipeline, gluon_switch, user_tables)
+    return Plan("gemm", spec, executor, interpreted, facts, route)
 
 
 def with_config(plan: Plan, cfg: TileConfig, source: str = "forced") -> Plan:
-    """The same plan running ``cfg`` instead (tuner, experiments); the legality predicate rules."""
-    if plan.executor != "triton":
-        raise UnsupportedError(expect("config", "a plan for the 'triton' executor", plan.executor))
+    """The same gemm plan running ``cfg`` instead (tuner, experiments); the legality predicate rules."""
+    if plan.variant != "gemm" or plan.executor != "triton":
+        raise UnsupportedError(expect("config", "a gemm plan for the 'triton' executor",
+                                      f"a {plan.variant} plan for '{plan.executor}'"))
     why = config_problem(plan.spec, cfg, plan.arch)
     if why is not None:
         raise UnsupportedError(expect("config", f"a legal config for {plan.arch.name}", why))
     # A forced TileConfig is the Triton kernel's: the plan runs that kernel (tuner, experiments).
-    impl_reason = "a forced config of the portable kernel" if plan.impl != "triton" else plan.impl_reason
-    return replace(plan, config=cfg, config_source=source, impl="triton", impl_reason=impl_reason,
-                   gluon=None)
+    r = plan.route
+    impl_reason = "a forced config of the portable kernel" if r.impl != "triton" else r.impl_reason
+    return replace(plan, route=replace(r, config=cfg, config_source=source, impl="triton", impl_reason=impl_reason,
+                                       gluon=None))
 
 
 def execute(plan: Plan, problem: Problem) -> torch.Tensor:
+    """Run a gemm plan on ``problem``'s tensors."""
     spec = plan.spec
     if spec.m == 0 or spec.n == 0:
         # Nothing to compute: no launch. An empty out= is returned as is.
@@ -264,3 +178,36 @@ def execute(plan: Plan, problem: Problem) -> torch.Tensor:
     if plan.executor == "reference":
         return gemm_ref(problem)
     return launch_gemm(problem, plan)
+
+
+# ----------------------------------------------------------------------------- prepacked
+
+
+def _prepacked_plan(spec, device, arch, num_sms, config, traced) -> Plan:
+    """The Triton kernels' plan (the reference executor runs the unprepacked weight: ``tileq.linear``)."""
+    described = arch is not None
+    facts = _facts(device, arch, num_sms)
+    route = prepacked.choose_route(spec, facts, given=config, device=None if described else device, traced=traced)
+    if route.path == "fp8-gemm":
+        inner_device = torch.device("cuda") if described else device
+        try:
+            inner, error = make_plan(prepacked.inner_spec(spec), inner_device, arch=arch, num_sms=num_sms), None
+        except TileqError as e:  # the call raises it when it runs; a description does not
+            inner, error = None, e
+        route = replace(route, inner=inner, inner_error=error)
+    interpreted = not described and _settings.current().interpreted
+    return Plan("prepacked", spec, "triton", interpreted, facts, route)
+
+
+# ----------------------------------------------------------------------------- grouped
+
+
+def _grouped_plan(spec, device, backend, arch, num_sms) -> Plan:
+    executor, interpreted = resolve_backend(backend, device)
+    if arch is not None:  # a described call: the kernels' plan for that arch
+        executor, interpreted = "triton", False
+    if executor == "reference":
+        return Plan("grouped", spec, executor, False, None, grouped.REFERENCE_ROUTE)
+    facts = _facts(device if not interpreted else torch.device("cpu"), arch, num_sms)
+    cfg, why = grouped.choose_config(spec, facts.arch.name)
+    return Plan("grouped", spec, executor, interpreted, facts, grouped.GroupedRoute(cfg, why))

@@ -1,25 +1,34 @@
-"""Per-GPU tuned tables (written by ``tileq tune``); a miss falls back to the heuristic.
+"""The tuned tables: measured configs that win over the rules where they list the problem.
 
-A table is a JSON file recording the GPU, its compute capability, date, Triton and torch
+The portable kernel's per-GPU tables (written by ``tileq tune``; a miss falls back to the
+heuristic) are JSON files recording the GPU, its compute capability, date, Triton and torch
 versions and the command that produced it, and entries keyed by
 ``{family}|m{M bucket}|n{N}|k{K}`` -> config tag. Shipped tables live in
-``tileq/dispatch/data/tuned/``; ``TILEQ_TUNED_TABLES`` (os.pathsep-separated files) adds more,
-which win over shipped ones. A malformed table, or one for another arch or GPU, is refused
-with one warning naming the file and the reason, and the heuristic is used.
+``tileq/dispatch/data/tuned/``; ``TILEQ_TUNED_TABLES`` (os.pathsep-separated files, read through
+``settings.current().tuned_tables`` by the planner) adds more, which win over shipped ones. A
+malformed table, or one for another arch or GPU, is refused with one warning naming the file and
+the reason, and the heuristic is used.
+
+The prepacked int4 decode kernel's table (``data/tuned_int4_sm90.json``, written by ``tileq replay
+--rule int4-decode --write-table``; its 'about' says how it was measured) maps (N, K, 1 or 16) to
+a config: ``int4_decode_table``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import warnings
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from ..problem import ProblemSpec
+from ..catalog.names import KernelFamily
 from ..device import ArchInfo
 from ..kernels.config import TileConfig, config_problem
+from ..kernels.int4p.config import Int4pConfig
+from ..problem import ProblemSpec
+from .heuristic import decode_m_tile
 
 REQUIRED = ("gpu", "capability", "arch", "date", "triton", "torch", "command", "entries")
 
@@ -32,8 +41,9 @@ def m_bucket(m: int) -> int:
     return b
 
 
-def entry_key(family_name: str, spec: ProblemSpec) -> str:
-    return f"{family_name}|m{m_bucket(spec.m)}|n{spec.n}|k{spec.k}"
+def entry_key(family_name: str, spec: ProblemSpec, bucket: int | None = None) -> str:
+    """The table key of ``spec`` (in M bucket ``bucket``; default its own)."""
+    return f"{family_name}|m{bucket or m_bucket(spec.m)}|n{spec.n}|k{spec.k}"
 
 
 class TableError(ValueError):
@@ -70,18 +80,17 @@ def _shipped_tables() -> list[Path]:
             if f.name.endswith(".json")]
 
 
-def _table_paths() -> list[tuple[str, Path]]:
-    """User tables ($TILEQ_TUNED_TABLES) first, so they win over the shipped ones."""
-    extra = os.environ.get("TILEQ_TUNED_TABLES", "")
-    paths = [("user", Path(p)) for p in filter(None, extra.split(os.pathsep))]
-    return paths + [("shipped", p) for p in _shipped_tables()]
+def _table_paths(user_tables: tuple[str, ...]) -> list[Path]:
+    """The user's tables first, so they win over the shipped ones."""
+    return [Path(p) for p in user_tables] + _shipped_tables()
 
 
 @lru_cache(maxsize=16)
-def _tables_for(arch_name: str, capability: tuple[int, int], device_name: str | None) -> tuple:
+def _tables_for(arch_name: str, capability: tuple[int, int], device_name: str | None,
+                user_tables: tuple[str, ...]) -> tuple:
     """The usable tables for this arch/GPU, in priority order: ((source, {key: cfg}), ...)."""
     usable = []
-    for kind, path in _table_paths():
+    for path in _table_paths(user_tables):
         try:
             doc = json.loads(path.read_text())
             entries = parse_table(doc, str(path))
@@ -109,17 +118,14 @@ def _bucket_order(m: int) -> list[int]:
     return [b] + below + above
 
 
-def lookup(spec: ProblemSpec, arch: ArchInfo, pipeline: str,
-           device_name: str | None = None) -> tuple[TileConfig, str] | None:
-    """(config, source) from a table covering this problem on this GPU, or None."""
-    from dataclasses import replace
-
-    from ..catalog.names import KernelFamily
-
+def lookup(spec: ProblemSpec, arch: ArchInfo, pipeline: str, device_name: str | None,
+           user_tables: tuple[str, ...]) -> tuple[TileConfig, str] | None:
+    """(config, source) from a table covering this problem on this GPU, or None. ``user_tables``:
+    the files of ``TILEQ_TUNED_TABLES`` (``settings.current().tuned_tables``)."""
     fam = KernelFamily(spec.scheme, spec.a_type, spec.b_type, spec.layout, pipeline)
-    tables = _tables_for(arch.name, arch.capability, device_name)
+    tables = _tables_for(arch.name, arch.capability, device_name, user_tables)
     for bucket in _bucket_order(spec.m):
-        key = f"{fam.name}|m{bucket}|n{spec.n}|k{spec.k}"
+        key = entry_key(fam.name, spec, bucket)
         for source, entries in tables:
             cfg = entries.get(key)
             if cfg is None:
@@ -127,7 +133,7 @@ def lookup(spec: ProblemSpec, arch: ArchInfo, pipeline: str,
             if bucket != m_bucket(spec.m):
                 # Borrowed from a neighbouring bucket: keep its N/K tiling, fit the M tile.
                 if spec.m > cfg.block_m:
-                    cfg = replace(cfg, block_m=16 if spec.m <= 16 else (32 if spec.m <= 32 else 64))
+                    cfg = replace(cfg, block_m=decode_m_tile(spec.m))
                 source = f"{source} (M bucket {bucket})"
             if config_problem(spec, cfg, arch) is None:
                 return cfg, source
@@ -136,3 +142,13 @@ def lookup(spec: ProblemSpec, arch: ArchInfo, pipeline: str,
 
 def clear_cache() -> None:
     _tables_for.cache_clear()
+
+
+INT4_DECODE_TABLE = "data/tuned_int4_sm90.json"
+
+
+@lru_cache(maxsize=1)
+def int4_decode_table() -> dict[tuple[int, int, int], Int4pConfig]:
+    """{(n, k, 1 or 16): config} of the prepacked int4 decode kernel, measured on an H200."""
+    doc = json.loads(resources.files("tileq.dispatch").joinpath(INT4_DECODE_TABLE).read_text())
+    return {(e["n"], e["k"], e["m"]): Int4pConfig.parse_tag(e["config"]) for e in doc["entries"]}

@@ -41,21 +41,47 @@ def split_to_fill(tiles: int, slots: int, k_steps: int, min_steps: int, max_spli
     return max(1, min(slots // rem, k_steps // min_steps, max_split))
 
 
-def split_cost(tiles: int, k_steps: int, split: int, slots: int) -> int:
+def split_cost(tiles: int, k_steps: int, split: int, slots: int, step_cost: float = 1.0) -> float:
     """K steps one slot runs one after another for ``tiles`` tiles each split into ``split`` K
     ranges: the waves of the items, times the steps of the longest range (a split that does not
-    divide the steps saves less than 1 / split)."""
-    return waves(tiles * split, slots) * cdiv(k_steps, split)
+    divide the steps saves less than 1 / split), each step costing ``step_cost`` (a wider tile's
+    step, in steps of the reference tile)."""
+    return waves(tiles * split, slots) * cdiv(k_steps, split) * step_cost
 
 
-def streamk_cost(dp_tiles: int, k_steps: int, per: int, slots: int, overhead) -> float:
+def cheapest_split(tiles: int, k_steps: int, slots: int, min_steps: int, max_split: int) -> int:
+    """The split over K (1 to ``max_split``, each range at least ``min_steps`` K steps) whose items
+    take the fewest K steps one after another (``split_cost``; ties: the smaller split); 1 where no
+    split keeps ``min_steps``."""
+    splits = [s for s in range(1, max_split + 1) if k_steps >= min_steps * s]
+    return min(splits, key=lambda s: (split_cost(tiles, k_steps, s, slots), s)) if splits else 1
+
+
+def streamk_cost(dp_tiles: int, k_steps: int, per: int, slots: int, overhead, step_cost: float = 1.0) -> float:
     """Stream-K's in the same units: a slot's share of the data-parallel (whole) tiles' K steps,
     its ``per`` (tile, K step) units of the rest, and ``overhead`` steps (its partial tiles'
-    epilogues and the fix-up)."""
-    return dp_tiles // slots * k_steps + per + overhead
+    epilogues and the fix-up), each step costing ``step_cost``."""
+    return (dp_tiles // slots * k_steps + per + overhead) * step_cost
 
 
 def split_for_programs(tiles: int, programs: float, k_steps: int, min_steps: int, max_split: int) -> int:
     """K ranges per tile so that ``tiles`` tiles make about ``programs`` programs (1: none), each
     range at least ``min_steps`` K steps, at most ``max_split``."""
     return max(1, min(math.ceil(programs / max(tiles, 1)), k_steps // min_steps, max_split))
+
+
+def split_until(tiles: int, programs: float, k_steps: int, min_steps: int, step: int, split: int = 1) -> int:
+    """``split`` multiplied by ``step`` while the grid has fewer than ``programs`` programs and
+    every K range of the next split keeps at least ``min_steps`` K steps (the last step may
+    overshoot ``programs``)."""
+    while tiles * split < programs and k_steps >= min_steps * step * split:
+        split *= step
+    return split
+
+
+def split_within(tiles: int, programs: float, k_steps: int, min_steps: int, step: int, split: int = 1) -> int:
+    """``split`` multiplied by ``step`` while the grid of the next split stays within ``programs``
+    programs and every K range of it keeps at least ``min_steps`` K steps."""
+    while tiles * split * step <= programs and k_steps >= min_steps * step * split:
+        split *= step
+    return split

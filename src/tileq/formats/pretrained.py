@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .. import extensions
 from ..errors import CheckpointError, DTypeError, ShapeError, TileqError, UnsupportedError, expect
 from ..integrations import compat
 from ..nn.configs import INT4_LAYOUTS
@@ -31,6 +34,42 @@ from .layer import load_layer
 from .safetensors_io import CheckpointReader, dtype_name, read_json, write_checkpoint, write_json
 
 FORMATS = (ct.QUANT_METHOD, dsf.QUANT_METHOD, tqf.QUANT_METHOD)
+
+
+# ----------------------------------------------------------------------------- tensor parallelism
+
+
+@dataclass(frozen=True)
+class TensorParallelPaths:
+    """The steps of ``from_pretrained(tp_plan=...)`` and of ``save_pretrained`` on a sharded model.
+    ``tileq.distributed`` provides them: it sits above this package (its loader reads a rank's
+    slice through the formats' own loaders)."""
+
+    start: Callable  # (tp_plan, tp_size) -> (transformers' DistributedConfig, the rank's device, mesh)
+    prepare: Callable  # (skeleton, DistributedConfig, mesh, reader) -> (TensorParallel, the rank's reader)
+    load_layer: Callable  # (tp, reader, method, name, linear, plan, parsed, style, device=, dtype=) -> (layer, used)
+    read_dtensor: Callable  # (reader, key, placeholder, device): an unquantized tensor's slice
+    of_model: Callable  # (model) -> its TensorParallel, None where the mesh shards nothing
+    gather_for_save: Callable  # (tp, model, layers, merged, plain_state): full layers on rank 0 (a collective)
+    after_save: Callable  # (tp, format or None): rank 0's answer on every rank
+
+
+# A function returning the paths (importing their modules on a sharded model's first call only),
+# registered by tileq.distributed when imported (tileq.extensions imports it).
+_tensor_parallel: Callable[[], TensorParallelPaths] | None = None
+
+
+def register_tensor_parallel(paths: Callable[[], TensorParallelPaths]) -> None:
+    global _tensor_parallel
+    _tensor_parallel = paths
+
+
+def _tensor_parallel_paths(call: str) -> TensorParallelPaths:
+    extensions.load()
+    if _tensor_parallel is None:
+        raise UnsupportedError(f"{call} needs tileq.distributed, which registered no tensor-parallel paths (it "
+                               "could not be imported: `import tileq.distributed` says why)")
+    return _tensor_parallel()
 
 
 # ----------------------------------------------------------------------------- the model skeleton
@@ -134,9 +173,8 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
         parsed = tqf.parse_config(qc)
     tp = dist_config = None
     if tp_plan is not None or tp_size is not None:
-        from ..distributed import load as tp_load
-
-        dist_config, tp_device, mesh = tp_load.start(tp_plan, tp_size)
+        tp_paths = _tensor_parallel_paths("from_pretrained(tp_plan=...)")
+        dist_config, tp_device, mesh = tp_paths.start(tp_plan, tp_size)
         if device is None and tp_device is not None:
             device = torch.device(tp_device)
     with CheckpointReader(path, on_read=on_read) as reader:
@@ -144,7 +182,7 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
         model = _build_skeleton(path, dtype, trust_remote_code, model_class)
         reader = moe_fmt.model_named(model, reader)  # Mixtral's block_sparse_moe, as transformers renames it
         if dist_config is not None and mesh is not None:  # transformers shards the skeleton
-            tp, reader = tp_load.prepare(model, dist_config, mesh, reader)
+            tp, reader = tp_paths.prepare(model, dist_config, mesh, reader)
         plans = _plan(model, method, parsed, reader)
         _check_not_tied(model, plans)
         with torch.no_grad():
@@ -156,8 +194,8 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
                 style = tp.style(name) if tp is not None else None
                 try:
                     if style is not None:  # this rank's slice, with the tp_plan's forward transforms
-                        layer, used = tp_load.load_sharded_layer(tp, reader, method, name, linear, plan, parsed,
-                                                                 style, device=device, dtype=dtype)
+                        layer, used = tp_paths.load_layer(tp, reader, method, name, linear, plan, parsed, style,
+                                                          device=device, dtype=dtype)
                     else:
                         layer, used = load_layer(method, reader, name, linear, plan, parsed, device=device,
                                                  dtype=dtype)
@@ -171,7 +209,7 @@ def from_pretrained(path, *, device=None, dtype: torch.dtype = torch.bfloat16, t
                 _replace(model, name, layer)
                 consumed.update(used)
             consumed |= _load_unquantized(model, reader, device, dtype,
-                                          tp_load.read_dtensor if tp is not None else None)
+                                          tp_paths.read_dtensor if tp is not None else None)
         _check_leftovers(model, reader, consumed)
     model.eval()
     model.tileq_checkpoint_format = method
@@ -359,13 +397,12 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
     layers, merged = unfused_layers(model)
     tp = plain = None
     if getattr(model, "_device_mesh", None) is not None:  # sharded: one checkpoint, gathered on rank 0
-        from ..distributed import tp as tp_mod
-
-        tp = tp_mod.TensorParallel.of(model)
+        tp_paths = _tensor_parallel_paths("save_pretrained of a sharded model")
+        tp = tp_paths.of_model(model)
         if tp is not None:
-            layers, plain = tp_mod.gather_for_save(tp, model, layers, merged, _plain_state)
+            layers, plain = tp_paths.gather_for_save(tp, model, layers, merged, _plain_state)
             if layers is None:  # not rank 0: wait for its files, return its answer
-                return tp_mod.after_save(tp, None)
+                return tp_paths.after_save(tp, None)
     experts = moe_fmt.quant_experts(model)
     if experts and tp is not None:
         raise UnsupportedError(f"{next(iter(experts))}: saving quantized experts under tensor parallelism is "
@@ -415,7 +452,7 @@ def save_pretrained(model, path, *, format: str = "auto", max_shard_size="5GB") 
             gen.save_pretrained(str(path))
         except Exception:  # noqa: BLE001 - a generation config is optional; weights and config are written
             pass
-    return tp_mod.after_save(tp, fmt) if tp is not None else fmt
+    return tp_paths.after_save(tp, fmt) if tp is not None else fmt
 
 
 def _plain_state(model, layers):

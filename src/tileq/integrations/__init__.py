@@ -1,4 +1,5 @@
-"""Glue between tileq and model libraries. Imports ``tileq.nn``; nothing in tileq imports this.
+"""Glue between tileq and model libraries. Imports ``tileq.nn``; no floor below this one imports it
+(ARCHITECTURE.md, "Floors").
 
     from tileq.integrations.hf import fuse_decoder_
     tileq.nn.quantize_(model, tileq.nn.A8W8Config())

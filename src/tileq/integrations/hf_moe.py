@@ -16,6 +16,9 @@ code keeps routing (its router, its top-k weights, its shared experts and dense 
 
 An experts module that stays unquantized (skipped by name or ``filter_fn``, or a layout tileq does
 not run: the reason is listed) runs transformers' eager loop under "tileq", as under "eager".
+
+``tileq.quantize_`` runs ``quantize_experts_`` on a model holding such modules: importing this
+module registers it there (``nn/quantize.py``'s ``ModuleKind``; ``tileq.extensions`` imports it).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ..errors import UnsupportedError, expect
 from . import compat
 from ..moe.experts import QuantExperts, experts_refusal
 from ..nn.configs import QuantConfig
+from ..nn.quantize import ModuleKind, register_module_kind
 
 IMPLEMENTATION = "tileq"
 _CLASSES: dict = {}
@@ -57,6 +61,10 @@ def is_experts_module(mod: nn.Module) -> bool:
     """A module holding routed experts as 3-D tensors (converted or not)."""
     gu = getattr(mod, "gate_up_proj", None)
     return isinstance(mod, QuantExperts) or (isinstance(gu, nn.Parameter) and gu.dim() == 3)
+
+
+def _unconverted(mod: nn.Module) -> bool:
+    return is_experts_module(mod) and not isinstance(mod, QuantExperts)
 
 
 def _forward(self, hidden_states, top_k_index, top_k_weights):
@@ -124,7 +132,7 @@ def quantize_experts_(model: nn.Module, config: QuantConfig,
     """
     register()
     done, configs = [], []
-    targets = [(n, m) for n, m in model.named_modules() if n and is_experts_module(m) and not isinstance(m, QuantExperts)]
+    targets = [(n, m) for n, m in model.named_modules() if n and _unconverted(m)]
     for name, mod in targets:
         why = None
         if name in config.skip_modules or name.rsplit(".", 1)[-1] in config.skip_modules:
@@ -150,3 +158,6 @@ def quantize_experts_(model: nn.Module, config: QuantConfig,
     for cfg in configs:
         cfg._experts_implementation = IMPLEMENTATION
     return done
+
+
+register_module_kind(ModuleKind(matches=_unconverted, convert=quantize_experts_))

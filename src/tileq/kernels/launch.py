@@ -149,7 +149,7 @@ def make_launch(problem: Problem, plan):
     when the plan chose it and TMA can read A and B (16-byte aligned rows), else the Triton
     kernel's (``GemmLaunch``, also the Gluon launch's per-call fallback)."""
     triton_launch = GemmLaunch(problem, plan)
-    if plan.impl == "gluon":
+    if plan.route.impl == "gluon":
         gluon_launch = GluonLaunch(problem, plan, triton_launch)
         if gluon_launch.usable:
             return gluon_launch
@@ -183,7 +183,7 @@ class GemmLaunch:
         ld_acc = problem.acc.stride(0) if problem.acc is not None else 0
         unit_n = not (spec.b_scale_kind is ScaleKind.GROUP and sb.shape[1] > 1 and sb.stride(1) != 1)
         pdl = pdl_enabled(problem.device, plan.interpreted)
-        fixup = plan.in_kernel_sum
+        fixup = plan.route.in_kernel_sum
         consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n, pdl=pdl, fixup=fixup)
         # The int4 word path also needs an even storage address: a pointer property, so it is
         # decided on every call (__call__), between these constexprs and the byte-path ones.

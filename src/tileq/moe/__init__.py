@@ -7,9 +7,10 @@
 ``experts`` (the quantized weights), ``layer`` (the fused forward and its custom op).
 """
 
+from ..api_moe import MASKED_MAX_ROWS, choose_form
 from .align import Alignment, align
 from .experts import QuantExperts, experts_refusal
-from .layer import MASKED_MAX_ROWS, choose_form, fused_moe, fused_moe_ref
+from .layer import fused_moe, fused_moe_ref
 from .routing import Routing, route, sigmoid_grouped_topk, softmax_topk
 from .spec import ExpertsSpec
 

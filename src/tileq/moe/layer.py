@@ -4,10 +4,10 @@ CUDA graph and traceable by ``torch.compile(fullgraph=True)`` (the ``tileq::fuse
 1. route (``routing.py``; or take the model's (topk_ids, topk_weights));
 2. quantize each token ONCE (not once per slot);
 3. place the T*k (token, expert) slots in expert order with their quantized rows, scales and routing
-   weights: masked form on the kernels, ONE launch (``kernels/moe_align.py``: the slots' positions,
-   counts, the row / scale / weight copies); otherwise torch ops with static shapes (``align.py``'s
-   sort, then gathers and scatters); one grouped GEMM (``tileq.grouped_linear``) computes every
-   expert's gate_up;
+   weights: masked form on the kernels, ONE launch (``kernels/moe_align.py``, launched through
+   ``api_moe.py``: the slots' positions, counts, the row / scale / weight copies); otherwise torch
+   ops with static shapes (``align.py``'s sort, then gathers and scatters); one grouped GEMM
+   (``tileq.grouped_linear``) computes every expert's gate_up;
 4. SiLU·mul, fused with the down projection's activation quantization (``silu_mul_quantize``) for
    configs that quantize activations; one grouped GEMM computes every expert's down projection with
    the routing weights multiplied in its fp32 epilogue (``row_scale``), output in the model's dtype
@@ -18,8 +18,9 @@ CUDA graph and traceable by ``torch.compile(fullgraph=True)`` (the ``tileq::fuse
 At decode (masked form, Triton backend) the routed experts thus take six launches: quantize, align,
 gate_up, SiLU·mul·quantize, down, combine (W4A16/W8A16: no quantization; SiLU and mul in torch).
 
-The grouped GEMMs take one of two forms (``choose_form``): the contiguous form (rows sorted by
-expert, ``offsets``) or the masked form (an [E, C, K] buffer with ``counts``, C = T).
+The grouped GEMMs take one of two forms (``choose_form``, decided in ``dispatch/moe.py``): the
+contiguous form (rows sorted by expert, ``offsets``) or the masked form (an [E, C, K] buffer with
+``counts``, C = T).
 
 Rows of the grouped buffers that belong to no slot are never used: the grouped GEMMs mask every
 row at or past counts[e], SiLU·mul works row by row (its rows there are masked off again by the
@@ -36,31 +37,15 @@ from .._runtime import bounded_put
 from ..activation import quantize_activation, silu_mul_quantize
 from ..api import linear
 from ..api_grouped import grouped_linear
-from ..dispatch import thresholds
-from ..dispatch.plan import resolve_backend
+from ..api_moe import choose_form, masked_form_launches
 from ..dtypes import PackedInt4
 from ..errors import DTypeError, ShapeError, UnsupportedError, expect
-from ..kernels import moe_align as _ma
 from ..ops import tileq_op
 from .align import align, check_topk
 from .routing import Routing, route
 from .spec import ExpertsSpec, spec_of_key
 
 FORMS = ("auto", "contiguous", "masked")
-
-# The masked form's buffers and grid scale with E x C rows (C = T), the contiguous form's with
-# T*k rows plus one tile per expert: the masked form only while E x T stays this small (decode
-# batches: T <= 32 at E = 128, T <= 16 at E = 256). The value lives in the thresholds table.
-MASKED_MAX_ROWS = int(thresholds.for_arch(None).MOE_MASKED_MAX_ROWS)
-
-
-def choose_form(tokens: int, num_experts: int) -> tuple[str, str]:
-    """('masked' | 'contiguous', why) for T tokens over E experts (shapes only)."""
-    rows = tokens * num_experts
-    if rows <= MASKED_MAX_ROWS:
-        return "masked", (f"E x T = {rows} <= MASKED_MAX_ROWS={MASKED_MAX_ROWS}: masked form (decode: a fixed "
-                          "[E, T, K] layout, small buffers)")
-    return "contiguous", f"E x T = {rows} > MASKED_MAX_ROWS={MASKED_MAX_ROWS}: contiguous form (T*k sorted rows)"
 
 
 def fused_moe(hidden: Tensor, route_by, experts, *, routing: Routing | None = None,
@@ -167,30 +152,10 @@ def _masked_kernels(hidden, topk_ids, topk_weights, xq, xs, spec: ExpertsSpec, b
     key = (hidden.shape, hidden.stride(), hidden.dtype, hidden.device, topk_ids.shape, topk_ids.stride(),
            topk_ids.dtype, topk_weights.stride(), topk_weights.dtype, spec, backend, settings.key())
     hit = _KERNELS.get(key)
-    if hit is None:
-        hit = _build_masked_kernels(hidden, topk_ids, topk_weights, xq, xs, spec, backend)
+    if hit is None:  # (the torch ops are cached as False: None is a miss)
+        hit = masked_form_launches(hidden, topk_ids, topk_weights, _unit_columns(xq), xs, spec.e, backend) or False
         bounded_put(_KERNELS, key, hit, _KERNELS_CAP)
     return hit
-
-
-def _build_masked_kernels(hidden, topk_ids, topk_weights, xq, xs, spec: ExpertsSpec, backend):
-    t, k = topk_ids.shape
-    executor, interpreted = resolve_backend(backend, hidden.device)
-    # A size route, not a fallback: choose_form's masked form always fits (E x T <= MASKED_MAX_ROWS
-    # and k <= E give T*k <= 4096 = MAX_SLOTS); only a caller-forced masked form at more slots
-    # takes the torch ops, which handle any size.
-    if executor != "triton" or t * k > _ma.MAX_SLOTS:
-        return False
-    x = _unit_columns(xq)
-    align_launch = _ma.MoeAlignLaunch(
-        t=t, topk=k, e=spec.e, c=t, k_dim=x.shape[1], device=hidden.device, ids_dtype=topk_ids.dtype,
-        ids_strides=topk_ids.stride(), w_dtype=topk_weights.dtype, w_strides=topk_weights.stride(),
-        x_dtype=x.dtype, x_stride=x.stride(0), xs_shape=None if xs is None else tuple(xs.shape),
-        xs_strides=None if xs is None else xs.stride(), interpreted=interpreted)
-    combine_launch = _ma.MoeCombineLaunch(
-        t=t, topk=k, rows=spec.e * t, h=spec.h, y_stride=spec.h, y_dtype=hidden.dtype, out_dtype=hidden.dtype,
-        device=hidden.device, interpreted=interpreted)
-    return align_launch, combine_launch
 
 
 def _unit_columns(x: Tensor) -> Tensor:

@@ -14,11 +14,42 @@ from typing import Callable
 
 from torch import nn
 
+from .. import extensions
 from ..errors import UnsupportedError, expect
 from .configs import QuantConfig
 from .linear import QuantLinear, quantize_linear_or_reason
 
 log = logging.getLogger("tileq")
+
+
+@dataclass(frozen=True)
+class ModuleKind:
+    """Modules that ``quantize_`` converts through a floor above this one (``integrations/hf_moe.py``
+    registers transformers' experts modules). ``matches(module)``: whether a module is one;
+    ``convert(model, config, filter_fn, skipped=)`` converts every one in place, appends those it
+    leaves to ``skipped`` as (name, why) and returns [(name, what was done)]."""
+
+    matches: Callable[[nn.Module], bool]
+    convert: Callable[..., list[tuple[str, str]]]
+
+
+# Filled by the floors above when imported (tileq.extensions imports them on quantize_'s first call).
+_module_kinds: list[ModuleKind] = []
+_sharded_quantizer: Callable | None = None
+
+
+def register_module_kind(kind: ModuleKind) -> None:
+    if kind not in _module_kinds:
+        _module_kinds.append(kind)
+
+
+def register_sharded_quantizer(quantizer: Callable) -> None:
+    """``quantizer(model, calibration)``: the tensor-parallel quantizer of a model with a device
+    mesh (its ``quantize_linear(name, linear, config)`` gives (the rank's layer, "") or (None, why)),
+    None where the mesh shards nothing; it raises for what a sharded model refuses.
+    ``tileq.distributed`` registers it."""
+    global _sharded_quantizer
+    _sharded_quantizer = quantizer
 
 
 @dataclass
@@ -71,17 +102,17 @@ def quantize_(model: nn.Module, config: QuantConfig,
                                                      "weights)", f"{type(calibration).__name__} with "
                                                      f"{config.name}"))
     summary = QuantizeSummary(config)
-    if any(_is_experts(mod) for mod in model.modules()):
-        from ..integrations.hf_moe import quantize_experts_
-
-        summary.experts = quantize_experts_(model, config, filter_fn, skipped=summary.skipped)
+    extensions.load()
+    for kind in _module_kinds:
+        if any(kind.matches(mod) for mod in model.modules()):
+            summary.experts += kind.convert(model, config, filter_fn, skipped=summary.skipped)
     tp = None
     if getattr(model, "_device_mesh", None) is not None:  # sharded by transformers' tp_plan
-        from ..distributed.tp import TensorParallel, refuse_calibration
-
-        tp = TensorParallel.of(model)
-        if tp is not None and calibration is not None:
-            raise refuse_calibration()
+        if _sharded_quantizer is None:
+            raise UnsupportedError("quantize_ on a model sharded by transformers' tp_plan needs tileq.distributed, "
+                                   "which registered no tensor-parallel quantizer (it could not be imported: "
+                                   "`import tileq.distributed` says why)")
+        tp = _sharded_quantizer(model, calibration)
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
     if isinstance(model, nn.Linear):
         raise UnsupportedError(expect("model", "a model containing nn.Linear layers (quantize_ replaces "
@@ -125,12 +156,6 @@ def _hessians(model: nn.Module, layers: dict, calibration) -> dict:
     finally:
         collector.remove()
     return collector.h
-
-
-def _is_experts(mod: nn.Module) -> bool:
-    """A mixture-of-experts module holding its experts as 3-D tensors (tileq.integrations.hf_moe)."""
-    gu = getattr(mod, "gate_up_proj", None)
-    return isinstance(gu, nn.Parameter) and gu.dim() == 3
 
 
 def _replace(model: nn.Module, name: str, layer: QuantLinear) -> None:

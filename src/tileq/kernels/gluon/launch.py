@@ -107,7 +107,7 @@ class GluonLaunch:
 
     def __init__(self, problem: Problem, plan, fallback):
         spec = problem.spec
-        cfg = plan.gluon
+        cfg = plan.route.gluon
         a, b = problem.a, problem.b
         self.spec, self.m, self.n, self.k = spec, spec.m, spec.n, spec.k
         self.lda = a.stride(0)  # A row-major [M, K]

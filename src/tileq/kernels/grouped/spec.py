@@ -1,7 +1,8 @@
 """What the grouped kernel specializes on (``GroupedSpec``) and how it tiles (``GroupedConfig``).
 
 Hashable and tensor-free: ``tileq.api_grouped`` builds a spec from validated arguments,
-``dispatch.grouped`` plans on it, the launcher maps (spec, config) to the kernel's constexprs.
+``dispatch.plan.make_plan`` plans it (``dispatch.grouped``'s rule), the launcher maps (spec,
+config) to the kernel's constexprs.
 Imports no Triton.
 """
 

@@ -4,7 +4,7 @@ uses (the int4 values alone as fp8).
 
 Writing the dequantized weight (2 bytes per value) and reading it back costs about as much as one
 bf16 product at M of a few hundred tokens, and little at M in the thousands. The plan
-(``tileq.dispatch.int4``: path ``dequant+cublas``) gives W4A16 prefill calls this path where the
+(``tileq.dispatch.prepacked``: path ``dequant+cublas``) gives W4A16 prefill calls this path where the
 Gluon prefill kernel (``prefill_launch.py``) does not take them, and the Gluon launch falls back to
 it for operands TMA cannot read. The kernel moves 3.4 TB/s (int4 read + bf16 written) on an H200.
 The dequantized weight lives only for the call (from torch's caching allocator): N x K x 2 bytes,

@@ -11,7 +11,7 @@ keep them:
 - per-channel or per-tensor scales: scheme rowcol (``sa[m] * sb[n] * sum_k x * v``).
 
 The activation scale is the per-token ([M]) or per-tensor one the call brought. The plan
-(``tileq.dispatch.int4``, path ``fp8-gemm``) gives W4A8 prefill calls this path where the Gluon
+(``tileq.dispatch.prepacked``, path ``fp8-gemm``) gives W4A8 prefill calls this path where the Gluon
 prefill kernel does not take them, with the 8-bit GEMM's own plan (``dispatch.plan.make_plan``),
 which this launcher runs as ``tileq.linear`` would: the same problem, plan and launch.
 """

@@ -1,5 +1,5 @@
 """Launching the prepacked-int4 decode kernel (``kernel.py``) for one call signature, and its
-ahead-of-time compile source. The config comes from the plan (``tileq.dispatch.int4``).
+ahead-of-time compile source. The config comes from the plan (``tileq.dispatch.prepacked``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Launching the sm_90 Gluon prefill kernel on prepacked int4 weights (``prefill_kernel.py``) for
 one call signature, its constexprs and shared layouts, its instance names and its sm_90 build.
 
-What it runs comes from the plan (``tileq.dispatch.int4``): the token tile, the split over K or
+What it runs comes from the plan (``tileq.dispatch.prepacked``): the token tile, the split over K or
 stream-K (``streamk.py``), the fp8 build (W4A8 fused) or the 16-bit build on activations cast to
 bf16, the overlap of conversion and wgmma. TMA adds a condition only tensors can answer: an
 activation or weight base pointer off 16 bytes runs the dequantize path instead (``fallback``).
