@@ -27,11 +27,11 @@
 #              OVERHEAD_ARGS (of tileq overhead), CENSUS_ARGS (of scripts/launch_census.py), MOE_E2E_ARGS (of tileq e2e --model qwen3-moe), MOE_ARGS (of tileq moebench),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
 #              CKPT_ARGS (extra arguments of tileq e2e --make-checkpoint), CKPT_E2E_ARGS (of its tileq e2e runs),
-#              QK_LAYERS, QK_ARGS (of qk-compile's tileq e2e run),
+#              QK_LAYERS, QK_ARGS (of qk-compile's tileq e2e run), BASELINE_SRC, COMPARE_CASES, COMPARE_ARGS (compare-*),
 #              TILEQ_COMMIT, TEST_WORKERS (the tests-gpu steps' pytest workers, default 8).
 # tests-formats installs the wheels in .whl/ (compressed-tensors and what it needs, made by pip download in
 # the checkout; pass carry [".whl"]) into /tmp/site, used by that step only (and by tests-gpu-3).
-# Runs on the H200 machine with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src. The test
+# Runs on the GPU machine (H100 or H200) with its own python3 (torch 2.11, Triton 3.6): PYTHONPATH=src. The test
 # steps name every skipped test and its reason (pytest -rs): a skip is not a pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -223,16 +223,16 @@ for step in "${steps[@]}"; do
         --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 | tail -40 | tee "$OUT/bench_decode.log" ;;
     compare-*)
       # Before/after on one suite in one call: the suite run on the tree in $BASELINE_SRC (default
-      # .baseline/src: a copy of an
-      # earlier commit's src/, carried), then on this tree with --compare against it. COMPARE_CASES
-      # narrows both runs (--cases). compare-llm-decode, compare-llm-prefill-a, ...
+      # .baseline/src: a copy of an earlier commit's src/, carried), then on this tree with --compare
+      # against it. COMPARE_CASES narrows both runs (--cases); COMPARE_ARGS: more tileq bench
+      # arguments for both (--m-max, --shapes, --no-plots, ...). compare-llm-decode, compare-int4, ...
       suite=${step#compare-}
       PYTHONPATH=${BASELINE_SRC:-.baseline/src} $PY -m tileq bench --suite "$suite" --out "$OUT/before-$suite" \
-        ${COMPARE_CASES:+--cases "$COMPARE_CASES"} --time-budget "${BENCH_SECONDS:-200}" --no-progress 2>&1 \
-        | tail -5 | tee "$OUT/compare_before_$suite.log"
+        ${COMPARE_CASES:+--cases "$COMPARE_CASES"} --time-budget "${BENCH_SECONDS:-200}" --no-progress \
+        ${COMPARE_ARGS:-} 2>&1 | tail -5 | tee "$OUT/compare_before_$suite.log"
       $PY -m tileq bench --suite "$suite" --out "$OUT/after-$suite" ${COMPARE_CASES:+--cases "$COMPARE_CASES"} \
-        --time-budget "${BENCH_SECONDS:-200}" --no-progress --compare "$OUT/before-$suite/results.csv" 2>&1 \
-        | tail -40 | tee "$OUT/compare_$suite.log" ;;
+        --time-budget "${BENCH_SECONDS:-200}" --no-progress --compare "$OUT/before-$suite/results.csv" \
+        ${COMPARE_ARGS:-} 2>&1 | tail -40 | tee "$OUT/compare_$suite.log" ;;
     bench-llm-decode|bench-llm-prefill|bench-llm-prefill-a|bench-llm-prefill-b)
       suite=${step#bench-}
       $PY -m tileq bench --suite "$suite" --out "$OUT/$suite" --time-budget "${BENCH_SECONDS:-200}" \
