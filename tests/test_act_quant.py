@@ -538,12 +538,12 @@ dev = torch.device("cpu")
 def qa(k, otype, g="row", xdt=torch.bfloat16, sdt=None, m=16):
     return aq.ActQuantLaunch(x_shape=(m, k), device=dev, m=m, k=k, row_stride=k, x_dtype=xdt,
         otype=otype, granularity=g, group_k=128, s_shape=(m,), s_strides=(1, m), scale_dtype=sdt,
-        scale_val=1.0, interpreted=False, cfg=act_quant_config(k, g, 128, m=m))
+        scale_val=1.0, interpreted=False, cfg=act_quant_config(k, g, 128, m=m), pdl=False)
 def fu(k, otype, g="row", res=True, m=16):
     return aq.AddRmsNormQuantLaunch(x_shape=(m, k), device=dev, m=m, k=k, x_stride=k,
         r_stride=k if res else None, x_dtype=torch.bfloat16, otype=otype, granularity=g,
         group_k=128, s_shape=(m,), s_strides=(1, m), eps=1e-6, interpreted=False,
-        cfg=act_quant_config(k, g, 128, fused=True, m=m))
+        cfg=act_quant_config(k, g, 128, fused=True, m=m), pdl=False)
 variants = {
     "row_i8_17408": qa(17408, OT.I8), "row_fp8_5120": qa(5120, OT.FP8),
     "row_bf8_4096_fp16": qa(4096, OT.BF8, xdt=torch.float16), "row_i8_32768": qa(32768, OT.I8),

@@ -295,7 +295,6 @@ for name, (b, hq, hkv, d, length, dtype, mask, pdl) in dict(
         d128_mask_b64=(64, 40, 8, 128, 2112, torch.bfloat16, True, False),  # one range: the combine of one
         d64_fp16=(2, 8, 1, 64, 2112, torch.float16, False, False),
         d256_g32=(1, 32, 1, 256, 2112, torch.bfloat16, True, False)).items():
-    da.pdl_enabled = lambda device, interpreted, pdl=pdl: pdl
     cfg = decode_attention_config(b, hkv, hq // hkv, length, d, dtype, torch.device("cpu"))
     kv = (hkv * length * d if b > 1 else 0, length * d, d)  # contiguous [B, HKV, L, D]
     launch = da.DecodeAttentionLaunch(
@@ -303,7 +302,7 @@ for name, (b, hq, hkv, d, length, dtype, mask, pdl) in dict(
         k_strides=kv, v_strides=kv,
         mask_strides=(length if b > 1 else 0, 1) if mask else None, scaling=d ** -0.5, dtype=dtype,
         device=torch.device("cpu"), interpreted=False, block_n=cfg.block_n, splits=cfg.splits,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, pdl=pdl)
     out[name] = dict(
         split=compile_call(launch.split, (dtype, dtype, dtype, torch.bool if mask else None, torch.float32)),
         combine=compile_call(launch.combine, (torch.float32, dtype)),

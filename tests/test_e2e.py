@@ -85,7 +85,7 @@ def test_checkpoint_models_for_e2e(tmp_path):
 def test_kernel_categories_name_every_tileq_gemm_kernel():
     """The profiler breakdown counts every tileq GEMM kernel (Triton, Gluon, int4 decode and
     prefill, the dequantize kernel of the int4 prefill path) as tileq_gemm."""
-    for name in ("_gemm_kernel", "_splitk_reduce_kernel", "_ws_gemm_kernel", "_i4p_kernel",
+    for name in ("_gemm_kernel", "_split_reduce_kernel", "_ws_gemm_kernel", "_i4p_kernel",
                  "_i4p_prefill_kernel", "_dequant_kernel"):
         assert e2e._category(name) == "tileq_gemm", name
     assert e2e._category("_rmsnorm_quant_kernel") == "act_quant"

@@ -18,7 +18,7 @@ from tileq.catalog.families import family_spec
 from tileq.catalog.names import parse_family
 from tileq.dtypes import PackedInt4
 from tileq.errors import DTypeError, LayoutError, ShapeError, TileqError, UnsupportedError
-from tileq.kernels import buffers, direct, launch
+from tileq.kernels import buffers, direct, launch, split_k
 from tileq.quant import pack_int4
 from tileq.testing import KernelRecorder, check_close, make_args
 
@@ -34,7 +34,7 @@ def _fresh_cache():
 def recorder(monkeypatch):
     rec = KernelRecorder()
     monkeypatch.setattr(launch, "_gemm_kernel", rec)
-    monkeypatch.setattr(launch, "_splitk_reduce_kernel", KernelRecorder())
+    monkeypatch.setattr(split_k, "_split_reduce_kernel", KernelRecorder())
     return rec
 
 
@@ -441,8 +441,8 @@ def test_direct_launch_split_k_and_swapped(fake_triton, monkeypatch):
     from tileq.dispatch.plan import make_plan, with_config
     from tileq.problem import build_problem
 
-    reduce_fake = _FakeJIT(launch._splitk_reduce_kernel.fn)
-    monkeypatch.setattr(launch, "_splitk_reduce_kernel", reduce_fake)
+    reduce_fake = _FakeJIT(split_k._split_reduce_kernel.fn)
+    monkeypatch.setattr(split_k, "_split_reduce_kernel", reduce_fake)
     ws = torch.empty(1 << 16)
     monkeypatch.setattr(buffers, "_stream_workspace", lambda device, numel: ws)
     # (a prefill split: a decode split sums in the kernel, test_decode_split_sums_in_the_kernel)
@@ -461,8 +461,8 @@ def test_direct_launch_split_k_and_swapped(fake_triton, monkeypatch):
     _, args, _ = fake_triton.jit_calls[0]
     assert args[0] is tensors[1] and args[1] is tensors[0]  # swapped: B plays the kernel's A
     red = reduce_fake.compiled.launches[0]
-    bound = reduce_fake.signature.bind(*reduce_fake.jit_calls[0][1], SPLIT_K=2, BLOCK=launch.REDUCE_BLOCK,
-                                       SWAPPED=True)
+    bound = reduce_fake.signature.bind(*reduce_fake.jit_calls[0][1], SPLIT_K=2, LAYOUT="flat",
+                                       BLOCK=split_k.REDUCE_BLOCK, BM=1, BN=1, GROUP_M=1, TRANS=True, PDL=False)
     assert red[9:] == tuple(bound.arguments.values())
 
 

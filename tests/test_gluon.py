@@ -138,7 +138,7 @@ def test_one_column_b_groups_run_swapped_by_default():
 
     spec = _spec("bquant_fp8xfp8_rcr_prefill", m=1024, group_n=1)
     assert _impl(spec, env=None).name == "gluon"
-    plan = _gemm_cached(spec, "triton", False, for_arch("sm_90"), None, None, ())
+    plan = _gemm_cached(spec, "triton", False, for_arch("sm_90"), None, None, (), False)
     assert plan.route.impl == "gluon" and plan.route.gluon.swap_ab and "swapped" in plan.route.gluon_reason
 
 
@@ -601,7 +601,7 @@ def gluon_plan_for(monkeypatch):
     def make(spec, pad=0, seed=0, out=None):
         args = make_args(spec, seed=seed, pad=pad)
         problem = args.call(build_problem, out=out)
-        plan = _gemm_cached(problem.spec, "triton", False, for_arch("sm_90"), None, True, ())
+        plan = _gemm_cached(problem.spec, "triton", False, for_arch("sm_90"), None, True, (), False)
         assert plan.route.impl == "gluon"
         return args, problem, plan
 

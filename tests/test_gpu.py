@@ -176,6 +176,7 @@ def test_direct_launch_matches_jit_launch(family, swap, split_k, monkeypatch):
     from dataclasses import replace
 
     from tileq.kernels import launch
+    from tileq.kernels import split_k as split_k_module
     from tileq.dispatch.plan import execute, make_plan, with_config
     from tileq.problem import build_problem
 
@@ -191,9 +192,8 @@ def test_direct_launch_matches_jit_launch(family, swap, split_k, monkeypatch):
         cfg = replace(cfg, block_m=64, block_n=16, num_warps=4)
     plan = with_config(base, cfg)
     runs = _count_jit_runs(monkeypatch, launch._gemm_kernel)
-    # (either reduction kernel: the PDL one where PDL is on; none where the kernel sums its split)
-    reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_kernel)
-    pdl_reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_pdl_kernel)
+    # (none where the kernel sums its split)
+    reduce_runs = _count_jit_runs(monkeypatch, split_k_module._split_reduce_kernel)
     reduced = split_k > 1 and not plan.route.in_kernel_sum
 
     def run():
@@ -202,12 +202,12 @@ def test_direct_launch_matches_jit_launch(family, swap, split_k, monkeypatch):
 
     monkeypatch.setenv("TILEQ_DIRECT_LAUNCH", "0")
     via_jit = [run() for _ in range(2)]
-    assert len(runs) == 2 and len(reduce_runs) + len(pdl_reduce_runs) == (2 if reduced else 0)
+    assert len(runs) == 2 and len(reduce_runs) == (2 if reduced else 0)
     monkeypatch.delenv("TILEQ_DIRECT_LAUNCH")
     run()  # the first direct-mode launch of this specialization keeps the compiled kernel
-    before = (len(runs), len(reduce_runs), len(pdl_reduce_runs))
+    before = (len(runs), len(reduce_runs))
     direct = [run() for _ in range(3)]
-    assert (len(runs), len(reduce_runs), len(pdl_reduce_runs)) == before  # not through JITFunction.run
+    assert (len(runs), len(reduce_runs)) == before  # not through JITFunction.run
     torch.cuda.synchronize()
     for got in via_jit[1:] + direct:
         assert torch.equal(got, via_jit[0])
@@ -220,6 +220,7 @@ def test_direct_launch_under_cuda_graph_capture(monkeypatch):
     from dataclasses import replace
 
     from tileq.kernels import launch
+    from tileq.kernels import split_k as split_k_module
     from tileq.dispatch.plan import execute, make_plan, with_config
     from tileq.problem import build_problem
 
@@ -243,12 +244,11 @@ def test_direct_launch_under_cuda_graph_capture(monkeypatch):
         step()
     torch.cuda.synchronize()
     runs = _count_jit_runs(monkeypatch, launch._gemm_kernel)
-    reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_kernel)
-    pdl_reduce_runs = _count_jit_runs(monkeypatch, launch._splitk_reduce_pdl_kernel)
+    reduce_runs = _count_jit_runs(monkeypatch, split_k_module._split_reduce_kernel)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    assert not runs and not reduce_runs and not pdl_reduce_runs  # captured through the direct launcher
+    assert not runs and not reduce_runs  # captured through the direct launcher
     _refill(rowcol, make_args(family_spec(parse_family("rowcol_fp8xfp8_rcr_decode"), 4, 4096, 4096),
                               seed=2, device="cuda", bias=True))
     _refill(args2, make_args(spec2, seed=2, device="cuda"))

@@ -41,13 +41,13 @@ from tileq.ops import linear_op, quant_linear_op
 launched = []  # the KernelCalls the traced code went through, in order
 _traced = direct.KernelCall._traced
 def _record(self, fn, ptrs):
-    if direct._MODE.mode == "trace":
+    if direct._MODE.tracing:
         names = [p.name for p in fn.params]
         n = len(ptrs)
         want = dict(zip(names[n:], self.ints))
         want.update({k: v for k, v in self.kwargs.items() if k not in direct._OPTIONS})
         if "PDL" in want:  # traced launches run without PDL (direct.without_pdl)
-            assert want["PDL"] is True  # (on for sm_90 where tileq launches them itself)
+            assert want["PDL"] is ("launch_pdl" in self.kwargs)
             want["PDL"] = False
         launched.append(dict(name=self.name, grid=list(self.grid) + [1] * (3 - len(self.grid)), values=want,
                              tensors=sorted(names[i] for i, p in enumerate(ptrs) if p is not None)))
@@ -510,10 +510,10 @@ def test_decode_attention_is_its_two_kernels(traced):
 
 def test_qk_rope_writes_the_cache_it_is_given(traced):
     """The q/k kernel writing a static cache: it reads the cache's length as the graph receives it
-    (not a value the graph computed: the launcher's length increment, run once by the dry run in
-    ``ops._traceable`` and once traced, made the kernel read length + 1 and the cache advance by
-    2), the graph advances the length once, after the launch, and inductor writes the caches and
-    the length in place with no copy of them."""
+    (not a value the graph computed: the launcher's length increment, had the op's code run twice
+    while traced, made the kernel read length + 1 and the cache advance by 2), the graph advances
+    the length once, after the launch, and inductor writes the caches and the length in place with
+    no copy of them."""
     name = "qk_norm_rope_cache 40x8x128 L64"
     nodes = traced[name]["nodes"]
     assert [n["name"] for n in nodes] == ["_qk_norm_rope_kernel"]
@@ -551,23 +551,19 @@ def test_switch_values(monkeypatch):
         settings.current()
 
 
-def test_launch_modes_record_and_refuse():
-    """Recording notes each launch's traceability without launching; tracing refuses a launch
-    torch cannot carry (the interpreter's kernels here) instead of running it."""
+def test_a_launch_states_whether_it_can_be_traced_and_tracing_refuses_one_that_cannot():
+    """A KernelCall says, without launching, why torch cannot carry it (the interpreter's kernels
+    here; a register cap), and traced it refuses such a launch instead of running it."""
     from tileq.kernels import act_quant
 
     call = direct.KernelCall(act_quant, "_quantize_activation_kernel", (1, 1), (), {}, ())
-    with direct.launch_mode("record") as seen:
+    # under the interpreter the kernel is its InterpretedFunction
+    assert call.untraced == "_quantize_activation_kernel: InterpretedFunction, not a plain @triton.jit kernel"
+    assert not direct.tracing()
+    with direct.traced_launches(), pytest.raises(UnsupportedError, match="cannot be traced"):
         assert direct.tracing()
         call((None,), False)
-    # under the interpreter the kernel is its InterpretedFunction: recorded with the reason
-    assert seen == ["_quantize_activation_kernel: InterpretedFunction, not a plain @triton.jit kernel"]
     assert not direct.tracing()
-    with direct.launch_mode("trace"), pytest.raises(UnsupportedError, match="cannot be traced"):
-        call((None,), False)
-    with pytest.raises(ValueError, match="launch mode"):
-        with direct.launch_mode("fast"):
-            pass
 
 
 def test_inline_twin_called_eagerly_is_the_op():
@@ -582,38 +578,44 @@ def test_inline_twin_called_eagerly_is_the_op():
     assert torch.equal(quant_linear_op.inline(*args), quant_linear_op.op(*args))
 
 
-def test_every_pdl_launch_has_its_pdl_free_kernel():
-    """A traced launch runs without PDL (direct.without_pdl): the PDL constexpr off, or the
-    ``*_kernel`` beside a ``*_pdl_kernel``, which must exist in the launcher's module."""
-    from tileq.kernels import launch
+def test_a_traced_launch_runs_without_pdl():
+    """A traced launch runs without PDL (direct.without_pdl): no launch option, the kernel's PDL
+    constexpr off (the split-K reduction's too)."""
+    from tileq.kernels import split_k
 
-    on = launch.splitk_reduce_call(64, 16, 16, 2, torch.bfloat16, False, pdl=True)
-    name, kwargs = direct.without_pdl(on.name, on.kwargs)
-    assert on.name == "_splitk_reduce_pdl_kernel" and name == "_splitk_reduce_kernel"
-    assert hasattr(launch, name) and "launch_pdl" not in kwargs
-    name, kwargs = direct.without_pdl("_gemm_kernel", dict(PDL=True, launch_pdl=True, num_warps=4))
-    assert (name, kwargs) == ("_gemm_kernel", dict(PDL=False, num_warps=4))
-    assert direct.without_pdl("_gemm_kernel", dict(PDL=False)) == ("_gemm_kernel", dict(PDL=False))
+    on = split_k.flat_reduce_call(64, 16, 16, 2, torch.bfloat16, False, pdl=True)
+    assert on.kwargs["PDL"] is True and on.kwargs["launch_pdl"] is True
+    kwargs = direct.without_pdl(on.kwargs)
+    assert kwargs["PDL"] is False and "launch_pdl" not in kwargs
+    assert direct.without_pdl(dict(PDL=True, launch_pdl=True, num_warps=4)) == dict(PDL=False, num_warps=4)
+    assert direct.without_pdl(dict(PDL=False)) == dict(PDL=False)
 
 
 def test_given_tile_counters_serve_where_they_fit():
-    """A layer's counters serve its split launches (traceable) where they are on the launch's
-    device and hold enough; otherwise the per-stream table serves, and a traced launch cannot."""
+    """A layer's counters serve its split launches (traced) where they are on the launch's device
+    and hold enough; otherwise the per-stream table serves, and a traced launch cannot: a call
+    whose split needs counters it was not given is not traced (``tracing.untraced``)."""
+    from types import SimpleNamespace
+
+    from tileq import tracing
     from tileq.kernels import buffers
 
     cpu = torch.device("cpu")
-    mine = buffers.layer_tile_counters(1024, cpu)
+    mine = tracing.layer_tile_counters(1024, cpu)
     assert mine.dtype == torch.int32 and mine.numel() == 128 and not mine.any()
     with buffers.given_tile_counters(mine):
         assert buffers.tile_counters(cpu, 128) is mine
         assert buffers.tile_counters(cpu, 129) is not mine  # too few: fresh zeroed ones
-        with direct.launch_mode("record") as seen:
-            buffers.tile_counters(cpu, 64)
-        assert seen == []  # nothing untraceable
+        with direct.traced_launches():
+            assert buffers.tile_counters(cpu, 64) is mine
     assert buffers.tile_counters(cpu, 64) is not mine  # outside the block
-    with direct.launch_mode("record") as seen:
+    with direct.traced_launches(), pytest.raises(UnsupportedError, match="a traced split needs 64"):
         buffers.tile_counters(cpu, 64)
-    assert seen == ["tile counters: a split summed with tile counters the caller did not give"]
+    split = SimpleNamespace(untraced=None, counters=128)
+    assert tracing.untraced(split, cpu, mine) is None
+    assert tracing.untraced(split, cpu) == tracing.NO_COUNTERS
+    assert tracing.untraced(SimpleNamespace(untraced=None, counters=129), cpu, mine) == tracing.NO_COUNTERS
+    assert tracing.untraced(SimpleNamespace(untraced="why", counters=0), cpu, mine) == "why"
 
 
 def test_quant_linear_counters_follow_the_weight():

@@ -1791,7 +1791,7 @@ def test_stream_k_fixup_sums_shared_tiles(m, n, k, tokens, sms):
     part = torch.randn(kb, m, n)  # the contribution of each K block
     npm, npn = -(-m // tokens), -(-n // 128)
 
-    def region(t):  # gemm_kernel.grouped_tile in plain Python
+    def region(t):  # tiles.grouped_tile in plain Python
         group = pl.GROUP_M * npn
         first = (t // group) * pl.GROUP_M
         size = min(npm - first, pl.GROUP_M)
@@ -1809,9 +1809,9 @@ def test_stream_k_fixup_sums_shared_tiles(m, n, k, tokens, sms):
             else:
                 work[r, rows, cols] = value
     assert s.shared > 0
-    streamk._fixup_kernel[(sms - 1, -(-tokens // streamk.FIXUP_TOKENS))](
+    streamk._sum_shared_tiles_kernel[(sms - 1, -(-tokens // streamk.SUM_TOKENS))](
         work, out, m, n, n, s.per, kb, s.dp, s.units, npm, npn, BT=tokens, GROUP_M=pl.GROUP_M,
-        BLOCK_T=streamk.FIXUP_TOKENS, SLABS=s.slabs)
+        BLOCK_T=streamk.SUM_TOKENS, SLABS=s.slabs)
     want = part.sum(0)
     assert not out.isnan().any()
     assert torch.all((out.float() - want).abs() <= want.abs() * 2 ** -7 + 1e-5)

@@ -21,7 +21,7 @@ FLOORS = [
     ("kernels", ("tileq.kernels", "tileq.catalog")),  # launchers execute a plan, decide nothing
     ("dispatch", ("tileq.dispatch",)),  # every routing decision
     ("API", ("tileq.api", "tileq.api_prepacked", "tileq.api_grouped", "tileq.api_moe", "tileq.activation",
-             "tileq.qk_rope", "tileq.attention", "tileq.warmup")),
+             "tileq.qk_rope", "tileq.attention", "tileq.warmup", "tileq.tracing")),
     ("layers", ("tileq.quant_linear", "tileq.ops", "tileq.nn", "tileq.moe")),
     ("models", ("tileq.integrations", "tileq.formats")),  # transformers integration, checkpoint formats
     ("distributed", ("tileq.distributed",)),
@@ -33,17 +33,9 @@ FLOOR_OF = {prefix: i for i, (_, prefixes) in enumerate(FLOORS) for prefix in pr
 NAMES = [name for name, _ in FLOORS]
 
 # The model layer and everything above it up to the namespace reach kernels and routing only
-# through the API floor...
+# through the API floor.
 ABOVE_THE_API = range(NAMES.index("layers"), NAMES.index("namespace") + 1)
 BELOW_THE_API = (NAMES.index("kernels"), NAMES.index("dispatch"))
-# ...but for these, which go when the split-K tile counters and the compile path move behind the
-# API (another change); an entry no longer needed fails the test, so the list only shrinks.
-DIRECT_KERNEL_IMPORTS = {
-    "tileq.nn.linear -> tileq.kernels.buffers",  # a layer's own split-K tile counters
-    "tileq.ops -> tileq.kernels.buffers",  # the tile counters a compiled graph passes in
-    "tileq.ops -> tileq.kernels.direct",  # the launch mode that traces an op's kernels for inductor
-    "tileq.quant_linear -> tileq.kernels.direct",  # the raw stream and tracing checks of the eager fast path
-}
 
 
 def floor(module: str) -> int:
@@ -188,17 +180,8 @@ def test_no_package_cycles():
         " <-> ".join(c) + ": " + "; ".join(why[a, b] for a in c for b in c if (a, b) in why) for c in found)
 
 
-def _direct_kernel_imports() -> set[str]:
-    return {f"{m} -> {t}" for m, ts in graph().items() for t in ts
-            if floor(m) in ABOVE_THE_API and floor(t) in BELOW_THE_API}
-
-
 def test_the_model_layer_reaches_kernels_and_dispatch_only_through_the_api():
-    extra = sorted(_direct_kernel_imports() - DIRECT_KERNEL_IMPORTS)
-    assert not extra, "imports of kernels/ or dispatch/ above the API floor (go through an API module):\n" + \
-        "\n".join(extra)
-
-
-def test_every_allowed_kernel_import_is_still_made():
-    gone = sorted(DIRECT_KERNEL_IMPORTS - _direct_kernel_imports())
-    assert not gone, "no longer imported: remove from DIRECT_KERNEL_IMPORTS:\n" + "\n".join(gone)
+    direct = sorted(f"{m} -> {t}" for m, ts in graph().items() for t in ts
+                    if floor(m) in ABOVE_THE_API and floor(t) in BELOW_THE_API)
+    assert not direct, "imports of kernels/ or dispatch/ above the API floor (go through an API module):\n" + \
+        "\n".join(direct)

@@ -47,7 +47,7 @@ def _launch(ids, w, x, xs, e, c):
         t=t, topk=k, e=e, c=c, k_dim=x.shape[1], device=x.device, ids_dtype=ids.dtype, ids_strides=ids.stride(),
         w_dtype=w.dtype, w_strides=w.stride(), x_dtype=x.dtype, x_stride=x.stride(0),
         xs_shape=None if xs is None else tuple(xs.shape), xs_strides=None if xs is None else xs.stride(),
-        interpreted=True)
+        interpreted=True, pdl=False)
 
 
 def _bits(t):
@@ -127,7 +127,7 @@ def test_combine_equals_sequential_fp32_loop(dtype):
     slot_rows = ma.moe_align_ref(ids, torch.ones(t, k), torch.zeros(t, 1), None, e, t)[4]
     y = (torch.randn(e, t, h, generator=g) * 3).to(dtype)
     launch = ma.MoeCombineLaunch(t=t, topk=k, rows=e * t, h=h, y_stride=h, y_dtype=dtype, out_dtype=dtype,
-                                 device=y.device, interpreted=True)
+                                 device=y.device, interpreted=True, pdl=False)
     out = launch(y, slot_rows)
     rows = y.view(-1, h)[slot_rows.long()].view(t, k, h)
     acc = torch.zeros(t, h)
@@ -193,14 +193,12 @@ out = {}
 for name, (xdt, gs, pdl) in {"fp8_group": (torch.float8_e4m3fn, 56, False), "bf16": (torch.bfloat16, 0, True)}.items():
     launch = ma.MoeAlignLaunch(t=16, topk=8, e=128, c=16, k_dim=7168, device=cpu, ids_dtype=torch.int64,
         ids_strides=(8, 1), w_dtype=torch.float32, w_strides=(8, 1), x_dtype=xdt, x_stride=7168,
-        xs_shape=(16, gs) if gs else None, xs_strides=(gs, 1) if gs else None, interpreted=False)
+        xs_shape=(16, gs) if gs else None, xs_strides=(gs, 1) if gs else None, interpreted=False, pdl=pdl)
     launches = {"align_" + name: launch}
     if pdl:
         launches["combine_" + name] = ma.MoeCombineLaunch(t=16, topk=8, rows=128 * 16, h=7168, y_stride=7168,
-            y_dtype=xdt, out_dtype=xdt, device=cpu, interpreted=False)
+            y_dtype=xdt, out_dtype=xdt, device=cpu, interpreted=False, pdl=pdl)
     for key, ln in launches.items():
-        if pdl:
-            ln.call.kwargs.update(PDL=True, launch_pdl=True)
         src, options = ma.aot_source(ln)
         ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
         out[key] = {p: len(re.findall(re.escape(p), ptx)) for p in (

@@ -13,6 +13,7 @@ import torch
 
 import tileq.nn as tnn
 from tileq.activation import quantize_activation, silu_mul_quantize
+from tileq.dispatch.pdl import pdl_enabled
 from tileq.moe import QuantExperts, choose_form, fused_moe, fused_moe_ref, softmax_topk
 
 pytestmark = pytest.mark.gpu
@@ -125,7 +126,8 @@ def _align_launch(ids, w, x, xs, e, c):
     return MoeAlignLaunch(t=t, topk=k, e=e, c=c, k_dim=x.shape[1], device=DEV, ids_dtype=ids.dtype,
                           ids_strides=ids.stride(), w_dtype=w.dtype, w_strides=w.stride(), x_dtype=x.dtype,
                           x_stride=x.stride(0), xs_shape=None if xs is None else tuple(xs.shape),
-                          xs_strides=None if xs is None else xs.stride(), interpreted=False)
+                          xs_strides=None if xs is None else xs.stride(), interpreted=False,
+                          pdl=pdl_enabled(DEV, False))
 
 
 def _check_alignment(out, ids, w, x, xs, e, c):
@@ -168,7 +170,8 @@ def test_moe_align_and_combine_kernels_gpu(t, k, e, kind, idt):
     _check_alignment(_align_launch(ids, w, xb, None, e, c)(ids, w, xb, None), ids, w, xb, None, e, c)
     y = torch.randn(e, c, 7168, device=DEV).bfloat16()
     combine = MoeCombineLaunch(t=t, topk=k, rows=e * c, h=7168, y_stride=7168, y_dtype=torch.bfloat16,
-                               out_dtype=torch.bfloat16, device=DEV, interpreted=False)
+                               out_dtype=torch.bfloat16, device=DEV, interpreted=False,
+                               pdl=pdl_enabled(DEV, False))
     assert torch.equal(combine(y, out[4]), _sequential_combine(y, out[4], t, k))
 
 
@@ -191,7 +194,8 @@ def test_moe_align_and_combine_graph_replays_with_new_routing():
 
     align_launch = _align_launch(ids, w, x, xs, e, t)
     combine = MoeCombineLaunch(t=t, topk=k, rows=e * t, h=h, y_stride=h, y_dtype=torch.bfloat16,
-                               out_dtype=torch.bfloat16, device=DEV, interpreted=False)
+                               out_dtype=torch.bfloat16, device=DEV, interpreted=False,
+                               pdl=pdl_enabled(DEV, False))
     fill(0, "uniform")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

@@ -17,6 +17,7 @@ import torch
 from tileq import settings
 from tileq.device import for_arch
 from tileq.errors import UnsupportedError
+from tileq.dispatch import pdl as dispatch_pdl
 from tileq.kernels import direct
 from tileq.kernels import launch as gl
 
@@ -28,24 +29,25 @@ CUDA = torch.device("cuda", 0)
 def arch(monkeypatch):
     """Pretend CUDA devices are of a given arch (pdl_enabled asks device facts only)."""
     def use(name):
-        monkeypatch.setattr(direct, "_device_facts", lambda device: for_arch(name))
+        monkeypatch.setattr(dispatch_pdl, "_device_facts", lambda device: for_arch(name))
     return use
 
 
 def test_switch_default_on_for_sm90_off_elsewhere(monkeypatch, arch):
     monkeypatch.delenv("TILEQ_PDL", raising=False)
     arch("sm_90")
-    assert direct.pdl_enabled(CUDA, interpreted=False)
-    assert not direct.pdl_enabled(CUDA, interpreted=True)  # the interpreter has no grid dependencies
-    assert not direct.pdl_enabled(torch.device("cpu"), interpreted=False)
+    assert dispatch_pdl.pdl_enabled(CUDA, interpreted=False)
+    assert not dispatch_pdl.pdl_enabled(CUDA, interpreted=True)  # the interpreter has no grid dependencies
+    assert not dispatch_pdl.pdl_enabled(torch.device("cpu"), interpreted=False)
     monkeypatch.setenv("TILEQ_PDL", "0")
-    assert not direct.pdl_enabled(CUDA, interpreted=False)
+    assert not dispatch_pdl.pdl_enabled(CUDA, interpreted=False)
     arch("sm_80")
     monkeypatch.delenv("TILEQ_PDL")
-    assert not direct.pdl_enabled(CUDA, interpreted=False)
+    assert not dispatch_pdl.pdl_enabled(CUDA, interpreted=False)
+    assert dispatch_pdl.pdl_enabled(CUDA, interpreted=False, arch=for_arch("sm_90").arch)  # a plan's arch
     monkeypatch.setenv("TILEQ_PDL", "1")
     with pytest.raises(UnsupportedError, match=r"TILEQ_PDL: expected unset or 0 on sm_80 .*sm_90 or newer\), got 1"):
-        direct.pdl_enabled(CUDA, interpreted=False)
+        dispatch_pdl.pdl_enabled(CUDA, interpreted=False)
 
 
 def test_switch_values_and_cache_key(monkeypatch):
@@ -66,24 +68,27 @@ def _split_launch(monkeypatch, pdl: bool, m: int = 4):
     from tileq.problem import build_problem
     from tileq.testing import make_args
 
-    monkeypatch.setattr(gl, "pdl_enabled", lambda device, interpreted: pdl)
     fam = "rowcol_i8xi8_rcr_decode" if m <= 64 else "rowcol_i8xi8_rcr_prefill"
     spec = family_spec(parse_family(fam), m, 64, 512)
     problem = make_args(spec, seed=1).call(build_problem)
     base = make_plan(problem.spec, problem.device, backend="triton")
-    return gl.GemmLaunch(problem, with_config(base, replace(base.config, split_k=2)))
+    assert base.pdl is False  # (the interpreter's plans: no PDL)
+    return gl.GemmLaunch(problem, replace(with_config(base, replace(base.config, split_k=2)), pdl=pdl))
 
 
 def test_gemm_launch_carries_pdl(monkeypatch):
-    """With PDL the GEMM and its split-K reduction (a prefill split's) launch with Triton's
-    launch_pdl option and their waiting variants; without it neither (the interpreter's launches
-    never have it). A decode split sums in the kernel: one launch, PDL or not."""
+    """With the plan's PDL the GEMM and its split-K reduction (a prefill split's) launch with
+    Triton's launch_pdl option and wait for the kernel before them (their PDL constexpr); without
+    it neither (the interpreter's plans never have it). A decode split sums in the kernel: one
+    launch, PDL or not."""
     on = _split_launch(monkeypatch, True, m=100)
     assert on.main.kwargs["PDL"] is True and on.main.kwargs["launch_pdl"] is True
-    assert on.reduce.name == "_splitk_reduce_pdl_kernel" and on.reduce.kwargs["launch_pdl"] is True
+    assert on.reduce.name == "_split_reduce_kernel" and on.reduce.kwargs["PDL"] is True
+    assert on.reduce.kwargs["launch_pdl"] is True
     off = _split_launch(monkeypatch, False, m=100)
     assert off.main.kwargs["PDL"] is False and "launch_pdl" not in off.main.kwargs
-    assert off.reduce.name == "_splitk_reduce_kernel" and "launch_pdl" not in off.reduce.kwargs
+    assert off.reduce.name == "_split_reduce_kernel" and off.reduce.kwargs["PDL"] is False
+    assert "launch_pdl" not in off.reduce.kwargs
     decode = _split_launch(monkeypatch, True)
     assert decode.reduce is None and decode.main.kwargs["FIXUP"] and decode.main.kwargs["launch_pdl"] is True
     # launch_pdl is an option, not a parameter: the direct launch still binds the constexprs
@@ -102,7 +107,8 @@ from tileq.catalog.names import parse_family
 from tileq.device import get_arch
 from tileq.kernels import act_quant as aq
 from tileq.kernels import launch as gl
-from tileq.kernels.gemm_kernel import _gemm_kernel, _splitk_reduce_kernel, _splitk_reduce_pdl_kernel
+from tileq.kernels.gemm_kernel import _gemm_kernel
+from tileq.kernels.split_k import _split_reduce_kernel
 from tileq.kernels.int4p.config import Int4pConfig
 from tileq.kernels.qk_rope import _qk_norm_rope_kernel
 from tileq.kernels.int4p.launch import compile_options, compile_source
@@ -139,22 +145,23 @@ gemm("gemm_split", "rowcol_i8xi8_rcr_decode", split=2)
 gemm("gemm_split_pdl", "rowcol_i8xi8_rcr_decode", split=2, pdl=True)
 gemm("gemm_split_fixup", "rowcol_i8xi8_rcr_decode", swap=True, split=3, fixup=True)
 gemm("gemm_split_fixup_pdl", "rowcol_i8xi8_rcr_decode", swap=True, split=3, fixup=True, pdl=True)
-for name, fn in (("reduce", _splitk_reduce_kernel), ("reduce_pdl", _splitk_reduce_pdl_kernel)):
-    sig = {"w_ptr": "*fp32", "c_ptr": "*bf16", "total": "i32", "N": "i32", "ldc": "i32",
-           "SPLIT_K": "constexpr", "BLOCK": "constexpr", "SWAPPED": "constexpr"}
-    c = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs={"SPLIT_K": 2, "BLOCK": 1024,
-                       "SWAPPED": True}), target=T, options={"num_warps": 4})
+for name, pdl in (("reduce", False), ("reduce_pdl", True)):
+    sig = {"ws_ptr": "*fp32", "c_ptr": "*bf16", "M": "i32", "N": "i32", "ldc": "i32", "total": "i32",
+           "first_tile": "i32"}
+    consts = dict(SPLIT_K=2, LAYOUT="flat", BLOCK=1024, BM=1, BN=1, GROUP_M=1, TRANS=True, PDL=pdl)
+    sig.update({k: "constexpr" for k in consts})
+    c = triton.compile(triton.compiler.ASTSource(fn=_split_reduce_kernel, signature=sig, constexprs=consts),
+                       target=T, options={"num_warps": 4, "launch_pdl": pdl})
     out[name] = counts(c.asm["ptx"])
 dev = torch.device("cpu")
 for pdl in (False, True):
-    aq.pdl_enabled = lambda d, i, pdl=pdl: pdl
     sfx = "_pdl" if pdl else ""
     qa = aq.ActQuantLaunch(x_shape=(1, 5120), device=dev, m=1, k=5120, row_stride=5120, x_dtype=torch.bfloat16,
         otype=OT.I8, granularity="row", group_k=128, s_shape=(1,), s_strides=(1,), scale_dtype=None,
-        scale_val=1.0, interpreted=False, cfg=act_quant_config(5120, "row", 128, m=1))
+        scale_val=1.0, interpreted=False, cfg=act_quant_config(5120, "row", 128, m=1), pdl=pdl)
     fu = aq.AddRmsNormQuantLaunch(x_shape=(1, 5120), device=dev, m=1, k=5120, x_stride=5120, r_stride=5120,
         x_dtype=torch.bfloat16, otype=OT.FP8, granularity="row", group_k=128, s_shape=(1,), s_strides=(1,),
-        eps=1e-6, interpreted=False, cfg=act_quant_config(5120, "row", 128, fused=True, m=1))
+        eps=1e-6, interpreted=False, cfg=act_quant_config(5120, "row", 128, fused=True, m=1), pdl=pdl)
     out["act_quant" + sfx] = counts(aq.aot_compile(qa, 90)["ptx"])
     out["rmsnorm_quant" + sfx] = counts(aq.aot_compile(fu, 90)["ptx"])
 for pdl in (False, True):

@@ -1,5 +1,5 @@
 """A decode split over K summed by the portable kernel itself (``dispatch.gemm.sums_in_kernel``):
-one launch instead of the GEMM and ``_splitk_reduce_kernel``. The last program of each tile adds
+one launch instead of the GEMM and the split-K reduction. The last program of each tile adds
 the partials in split order, the reduction kernel's order, so the result is the same bits; its
 tile counters go back to zero. Run through Triton's interpreter; the sm_90 build of such a kernel
 (its atomics after the PDL wait) is checked in tests/test_pdl.py, the GPU run in

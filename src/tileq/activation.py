@@ -32,7 +32,8 @@ from .errors import ArchError, DTypeError, LayoutError, ScaleError, ShapeError, 
 from .kernels import act_quant as _aq
 from .kernels import silu_quant as _sq
 from .device import facts as device_facts
-from .dispatch.act_quant import act_quant_config
+from .dispatch.act_quant import act_quant_config, keeps_outputs
+from .dispatch.pdl import pdl_enabled
 from .dispatch.plan import resolve_backend
 
 _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -133,13 +134,25 @@ def silu_mul_quantize(gate_up, dtype, *, granularity="row", group_k=128, preshuf
     return launch(gate_up)
 
 
-def quantize_launch(x, dtype, *, granularity, group_k, scale, out):
-    """The Triton launch ``quantize_activation`` makes for this call signature writing into
-    ``out`` = (q, s), for a caller that keeps it (QuantLinear's eager runner): call it as
-    ``launch(x, scale if it is a tensor else None, out)``. None when the call launches no Triton
-    kernel (reference executor, M = 0, K = 0)."""
-    launch = _build_quantize(x, dtype, granularity, group_k, scale, False, out, None)
-    return launch if isinstance(launch, _aq.ActQuantLaunch) else None
+def checks_values() -> bool:
+    """Whether the quantizing calls check their values by default (TILEQ_CHECK_FINITE=1: they
+    synchronize, and a call traced into a compiled graph cannot)."""
+    return _checking(None)
+
+
+def quantize_launch(x, dtype, *, granularity, group_k, scale):
+    """(launch, kept) for a caller that keeps the Triton launch ``quantize_activation`` makes for
+    this call signature (QuantLinear's runner): call it as ``launch(x, scale if it is a tensor else
+    None, kept)``. ``kept``: outputs (q, s) it writes on every call, for calls of decode sizes
+    (``dispatch.act_quant.keeps_outputs``), else None (each call allocates its own;
+    ``launch.outputs()`` makes a pair). None when the call launches no Triton kernel (reference
+    executor, M = 0, K = 0)."""
+    launch = _build_quantize(x, dtype, granularity, group_k, scale, False, None, None)
+    if not isinstance(launch, _aq.ActQuantLaunch):
+        return None
+    m = x.numel() // x.shape[-1]
+    arch = _arch(x.device, resolve_backend(None, x.device)[1])
+    return launch, launch.outputs() if keeps_outputs(m, arch) else None
 
 
 # ----------------------------------------------------------------------------- call keys
@@ -348,7 +361,8 @@ def _build_quantize(x, dtype, granularity, group_k, scale, preshuffled, out, bac
         x_shape=tuple(x.shape), device=x.device, m=m, k=k, row_stride=row_stride, x_dtype=x.dtype,
         otype=otype, granularity=granularity, group_k=gk, s_shape=s_shape, s_strides=s_strides,
         scale_dtype=scale_dtype, scale_val=scale_val, interpreted=interpreted,
-        cfg=act_quant_config(k, granularity, gk, m=m, arch=_arch(x.device, interpreted)))
+        cfg=act_quant_config(k, granularity, gk, m=m, arch=_arch(x.device, interpreted)),
+        pdl=pdl_enabled(x.device, interpreted))
 
 
 class _Empty:
@@ -423,7 +437,8 @@ def _build_fused(x, residual, weight, eps, dtype, granularity, group_k, preshuff
         x_shape=tuple(x.shape), device=x.device, m=m, k=k, x_stride=x_stride, r_stride=r_stride,
         x_dtype=x.dtype, otype=otype, granularity=granularity, group_k=gk, s_shape=s_shape,
         s_strides=s_strides, eps=float(eps), interpreted=interpreted,
-        cfg=act_quant_config(k, granularity, gk, fused=True, m=m, arch=_arch(x.device, interpreted)))
+        cfg=act_quant_config(k, granularity, gk, fused=True, m=m, arch=_arch(x.device, interpreted)),
+        pdl=pdl_enabled(x.device, interpreted))
 
 
 def _arch(device, interpreted: bool) -> str:

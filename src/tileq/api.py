@@ -109,6 +109,17 @@ class _Call:
         # linear only: the output's leading dims, x's K when x is flattened, x_scale's rows.
         self.lead, self.flatten_k, self.x_scale_rows = lead, flatten_k, x_scale_rows
 
+    @property
+    def untraced(self) -> str | None:
+        """Why its launch cannot be traced into a torch.compile graph, or None (the launcher's
+        statement; an empty result launches nothing)."""
+        return "no launch" if self.launch is None else self.launch.untraced
+
+    @property
+    def counters(self) -> int:
+        """The tile counters its launch's split sums with (0: none)."""
+        return 0 if self.launch is None else self.launch.counters
+
     def run(self, a, b, a_scale, b_scale, bias, acc, out) -> torch.Tensor:
         """a, b: storage tensors; the rest as the caller passed them (build_problem's
         normalization is views of them, or the conversions redone here)."""
@@ -125,8 +136,9 @@ class _Call:
         return self.launch(a, b, a_scale, b_scale, bias, acc, out)
 
     def _fp32(self, s) -> torch.Tensor:
-        # build_problem's _as_fp32_scale, and its move of a Python-number scale to the device.
-        if type(s) in _TENSOR_TYPES:
+        # build_problem's _as_fp32_scale, and its move of a Python-number scale to the device
+        # (a traced call's tensors are the tracer's subclasses).
+        if isinstance(s, torch.Tensor):
             return s if s.dtype is torch.float32 else s.float()
         t = torch.tensor(float(s), dtype=torch.float32)
         return t.to(self.device) if self.scalars_to_device else t
@@ -140,6 +152,13 @@ def _run(problem: Problem, backend, pipeline, key=None, **extra) -> torch.Tensor
     p = _plan.make_plan(problem.spec, problem.device, backend=backend, pipeline=pipeline)
     _remember(key, problem, p, **extra)
     return _plan.execute(p, problem)
+
+
+def _renamed(e: TileqError) -> TileqError | None:
+    """A planning or execution error of ``linear``, speaking of gemm's a and b: in x's and w's
+    words (None: it names neither)."""
+    renamed = _with_head(e, _LINEAR_HEADS)
+    return None if renamed is e else renamed
 
 
 def _gemm(op: str, names: ArgNames, a, b, a_scale, b_scale, scheme, out_dtype, bias, acc, group_k, group_n, out,
@@ -258,25 +277,8 @@ def linear(
         if out is not None:
             return out
         return _restore_lead(y, hit.lead)
-    if isinstance(x, PackedInt4):  # always 2-D: [M, K]
-        lead, k = (x.shape[0],), x.shape[1]
-        x2 = x
-    else:
-        if not isinstance(x, torch.Tensor):
-            raise DTypeError(expect("x", "a torch.Tensor or tileq.PackedInt4", type(x).__name__))
-        if x.dim() < 1:
-            raise ShapeError(expect("x", "a tensor of shape [..., K]", tuple(x.shape)))
-        lead, k = tuple(x.shape[:-1]), x.shape[-1]
-        x2 = x.reshape(-1, k) if x.dim() != 2 else x
-    m = x2.shape[0]
-    x_scale_rows = None
-    if isinstance(x_scale, torch.Tensor) and x_scale.dim() > 2 and len(lead) > 1:
-        if tuple(x_scale.shape[:-1]) != lead:
-            raise ShapeError(
-                expect("x_scale", f"leading dimensions {lead} matching x", tuple(x_scale.shape))
-            )
-        x_scale = x_scale.reshape(m, x_scale.shape[-1])
-        x_scale_rows = m
+    x2, x_scale, lead, x_scale_rows = linear_rows(x, x_scale)
+    k, m = x2.shape[1], x2.shape[0]
     if not isinstance(w, (torch.Tensor, PackedInt4)) or len(tuple(w.shape)) != 2:
         got = tuple(w.shape) if hasattr(w, "shape") else type(w).__name__
         raise ShapeError(expect("w", "a 2-D [N, K] weight", got))
@@ -293,9 +295,8 @@ def linear(
     try:
         y = _run(problem, backend, pipeline, key, lead=lead, flatten_k=flatten_k, x_scale_rows=x_scale_rows)
     except TileqError as e:
-        # Planning and execution speak of gemm's a and b: say x and w.
-        renamed = _with_head(e, _LINEAR_HEADS)
-        if renamed is e:
+        renamed = _renamed(e)
+        if renamed is None:
             raise
         raise renamed from None
     if out is not None:
@@ -303,12 +304,37 @@ def linear(
     return _restore_lead(y, lead)
 
 
-def linear_call(x, w, x_scale, w_scale, *, scheme, out_dtype, bias, group_k, group_n):
+def linear_rows(x, x_scale):
+    """x [..., K] and its x_scale as ``linear`` takes them, as rows (linear's checks): (x [M, K],
+    x_scale per row, x's leading dims, M where x_scale was reshaped to [M, G], else None)."""
+    if isinstance(x, PackedInt4):  # always 2-D: [M, K]
+        lead, k = (x.shape[0],), x.shape[1]
+        x2 = x
+    else:
+        if not isinstance(x, torch.Tensor):
+            raise DTypeError(expect("x", "a torch.Tensor or tileq.PackedInt4", type(x).__name__))
+        if x.dim() < 1:
+            raise ShapeError(expect("x", "a tensor of shape [..., K]", tuple(x.shape)))
+        lead, k = tuple(x.shape[:-1]), x.shape[-1]
+        x2 = x.reshape(-1, k) if x.dim() != 2 else x
+    m = x2.shape[0]
+    if isinstance(x_scale, torch.Tensor) and x_scale.dim() > 2 and len(lead) > 1:
+        if tuple(x_scale.shape[:-1]) != lead:
+            raise ShapeError(
+                expect("x_scale", f"leading dimensions {lead} matching x", tuple(x_scale.shape))
+            )
+        return x2, x_scale.reshape(m, x_scale.shape[-1]), lead, m
+    return x2, x_scale, lead, None
+
+
+def linear_call(x, w, x_scale, w_scale, *, scheme, out_dtype, bias, group_k, group_n, traced: bool = False):
     """The validated, planned launch of ``linear`` for these arguments' signature (x 2-D [M, K]),
-    for callers that run the same signature many times and keep it (``QuantLinear``): its
-    ``run(x, w_storage, x_scale, w_scale, bias, None, None)`` launches with no per-call checks.
-    None when the call is not cached (the reference executor, an unkeyable argument): use
-    ``linear``. A first call of a new signature runs the GEMM once (that is how it is planned)."""
+    made without running it, for callers that run the same signature many times and keep it
+    (``QuantLinear``) or trace it into a torch.compile graph (``traced``: the plan a traced launch
+    runs, ``dispatch.int4.traced_config``): its ``run(x, w_storage, x_scale, w_scale, bias, None,
+    None)`` launches with no per-call checks; ``untraced`` and ``counters`` say whether a traced
+    launch can carry it (``kernels/direct.py``). None when the call is not cached (the reference
+    executor, an unkeyable argument): use ``linear``."""
     if x.dim() != 2:
         return None
     if isinstance(w, PrepackedInt4):
@@ -317,16 +343,31 @@ def linear_call(x, w, x_scale, w_scale, *, scheme, out_dtype, bias, group_k, gro
         _prepacked_scheme(scheme)
         if _plan.resolve_backend(None, x.device)[0] == "reference":  # linear's path, as the docstring says
             return None
-        return prepacked_call(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k)
-    key = _call_key("linear", x, w, x_scale, w_scale, bias, None, None, scheme, out_dtype, group_k,
-                    group_n, None, None, False)
-    hit = _lookup(key)
-    if hit is None:
-        linear(x, w, x_scale, w_scale, scheme=scheme, out_dtype=out_dtype, bias=bias, group_k=group_k,
-               group_n=group_n)
-        hit = _lookup(key)
-    if hit is None or hit.flatten_k is not None or hit.x_scale_rows is not None:
+        return prepacked_call(x, w, x_scale, w_scale, out_dtype=out_dtype, bias=bias, group_k=group_k,
+                              traced=traced)
+    # (a traced call's tensors are the tracer's: its launch is made for it and not kept)
+    key = None if traced else _call_key("linear", x, w, x_scale, w_scale, bias, None, None, scheme, out_dtype,
+                                        group_k, group_n, None, None, False)
+    if key is None and not traced:
         return None
+    hit = _lookup(key) if key is not None else None
+    if hit is None:
+        if not isinstance(w, (torch.Tensor, PackedInt4)) or len(tuple(w.shape)) != 2:
+            return None  # (linear's own message for it)
+        problem = build_problem(x, w.t(), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype, bias=bias,
+                                group_k=group_k, group_n=group_n, names=LINEAR_NAMES)
+        try:
+            plan = _plan.make_plan(problem.spec, problem.device)
+        except TileqError as e:
+            renamed = _renamed(e)
+            if renamed is None:
+                raise
+            raise renamed from None
+        if plan.executor != "triton":
+            return None
+        hit = _Call(problem, plan, lead=(x.shape[0],))
+        if key is not None:
+            bounded_put(_CALLS, key, hit, CALL_CACHE_SIZE)
     return hit
 
 

@@ -5,6 +5,7 @@ and combine (``kernels/moe_align.py``) for a call signature."""
 from __future__ import annotations
 
 from .dispatch.moe import MASKED_MAX_ROWS, choose_form
+from .dispatch.pdl import pdl_enabled
 from .dispatch.plan import resolve_backend
 from .kernels import moe_align
 
@@ -24,12 +25,13 @@ def masked_form_launches(hidden, topk_ids, topk_weights, x, xs, num_experts: int
     if executor != "triton" or t * k > moe_align.MAX_SLOTS:
         return None
     h = hidden.shape[1]
+    pdl = pdl_enabled(hidden.device, interpreted)
     align_launch = moe_align.MoeAlignLaunch(
         t=t, topk=k, e=num_experts, c=t, k_dim=x.shape[1], device=hidden.device, ids_dtype=topk_ids.dtype,
         ids_strides=topk_ids.stride(), w_dtype=topk_weights.dtype, w_strides=topk_weights.stride(),
         x_dtype=x.dtype, x_stride=x.stride(0), xs_shape=None if xs is None else tuple(xs.shape),
-        xs_strides=None if xs is None else xs.stride(), interpreted=interpreted)
+        xs_strides=None if xs is None else xs.stride(), interpreted=interpreted, pdl=pdl)
     combine_launch = moe_align.MoeCombineLaunch(
         t=t, topk=k, rows=num_experts * t, h=h, y_stride=h, y_dtype=hidden.dtype, out_dtype=hidden.dtype,
-        device=hidden.device, interpreted=interpreted)
+        device=hidden.device, interpreted=interpreted, pdl=pdl)
     return align_launch, combine_launch

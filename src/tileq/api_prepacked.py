@@ -17,7 +17,6 @@ from . import settings as _settings
 from ._runtime import bounded_put, interpreter_active
 from .dispatch.plan import Plan, make_plan
 from .errors import DTypeError, ShapeError, expect
-from .kernels.direct import tracing
 from .kernels.int4p.config import X_TYPES, Int4pConfig
 from .kernels.int4p.dequant import DequantLaunch
 from .kernels.int4p.fp8_prefill import Fp8PrefillLaunch
@@ -104,10 +103,10 @@ def _check_out(out: torch.Tensor, m: int, n: int, out_dtype: torch.dtype, device
                                 f"{tuple(out.shape)} on {out.device}"))
 
 
-def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
+def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config, traced: bool = False):
     """Check a call and find (or plan and make) its launch: (launch, x2, x_scale, w_scale, bias,
     lead) with the scales and bias in fp32, or the finished result when there is nothing to
-    launch."""
+    launch. ``traced``: the launch is traced into a torch.compile graph (its plan says how)."""
     if not isinstance(w, PrepackedInt4):
         raise DTypeError(expect("w", "a tileq.PrepackedInt4", type(w).__name__))
     if not isinstance(x, torch.Tensor) or x.dtype not in X_TYPES:
@@ -156,7 +155,6 @@ def _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, config):
         raise ShapeError(expect("x", "rows of stride K (a contiguous [..., K] tensor)", tuple(x.stride())))
     # The call's signature: everything its plan (the sizes, the kinds, the device, the given config,
     # the switches) and its launch (the strides) depend on.
-    traced = tracing()
     key = (m, n, k, x.dtype, out_dtype, w_kind, sw_strides, x_kind, sx_stride, group_k, b is not None,
            x2.stride(0), x.device, config, traced, _settings.key())
     launch = _LAUNCHES.get(key)
@@ -186,7 +184,7 @@ def make_launch(plan: Plan, x_dtype: torch.dtype, sw_strides: tuple[int, int], s
     if r.path == "dequant+cublas":
         return DequantLaunch(n, k, w_kind, x_kind, sw_strides, s.group_k, s.out_dtype, x_dtype)
     return Int4pLaunch(m, n, k, r.compute_type, s.out_dtype, w_kind, sw_strides, x_kind, sx_stride,
-                       s.group_k, s.has_bias, device, r.config, cast_x=r.cast, num_sms=plan.facts.num_sms)
+                       s.group_k, s.has_bias, device, r.config, cast_x=r.cast, num_sms=plan.facts.num_sms, pdl=plan.pdl)
 
 
 class PrepackedCall:
@@ -198,18 +196,29 @@ class PrepackedCall:
     def __init__(self, launch):
         self.launch = launch
 
+    @property
+    def untraced(self) -> str | None:
+        """Why its launch cannot be traced into a torch.compile graph, or None (the launcher's)."""
+        return self.launch.untraced
+
+    @property
+    def counters(self) -> int:
+        """The tile counters its launch's split sums with (0: none)."""
+        return self.launch.counters
+
     def run(self, x, wdata, x_scale, w_scale, bias, acc, out):
         return self.launch(x, wdata, x_scale, w_scale, bias, out)
 
 
-def prepacked_call(x, w: PrepackedInt4, x_scale, w_scale, *, out_dtype, bias, group_k):
-    """The kept launch of ``linear_prepacked`` for x [M, K] on a GPU, or None (CPU, interpreter,
-    scales or bias not already fp32: those take ``linear_prepacked`` every call)."""
+def prepacked_call(x, w: PrepackedInt4, x_scale, w_scale, *, out_dtype, bias, group_k, traced: bool = False):
+    """The kept launch of ``linear_prepacked`` for x [M, K] on a GPU (``traced``: traced into a
+    torch.compile graph), or None (CPU, interpreter, scales or bias not already fp32: those take
+    ``linear_prepacked`` every call)."""
     if x.dim() != 2 or x.device.type != "cuda" or interpreter_active():
         return None
     if any(t is not None and t.dtype != torch.float32 for t in (x_scale, w_scale, bias)):
         return None
-    prepared = _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, None)
+    prepared = _prepare(x, w, x_scale, w_scale, out_dtype, bias, group_k, None, traced)
     return None if isinstance(prepared, torch.Tensor) else PrepackedCall(prepared[0])
 
 

@@ -19,6 +19,7 @@ import torch
 from . import settings
 from ._runtime import bounded_put, tensor_signature
 from .dispatch.attention import decode_attention_config
+from .dispatch.pdl import pdl_enabled
 from .dispatch.plan import resolve_backend
 from .errors import DTypeError, LayoutError, ShapeError, UnsupportedError, expect
 from .kernels import decode_attention as _da
@@ -138,4 +139,4 @@ def _build(q, keys, values, mask, scaling, backend, splits):
         k_strides=batch_strides(keys, 3), v_strides=batch_strides(values, 3),
         mask_strides=None if mask is None else (batch_strides(mask, 1)[0], mask.stride(3)),
         scaling=float(scaling), dtype=q.dtype, device=q.device, interpreted=interpreted, block_n=cfg.block_n,
-        splits=cfg.splits, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        splits=cfg.splits, num_warps=cfg.num_warps, num_stages=cfg.num_stages, pdl=pdl_enabled(q.device, interpreted))

@@ -21,12 +21,13 @@ step (QuACK keeps per-call host cost low the same way).
 Under ``torch.compile`` each op is called through its inline twin ``tileq::<name>_inline`` (a
 ``torch.library.triton_op``): tracing runs the op's own code on fake tensors with every kernel
 launch turned into torch's ``wrap_triton`` node, so inductor launches tileq's kernels from its
-generated code and no tileq Python runs per call. Where a launch cannot be carried that way (the
-Gluon kernels, whose TMA descriptors hold data pointers; launch options torch does not pass) the
-twin calls the opaque op instead, decided per call signature while tracing; so does a GEMM split
-over K and summed with tile counters unless the caller passes its own (``tile_counters``, which
-``QuantLinear`` does: the graph would otherwise zero fresh counters with a kernel of its own,
-``kernels/buffers.tile_counters``). ``TILEQ_INLINE_LAUNCH=0`` keeps every op opaque.
+generated code and no tileq Python runs per call. Whether its launches can be carried that way
+the twin asks first, of the plans and the launchers they make (``tileq.tracing``; nothing is
+launched or traced twice): not the Gluon kernels, whose TMA descriptors hold data pointers, nor a
+launch option torch does not pass, nor a split over K summed with tile counters the caller did
+not pass (``tile_counters``, which ``QuantLinear`` does: the graph would otherwise zero fresh
+counters with a kernel of its own). Where they cannot, the twin calls the opaque op and the
+``tileq`` logger says once per op why. ``TILEQ_INLINE_LAUNCH=0`` keeps every op opaque.
 """
 
 from __future__ import annotations
@@ -39,14 +40,12 @@ import torch
 from torch import Tensor
 
 from . import settings
-from .activation import quantize_activation
-from .api import linear
+from .activation import checks_values, quantize_activation
+from .api import linear, linear_call, linear_rows
 from .attention import decode_attention
-from .errors import TileqError
-from .kernels.buffers import given_tile_counters
-from .kernels.direct import launch_mode
 from .qk_rope import qk_norm_rope
-from .quant_linear import quant_linear_cached, spec_of_key, weight_operand
+from .quant_linear import LayerRunner, quant_linear_cached, spec_of_key, weight_operand
+from .tracing import launches_nothing, run_traced, untraced
 
 log = logging.getLogger("tileq")
 
@@ -65,14 +64,19 @@ class TileqOp:
     once per layer and token. Calling the object calls the op (``torch.ops.tileq.<name>``), which
     is what dynamo traces; ``register_fake`` gives the shapes for tracing. Inference only: no
     autograd formula, as before.
+
+    ``trace``: how a traced call runs, or why it cannot (``plain_trace``'s answer); by default the
+    implementation itself, its launches plain kernels. ``checks``: its implementation quantizes
+    activations, which in checking mode (TILEQ_CHECK_FINITE=1) reads their values.
     """
 
-    def __init__(self, name: str, fn, mutates_args: tuple = ()):
+    def __init__(self, name: str, fn, mutates_args: tuple = (), trace=None, checks: bool = False):
         schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
         _LIB.define(name + schema)
         for key in ("CPU", "CUDA"):
             _LIB.impl(name, fn, key)
-        self.name, self.impl = name, fn
+        self.name, self.impl, self.checks = name, fn, checks
+        self.trace = trace or functools.partial(plain_trace, fn)
         self.op = getattr(torch.ops.tileq, name).default
         self.inline = _inline_twin(self, mutates_args)
         self.__doc__ = fn.__doc__
@@ -89,7 +93,8 @@ class TileqOp:
 def _inline_twin(opaque: TileqOp, mutates_args: tuple):
     """``tileq::<name>_inline``: a triton_op over the opaque op's implementation. Called on real
     tensors it is the implementation; traced (fake tensors), it is the implementation with its
-    launches traced, or the opaque op where they cannot all be."""
+    launches traced, where its launchers say they all can be (``TileqOp.trace``), else the opaque
+    op."""
     impl = opaque.impl
 
     @functools.wraps(impl)
@@ -97,18 +102,31 @@ def _inline_twin(opaque: TileqOp, mutates_args: tuple):
         tensors = [a for a in args if isinstance(a, Tensor)]
         if not any(type(a) is not Tensor and _fake(a) for a in tensors):
             return impl(*args)
-        # inductor launches user kernels on GPUs only; CPU tensors take the reference path, whose
-        # data-dependent ops a dry run on fake tensors cannot follow. Symbolic sizes (a dynamic
-        # graph) stay opaque too: the planner would specialize them through guards.
+        # inductor launches user kernels on GPUs only; CPU tensors take the reference path.
+        # Symbolic sizes (a dynamic graph) stay opaque too: the planner would specialize them
+        # through guards.
         switches = settings.current()
         on_gpu = tensors[0].device.type == "cuda" and not switches.interpreted
         static = all(type(d) is int for t in tensors for d in t.shape)
-        if on_gpu and static and switches.inline_launch and _traceable(opaque.name, impl, args):
-            with launch_mode("trace"):
-                return impl(*args)
+        if on_gpu and static and switches.inline_launch:
+            if opaque.checks and checks_values():
+                run, why = None, "TILEQ_CHECK_FINITE=1: its checks read the values"
+            else:
+                run, why = opaque.trace(*args)
+            if why is None:
+                return run()
+            _report(opaque.name, why)
         return opaque.op(*args)
 
     return torch.library.triton_op(f"tileq::{opaque.name}_inline", body, mutates_args=mutates_args)
+
+
+def plain_trace(impl, *args, backend: str | None = None):
+    """(run, why not): ``impl(*args)`` with its launches traced, for an op whose launchers are all
+    plain ``@triton.jit`` kernels without launch options torch does not pass; not where it
+    launches nothing (``backend``'s executor the reference, an empty input)."""
+    first = next(a for a in args if isinstance(a, Tensor))
+    return functools.partial(run_traced, impl, *args), launches_nothing(first, backend)
 
 
 def _fake(t: Tensor) -> bool:
@@ -120,54 +138,48 @@ def _fake(t: Tensor) -> bool:
 _REPORTED: set = set()
 
 
-def _traceable(name: str, impl, args) -> bool:
-    """Whether every launch of ``impl(*args)`` can be traced (a dry run: launches are recorded,
-    not made). A tileq error is the caller's and propagates; anything else that stops the dry run
-    (a launcher reading a data pointer) or a launch that cannot be traced (each says why, e.g.
-    "_ws_gemm_kernel: TMA descriptors hold data pointers") means the opaque op, logged once per op
-    and reason. The dry run runs on the tracer's tensors: a launcher's in-place torch work is
-    skipped there (``kernels.direct.recording``), or the graph would hold it twice."""
-    with launch_mode("record") as seen:
-        try:
-            impl(*args)
-        except TileqError:
-            raise
-        except Exception as e:  # noqa: BLE001 (reported, and the opaque op serves the call)
-            _report(name, f"{type(e).__name__}: {e}")
-            return False
-    refused = [why for why in seen if why is not True]
-    if not seen or refused:
-        _report(name, "; ".join(sorted(set(refused))) if refused else "no launch")
-        return False
-    return True
-
-
 def _report(name: str, reason: str) -> None:
     if (name, reason) not in _REPORTED:
         _REPORTED.add((name, reason))
         log.info("tileq::%s: launches not traced into the compiled graph (%s); it calls the op", name, reason)
 
 
-def tileq_op(name: str, mutates_args: tuple = ()):
+def tileq_op(name: str, mutates_args: tuple = (), trace=None, checks: bool = False):
     """Decorator: the function becomes the kernel of op ``tileq::<name>`` (a ``TileqOp``)."""
-    return lambda fn: TileqOp(name, fn, mutates_args)
+    return lambda fn: TileqOp(name, fn, mutates_args, trace, checks)
 
 
-# A layer's tile counters (``kernels/buffers.given_tile_counters``): zeroed int32 that a split GEMM
-# summed by the kernel itself counts on and puts back to zero. An argument the op mutates, so that
-# the split's launch can be traced into a compiled graph (inductor writes to the layer's tensor).
+# A layer's tile counters (``tracing.layer_tile_counters``): zeroed int32 that a split GEMM summed by
+# the kernel itself counts on and puts back to zero. An argument the op mutates, so that the
+# split's launch can be traced into a compiled graph (inductor writes to the layer's tensor).
 _COUNTERS = ("tile_counters",)
 
 
-@tileq_op("linear", mutates_args=_COUNTERS)
+def _linear_trace(x, w, x_scale, w_scale, bias, scheme, out_dtype, group_k, group_n, w_int4_k, tile_counters=None):
+    """``linear_op``'s traced call: its GEMM's launch (``linear_call``, planned for a traced
+    launch) on x's rows, as ``tileq.linear`` runs it."""
+    x2, s2, lead, _ = linear_rows(x, x_scale)
+    call = linear_call(x2, weight_operand(w, w_int4_k), s2, w_scale, scheme=scheme, out_dtype=out_dtype, bias=bias,
+                       group_k=group_k, group_n=group_n or None, traced=True)
+    if call is None:
+        return None, "no launch"
+
+    def run():
+        y = call.run(x2, w, s2, w_scale, bias, None, None)
+        return y.reshape(*lead, y.shape[-1])
+
+    return functools.partial(run_traced, run, tile_counters=tile_counters), untraced(call, x.device, tile_counters)
+
+
+@tileq_op("linear", mutates_args=_COUNTERS, trace=_linear_trace)
 def linear_op(x: Tensor, w: Tensor, x_scale: Tensor | None, w_scale: Tensor | None, bias: Tensor | None,
               scheme: str, out_dtype: torch.dtype, group_k: int, group_n: int, w_int4_k: int,
               tile_counters: Tensor | None = None) -> Tensor:
-    """``tileq.linear`` (y = x @ w.t(), nn.Linear convention); ``group_n`` 0 means unset."""
+    """``tileq.linear`` (y = x @ w.t(), nn.Linear convention); ``group_n`` 0 means unset.
+    ``tile_counters``: the caller's, for a call traced into a compiled graph (``_linear_trace``)."""
     # Custom op schemas take tensors, not PackedInt4 objects: int4 travels as storage + K.
-    with given_tile_counters(tile_counters):
-        return linear(x, weight_operand(w, w_int4_k), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype,
-                      bias=bias, group_k=group_k, group_n=group_n or None)
+    return linear(x, weight_operand(w, w_int4_k), x_scale, w_scale, scheme=scheme, out_dtype=out_dtype, bias=bias,
+                  group_k=group_k, group_n=group_n or None)
 
 
 @linear_op.register_fake
@@ -175,7 +187,7 @@ def _linear_fake(x, w, x_scale, w_scale, bias, scheme, out_dtype, group_k, group
     return x.new_empty((*x.shape[:-1], w.shape[0]), dtype=out_dtype)
 
 
-@tileq_op("quantize_activation")
+@tileq_op("quantize_activation", checks=True)
 def quantize_activation_op(x: Tensor, dtype: str, granularity: str, group_k: int, scale: Tensor | None,
                            preshuffled: bool) -> tuple[Tensor, Tensor]:
     """``tileq.quantize_activation`` (q, s)."""
@@ -194,12 +206,24 @@ def _quantize_activation_fake(x, dtype, granularity, group_k, scale, preshuffled
     return q, x.new_empty((m,), dtype=torch.float32)
 
 
-@tileq_op("quant_linear", mutates_args=_COUNTERS)
+def _quant_linear_trace(x, weight, weight_scale, bias, input_scale, layer, tile_counters=None):
+    """``quant_linear_op``'s traced call: a runner made for it from the plans (its launches are
+    traced once, its kept outputs are the graph's)."""
+    spec = spec_of_key(layer)
+    runner = LayerRunner.build(spec, x, weight_operand(weight, spec.int4_k), weight_scale, bias, input_scale,
+                               traced=True)
+    if runner is None:
+        return None, "no launch"
+    return (functools.partial(run_traced, runner, x, weight, weight_scale, bias, input_scale,
+                              tile_counters=tile_counters), untraced(runner, x.device, tile_counters))
+
+
+@tileq_op("quant_linear", mutates_args=_COUNTERS, trace=_quant_linear_trace, checks=True)
 def quant_linear_op(x: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tensor | None,
                     input_scale: Tensor | None, layer: str, tile_counters: Tensor | None = None) -> Tensor:
-    """A ``QuantLinear`` forward: activation quantization + GEMM; ``layer`` is its spec's key."""
-    with given_tile_counters(tile_counters):
-        return quant_linear_cached(spec_of_key(layer), x, weight, weight_scale, bias, input_scale)
+    """A ``QuantLinear`` forward: activation quantization + GEMM; ``layer`` is its spec's key.
+    ``tile_counters``: the layer's, for a call traced into a compiled graph (``_quant_linear_trace``)."""
+    return quant_linear_cached(spec_of_key(layer), x, weight, weight_scale, bias, input_scale)
 
 
 @quant_linear_op.register_fake

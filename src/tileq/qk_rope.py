@@ -15,6 +15,7 @@ import torch
 
 from . import settings
 from ._runtime import bounded_put, tensor_signature
+from .dispatch.pdl import pdl_enabled
 from .dispatch.plan import resolve_backend
 from .errors import DTypeError, LayoutError, ShapeError, UnsupportedError, expect
 from .kernels import qk_rope as _qr
@@ -114,7 +115,7 @@ def _build(qkv, cos, sin, q_heads, kv_heads, q_weight, k_weight, eps, cache, bac
         batch=b, tokens=t, q_heads=q_heads, kv_heads=kv_heads, head_dim=d,
         x_strides=(xs[0] if b > 1 else 0, xs[1]), cs_strides=(cs[0] if cos.shape[0] > 1 else 0, cs[1]),
         dtype=qkv.dtype, device=qkv.device, norm=norm, eps=float(eps), interpreted=interpreted,
-        cache_len=cache_len)
+        pdl=pdl_enabled(qkv.device, interpreted), cache_len=cache_len)
 
 
 def _check_cache(cache, qkv, b: int, kv_heads: int, d: int) -> int:

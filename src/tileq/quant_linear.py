@@ -18,7 +18,6 @@ from .activation import quantize_activation, quantize_launch
 from .api import linear, linear_call
 from .dtypes import PackedInt4
 from .prepacked import PrepackedInt4
-from .kernels.direct import raw_stream, tracing
 
 _16BIT = (torch.bfloat16, torch.float16)
 
@@ -101,17 +100,13 @@ def weight_operand(weight: torch.Tensor, int4_k: int):
 
 # ----------------------------------------------------------------------------- eager fast path
 
-# Decode-sized calls (M <= this) quantize into scratch buffers the runner owns instead of fresh
-# ones: two allocations fewer per call (about 7 us of host time on an H200 machine). Larger M
-# allocates per call: the scratch would cost M x K bytes per layer for every prefill length.
-SCRATCH_MAX_M = 64
-
 
 def runner_key(x: torch.Tensor, has_input_scale: bool):
     """What a LayerRunner depends on besides the layer's tensors: x's signature, the stream (its
     scratch is ordered by the stream) and the environment switches the planners read."""
     dev = x.device
-    stream = raw_stream()(dev.index) if dev.type == "cuda" else 0
+    # (torch's raw stream query, as Triton's launcher makes it: no Stream object per call)
+    stream = torch._C._cuda_getCurrentRawStream(dev.index) if dev.type == "cuda" else 0
     return (x.shape, x.stride(), x.dtype, dev, stream, has_input_scale) + settings.key()
 
 
@@ -123,15 +118,17 @@ def keeps_launches(t: torch.Tensor) -> bool:
 
 class LayerRunner:
     """One QuantLinear call signature (CUDA), bound to its two launches: the activation
-    quantization (into scratch for decode sizes) and the GEMM's cached launch (``linear_call``).
-    Computes exactly ``quant_linear_forward``; built after a first call through it."""
+    quantization (into outputs it keeps for decode sizes) and the GEMM's cached launch
+    (``linear_call``). Computes exactly ``quant_linear_forward``. Built from the plans, launching
+    nothing: eagerly after a signature's first call, and for each call traced into a
+    torch.compile graph (``traced``; ``untraced`` and ``counters`` say whether it can be)."""
 
-    __slots__ = ("aq", "scratch", "m", "k", "out_shape", "gemm", "weight_only")
+    __slots__ = ("aq", "scratch", "m", "k", "out_shape", "gemm", "weight_only", "cast")
 
     @classmethod
-    def build(cls, spec: LayerSpec, x, weight, weight_scale, bias, input_scale):
+    def build(cls, spec: LayerSpec, x, weight, weight_scale, bias, input_scale, traced: bool = False):
         """A runner, or None where the plain path must serve (CPU / reference executor, empty
-        x, fp32 x on a weight-only layer, signatures the caches do not keep)."""
+        x, signatures the caches do not keep)."""
         if not keeps_launches(x) or x.dim() < 1 or x.numel() == 0 or env_raw("TILEQ_CHECK_FINITE"):
             return None
         r = cls()
@@ -140,29 +137,41 @@ class LayerRunner:
         r.out_shape = (*x.shape[:-1], spec.n)
         r.weight_only = spec.act_dtype is None
         r.aq, r.scratch = None, None
+        # weight-only layers take 16-bit activations: an fp32 x is rounded to bf16 first
+        r.cast = torch.bfloat16 if r.weight_only and x.dtype not in _16BIT else None
         if r.weight_only:
-            if x.dtype not in _16BIT:
-                return None
             a, a_scale = x.reshape(r.m, r.k), None
+            if r.cast is not None:
+                a = a.to(r.cast)
         else:
             gran = spec.granularity_for(input_scale is not None)
-            q, a_scale = quantize_activation(x, spec.act_dtype, granularity=gran, group_k=spec.group_k,
-                                             scale=input_scale)
-            launch = quantize_launch(x, spec.act_dtype, granularity=gran, group_k=spec.group_k,
-                                     scale=input_scale, out=(q, a_scale))
-            if launch is None:
+            made = quantize_launch(x, spec.act_dtype, granularity=gran, group_k=spec.group_k, scale=input_scale)
+            if made is None:
                 return None
-            r.aq = launch
-            if r.m <= SCRATCH_MAX_M:
-                r.scratch = (q, a_scale)
+            r.aq, r.scratch = made
+            q, a_scale = r.scratch if r.scratch is not None else r.aq.outputs()
             a = q.view(r.m, r.k)
         r.gemm = linear_call(a, weight, a_scale, weight_scale, scheme=spec.scheme_for(input_scale is not None),
-                             out_dtype=x.dtype, bias=bias, group_k=spec.group_k, group_n=spec.group_n)
+                             out_dtype=x.dtype, bias=bias, group_k=spec.group_k, group_n=spec.group_n,
+                             traced=traced)
         return r if r.gemm is not None else None
+
+    @property
+    def untraced(self) -> str | None:
+        """Why its launches cannot be traced into a torch.compile graph, or None: the GEMM's
+        (the quantization's is a plain kernel)."""
+        return self.gemm.untraced
+
+    @property
+    def counters(self) -> int:
+        """The tile counters its GEMM's split sums with (0: none)."""
+        return self.gemm.counters
 
     def __call__(self, x, weight_storage, weight_scale, bias, input_scale):
         if self.weight_only:
             a, a_scale = x.reshape(self.m, self.k), None
+            if self.cast is not None:
+                a = a.to(self.cast)
         else:
             q, a_scale = self.aq(x, input_scale, self.scratch)
             a = q.view(self.m, self.k)
@@ -184,10 +193,7 @@ def quant_linear_cached(spec: LayerSpec, x: torch.Tensor, weight: torch.Tensor, 
                         bias: torch.Tensor | None, input_scale: torch.Tensor | None) -> torch.Tensor:
     """``quant_linear_forward`` through a runner per call signature, as ``QuantLinear``'s eager
     path does: the first call of a signature takes the validating path, the second builds the
-    runner, later ones only launch. ``weight``: the stored tensor (int4 as storage). Traced into a
-    torch.compile graph (``ops.py``) it is the plain path: runners hold tensors of real calls."""
-    if tracing():
-        return quant_linear_forward(spec, x, weight_operand(weight, spec.int4_k), weight_scale, bias, input_scale)
+    runner, later ones only launch. ``weight``: the stored tensor (int4 as storage)."""
     key = (spec, runner_key(x, input_scale is not None), tensor_signature(weight), tensor_signature(weight_scale),
            tensor_signature(bias), tensor_signature(input_scale))
     runner = _OP_RUNNERS.get(key)

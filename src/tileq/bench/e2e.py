@@ -462,7 +462,7 @@ def measure_tpot(model, prompt, tokens: int, eager_tokens: int, modes, compiled=
 # Kernel categories of the profiler breakdown, by kernel-name fragment (first match wins).
 KERNEL_CATEGORIES = (
     ("act_quant", ("quantize", "rmsnorm_quant")),
-    ("tileq_gemm", ("_gemm_kernel", "_splitk_reduce", "ws_gemm", "gluon", "_i4p_kernel", "_i4p_prefill",
+    ("tileq_gemm", ("_gemm_kernel", "_split_reduce", "ws_gemm", "gluon", "_i4p_kernel", "_i4p_prefill",
                     "_dequant_kernel")),
     ("other_matmul", ("gemm", "gemv", "nvjet", "xmma", "cutlass", "cublas", "splitk")),
     ("attention", ("flash", "fmha", "attention", "sdpa", "softmax")),

@@ -27,6 +27,12 @@ def _split(n: int) -> tuple[int, int]:
     return (head, tail) if head + tail < single else (single, 0)
 
 
+def keeps_outputs(m: int, arch: str | None = None) -> bool:
+    """Whether a kept quantization launch writes calls of ``m`` rows into outputs it keeps
+    (ACT_QUANT_SCRATCH_MAX_M)."""
+    return m <= thresholds.for_arch(arch).ACT_QUANT_SCRATCH_MAX_M
+
+
 def _warps(elems: int, m: int = 1, arch: str | None = None) -> int:
     t = thresholds.for_arch(arch)
     if m >= t.ACT_QUANT_LARGE_M:

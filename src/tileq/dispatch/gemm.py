@@ -6,7 +6,7 @@ and the torch reference interprets the same problem, so ``tileq explain`` shows 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,7 +16,7 @@ from ..device import DeviceFacts, check_types
 from ..dtypes import compute_type, mma_types
 from ..errors import UnsupportedError, expect
 from ..kernels.config import TileConfig
-from ..kernels.gluon.config import accumulation, instance_name
+from ..kernels.gluon.config import GluonConfig, accumulation, instance_name, launch_config, split_schedule
 from ..kernels.select import kernel_notes
 from ..problem import ProblemSpec, ScaleKind
 from . import thresholds, tuned
@@ -53,6 +53,17 @@ class GemmRoute:
     def in_kernel_sum(self) -> bool:
         """Whether the portable kernel sums its split over K itself (``sums_in_kernel``)."""
         return self.config is not None and sums_in_kernel(self.pipeline, self.config)
+
+    def gluon_launch(self, spec: ProblemSpec, num_sms: int, tma_store: bool) -> GluonConfig:
+        """The config the Gluon kernel runs for an output stored by TMA (``tma_store``; a property
+        of the output's address, known per call) or by masked stores on ``num_sms`` SMs: ``gluon``
+        narrowed for that output (``launch_config``: what builds without spilling), without its
+        split where the schedule splits no tile (the tiles fill whole waves)."""
+        cfg = launch_config(self.gluon, spec, tma_store)
+        rows, cols = (spec.n, spec.m) if cfg.swap_ab else (spec.m, spec.n)
+        if cfg.split_k > 1 and not split_schedule(rows, cols, cfg, num_sms)[2]:
+            cfg = replace(cfg, split_k=1)
+        return cfg
 
     def describe(self, plan: Plan) -> str:
         s = plan.spec

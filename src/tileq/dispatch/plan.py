@@ -31,6 +31,7 @@ from ..kernels.launch import launch_gemm
 from ..problem import Problem, ProblemSpec
 from ..reference import gemm_ref
 from . import gemm, grouped, prepacked
+from .pdl import pdl_enabled
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class Plan:
     interpreted: bool  # Triton's interpreter runs the kernels
     facts: DeviceFacts | None  # the GPU (or arch) planned for; None: the reference executor
     route: gemm.GemmRoute | prepacked.PrepackedRoute | grouped.GroupedRoute
+    # Whether its PDL-aware kernels (gemm, prepacked) launch with programmatic dependent launch
+    # (``dispatch.pdl``).
+    pdl: bool = False
 
     @property
     def arch(self) -> ArchInfo | None:
@@ -135,21 +139,23 @@ def _gemm_plan(spec, device, backend, arch, num_sms, pipeline) -> Plan:
     forced = gemm.check_pipeline(pipeline, spec)
     executor, interpreted = resolve_backend(backend, device)
     if executor == "reference":
-        return _gemm_cached(spec, executor, False, None, forced, None, ())
+        return _gemm_cached(spec, executor, False, None, forced, None, (), False)
     # The interpreter has no arch and runs the default arch's plan (the reference target).
     facts = _facts(device if not interpreted else torch.device("cpu"), arch, num_sms)
     env = _settings.current()
-    return _gemm_cached(spec, executor, interpreted, facts, forced, env.gluon, env.tuned_tables)
+    pdl = pdl_enabled(device, interpreted, facts.arch)
+    return _gemm_cached(spec, executor, interpreted, facts, forced, env.gluon, env.tuned_tables, pdl)
 
 
 @lru_cache(maxsize=4096)
 def _gemm_cached(spec: ProblemSpec, executor: str, interpreted: bool, facts: DeviceFacts | None,
-                 forced_pipeline: str | None, gluon_switch: bool | None, user_tables: tuple[str, ...]) -> Plan:
+                 forced_pipeline: str | None, gluon_switch: bool | None, user_tables: tuple[str, ...],
+                 pdl: bool) -> Plan:
     """Plans per (spec, executor, device facts, switches): every argument is one the plan reads."""
     if executor == "reference":
         return Plan("gemm", spec, executor, False, None, gemm.reference_route(spec, forced_pipeline))
     route = gemm.choose_route(spec, facts, interpreted, forced_pipeline, gluon_switch, user_tables)
-    return Plan("gemm", spec, executor, interpreted, facts, route)
+    return Plan("gemm", spec, executor, interpreted, facts, route, pdl)
 
 
 def with_config(plan: Plan, cfg: TileConfig, source: str = "forced") -> Plan:
@@ -196,7 +202,7 @@ def _prepacked_plan(spec, device, arch, num_sms, config, traced) -> Plan:
             inner, error = None, e
         route = replace(route, inner=inner, inner_error=error)
     interpreted = not described and _settings.current().interpreted
-    return Plan("prepacked", spec, "triton", interpreted, facts, route)
+    return Plan("prepacked", spec, "triton", interpreted, facts, route, pdl_enabled(device, interpreted, facts.arch))
 
 
 # ----------------------------------------------------------------------------- grouped

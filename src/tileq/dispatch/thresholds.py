@@ -86,6 +86,10 @@ SM90: dict[str, Threshold] = {
              "at once; with 16 warps the kernel ran at 2.1-2.5x its byte floor at M = 4096)", _H200 + "act-quant/"),
     "ACT_QUANT_LARGE_M_ELEMS_PER_THREAD": Threshold(
         64, "... about this many elements per thread", _H200 + "act-quant/"),
+    "ACT_QUANT_SCRATCH_MAX_M": Threshold(
+        64, "a kept quantization launch (QuantLinear's eager runner) writes calls of up to this many rows into "
+            "outputs it keeps (two allocations fewer per call); more rows allocate per call (kept outputs would "
+            "cost M x K bytes per layer for every prefill length)", _H200 + "host-cost/"),
     "GLUON_EPI_PRELOAD": Threshold(
         1, "schemes without group scales load the epilogue's vectors at each tile's start (1.02-1.10x)",
         _H200 + "gluon/preload/"),

@@ -275,7 +275,7 @@ def unfused_layers(model: nn.Module) -> tuple[dict[str, QuantLinear], set[str]]:
 # ----------------------------------------------------------------------------- the fused steps
 
 
-@tileq_op("rmsnorm_quantize")
+@tileq_op("rmsnorm_quantize", checks=True)
 def rmsnorm_quantize_op(x: Tensor, weight: Tensor, eps: float, dtype: str, granularity: str, group_k: int,
                         preshuffled: bool) -> tuple[Tensor, Tensor]:
     """``add_rmsnorm_quantize(x, None, ...)``'s (q, s): RMSNorm then activation quantization."""
@@ -289,7 +289,7 @@ def _rmsnorm_quantize_fake(x, weight, eps, dtype, granularity, group_k, preshuff
     return _quantize_activation_fake(x, dtype, granularity, group_k, None, preshuffled)
 
 
-@tileq_op("add_rmsnorm_quantize")
+@tileq_op("add_rmsnorm_quantize", checks=True)
 def add_rmsnorm_quantize_op(x: Tensor, residual: Tensor, weight: Tensor, eps: float, dtype: str,
                             granularity: str, group_k: int, preshuffled: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``add_rmsnorm_quantize(x, residual, ...)``: (q, s, x + residual)."""
@@ -306,7 +306,7 @@ def _add_rmsnorm_quantize_fake(x, residual, weight, eps, dtype, granularity, gro
     return q, s, x.new_empty(x.shape)
 
 
-@tileq_op("silu_mul_quantize")
+@tileq_op("silu_mul_quantize", checks=True)
 def silu_mul_quantize_op(gate_up: Tensor, dtype: str, granularity: str, group_k: int,
                          preshuffled: bool) -> tuple[Tensor, Tensor]:
     """``silu_mul_quantize(gate_up, ...)``'s (q, s): silu(gate) * up, quantized."""

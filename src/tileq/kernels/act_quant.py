@@ -22,7 +22,7 @@ from .. import quant
 from ..dtypes import OperandType
 
 from .act_quant_kernel import _add_rmsnorm_quantize_kernel, _quantize_activation_kernel  # noqa: F401
-from .direct import KernelCall, direct_launch_enabled, pdl_enabled
+from .direct import KernelCall, direct_launch_enabled
 
 _THIS = sys.modules[__name__]  # KernelCall looks the kernels up here at call time (tests stub them)
 
@@ -94,11 +94,9 @@ def config_ok(cfg: ActQuantConfig, k: int, granularity: str, group_k: int) -> bo
 # ----------------------------------------------------------------------------- launches
 
 
-def _pdl_kwargs(device, interpreted: bool) -> dict:
-    """The kernel's PDL constexpr and, when on, Triton's launch option (``direct.pdl_enabled``)."""
-    if pdl_enabled(device, interpreted):
-        return dict(PDL=True, launch_pdl=True)
-    return dict(PDL=False)
+def _pdl_kwargs(pdl: bool) -> dict:
+    """The kernel's PDL constexpr and, when on, Triton's launch option."""
+    return dict(PDL=True, launch_pdl=True) if pdl else dict(PDL=False)
 
 
 def _pointer_dtype(t):
@@ -115,7 +113,7 @@ class ActQuantLaunch:
 
     def __init__(self, *, x_shape, device, m: int, k: int, row_stride: int, x_dtype, otype,
                  granularity: str, group_k: int, s_shape, s_strides, scale_dtype, scale_val: float,
-                 interpreted: bool, cfg: ActQuantConfig):
+                 interpreted: bool, cfg: ActQuantConfig, pdl: bool):
         grouped = granularity == "group"
         self.q_shape, self.q_dtype = tuple(x_shape), otype.torch_dtype
         self.s_shape, self.s_strides, self.device = tuple(s_shape), tuple(s_strides), device
@@ -125,7 +123,7 @@ class ActQuantLaunch:
             GRANULARITY=granularity, OUT_TYPE=otype.value, QMAX=quant.QMAX[otype], EPS=quant._EPS,
             GROUP_K=group_k if grouped else 1, HR=cfg.hr, HC=cfg.hc, TR=cfg.tr, TC=cfg.tc,
             LOOP_C=cfg.loop_c, INTERPRETED=interpreted, num_warps=cfg.num_warps, num_stages=1,
-            **_pdl_kwargs(device, interpreted),
+            **_pdl_kwargs(pdl),
         )
         ints = (float(scale_val), k, row_stride, stride_sm, stride_sg)
         dtypes = (x_dtype, otype.torch_dtype, torch.float32, scale_dtype)
@@ -155,7 +153,7 @@ class AddRmsNormQuantLaunch:
 
     def __init__(self, *, x_shape, device, m: int, k: int, x_stride: int, r_stride: int | None,
                  x_dtype, otype, granularity: str, group_k: int, s_shape, s_strides, eps: float,
-                 interpreted: bool, cfg: ActQuantConfig):
+                 interpreted: bool, cfg: ActQuantConfig, pdl: bool):
         grouped = granularity == "group"
         self.q_shape, self.q_dtype, self.x_dtype = tuple(x_shape), otype.torch_dtype, x_dtype
         self.s_shape, self.s_strides, self.device = tuple(s_shape), tuple(s_strides), device
@@ -164,7 +162,7 @@ class AddRmsNormQuantLaunch:
             GRANULARITY=granularity, X_TYPE=_X_TYPES[x_dtype], OUT_TYPE=otype.value,
             QMAX=quant.QMAX[otype], EPS=quant._EPS, GROUP_K=group_k if grouped else 1,
             HR=cfg.hr, HC=cfg.hc, TR=cfg.tr, TC=cfg.tc, INTERPRETED=interpreted,
-            num_warps=cfg.num_warps, num_stages=1, **_pdl_kwargs(device, interpreted),
+            num_warps=cfg.num_warps, num_stages=1, **_pdl_kwargs(pdl),
         )
         ints = (float(eps), k, x_stride, r_stride or 0, s_strides[0], s_strides[1] if grouped else 0)
         rdt = x_dtype if self.has_residual else None

@@ -2,7 +2,7 @@
 counters, one of each per (device, stream), grown as needed and never freed while a CUDA graph
 captured with them may replay. Launches traced into a torch.compile graph (``direct.tracing``)
 allocate fresh workspaces in the graph instead (inductor plans their memory) and take their tile
-counters from the layer (``given_tile_counters``)."""
+counters from the caller (``given_tile_counters``: a layer's)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import threading
 
 import torch
 
-from .direct import raw_stream, tracing, untraceable
+from ..errors import UnsupportedError
+from .direct import raw_stream, tracing
 
 
 _WORKSPACES: dict[tuple, torch.Tensor] = {}
@@ -49,11 +50,9 @@ _GIVEN = _Given()
 
 class given_tile_counters:  # noqa: N801 (used as a function: ``with given_tile_counters(c):``)
     """Within: split launches take their tile counters from ``counters`` (zeroed int32, owned by
-    the caller: a ``QuantLinear``'s ``tile_counters``) where it is on their device and holds
-    enough, instead of the per-stream table. Traced into a compiled graph they are then an input
-    of the op that the kernel mutates (and puts back to zero), so the launch can be traced.
-    A class, not a generator context manager: every custom-op call enters it (1.2 against 2.5 us
-    per call in a loop on the CPU, the layer's buffer lookup included)."""
+    the caller: a ``QuantLinear``'s ``tile_counters``) where they fit (``counters_fit``), instead
+    of the per-stream table. Traced into a compiled graph they are an input of the op that the
+    kernel mutates (and puts back to zero), so the launch can be traced."""
 
     __slots__ = ("counters", "saved")
 
@@ -75,16 +74,14 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
     so they are zeroed once, when made. A grown table keeps the old one alive: a CUDA graph
     captured with it still points there.
 
-    Traced into a compiled graph, only the caller's counters serve: fresh ones would be zeroed by
-    a kernel of the graph before every such launch, which cost more host time than the opaque op
-    saved (an 8-layer FP8Block decode step compiled without a CUDA graph: 3.85 ms traced against
-    3.41 ms opaque, H100, bench/results/h100/inline/); without them the launch is not traced."""
+    Traced into a compiled graph, only the caller's counters serve: fresh ones would need a
+    zeroing kernel of the graph before every such launch (slower than the opaque op,
+    bench/results/h100/inline/); without them the launch is not traced."""
     given = _GIVEN.counters
-    if given is not None and given.numel() >= count and given.device == device:
+    if counters_fit(given, device, count):
         return given
-    if tracing():
-        untraceable("tile counters", "a split summed with tile counters the caller did not give")
-        return torch.zeros(count, dtype=torch.int32, device=device)
+    if tracing():  # (the launcher said it needs them: ``counters``; the caller did not look)
+        raise UnsupportedError(f"tile counters: a traced split needs {count} of the caller's")
     if device.type != "cuda":
         return torch.zeros(count, dtype=torch.int32, device=device)
     index = _device_index(device)
@@ -98,12 +95,9 @@ def tile_counters(device: torch.device, count: int) -> torch.Tensor:
     return counters
 
 
-def layer_tile_counters(out_features: int, device) -> torch.Tensor:
-    """A layer's own zeroed tile counters (``given_tile_counters``): one per output tile of its
-    decode splits, whose tiles are at least 16 output features by 16 tokens (8 features per
-    counter covers up to 32 tokens; a larger split uses the per-stream table, or keeps the opaque
-    op when traced)."""
-    return torch.zeros(max(64, -(-out_features // 8)), dtype=torch.int32, device=device)
+def counters_fit(counters: torch.Tensor | None, device: torch.device, count: int) -> bool:
+    """Whether a caller's ``counters`` serve a split of ``count`` tiles on ``device``."""
+    return counters is not None and counters.numel() >= count and counters.device == device
 
 
 def split_buffers(device: torch.device, numel: int, direct: bool, counters: int = 0):

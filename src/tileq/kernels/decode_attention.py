@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .act_quant_kernel import _round_to, _to_f32
-from .direct import KernelCall, direct_launch_enabled, pdl_enabled
+from .direct import KernelCall, direct_launch_enabled
 from .pdl import wait_upstream
 
 _THIS = sys.modules[__name__]  # KernelCall looks the kernels up here at call time
@@ -163,14 +163,14 @@ class DecodeAttentionLaunch:
     def __init__(self, *, batch: int, q_heads: int, kv_heads: int, head_dim: int, length: int,
                  q_strides: tuple, k_strides: tuple, v_strides: tuple, mask_strides: tuple | None,
                  scaling: float, dtype, device, interpreted: bool, block_n: int, splits: int, num_warps: int,
-                 num_stages: int):
+                 num_stages: int, pdl: bool):
         group = q_heads // kv_heads
         self.out_shape = (batch, 1, q_heads, head_dim)
         self.dtype, self.device = dtype, device
         rows = batch * q_heads
         stats = rows * splits * head_dim  # the (m, l) pairs follow the accumulators in one workspace
         self.ws_numel = stats + rows * splits * 2
-        pdl = dict(PDL=True, launch_pdl=True) if pdl_enabled(device, interpreted) else dict(PDL=False)
+        pdl = dict(PDL=True, launch_pdl=True) if pdl else dict(PDL=False)
         has_mask = mask_strides is not None
         types = dict(X_TYPE=_X_TYPES[dtype], INTERPRETED=interpreted)
         consts = dict(G=group, BLOCK_G=group_tile(group), D=head_dim, BLOCK_N=block_n, HAS_MASK=has_mask, **types,

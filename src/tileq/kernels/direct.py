@@ -5,6 +5,12 @@ first launch goes through Triton's ``JITFunction.run`` and later ones call the c
 launcher directly (tens of microseconds less per call). The GEMM launchers (``launch.py``, the
 Gluon kernels' launchers, whose TMA descriptors the compiled launcher encodes) and the
 activation-quantization launchers use it.
+
+Traced into a torch.compile graph (``traced_launches``) a KernelCall becomes torch's triton-kernel
+node instead. Whether that can carry a launcher's launches the launcher states when it is made,
+from its plan: ``untraced`` (why torch's ``wrap_triton`` cannot carry them, or None; a
+KernelCall's own, ``KernelCall.untraced``) and ``counters`` (the tile counters its split sums
+with, which a traced launch takes from its caller: ``buffers.given_tile_counters``).
 """
 
 from __future__ import annotations
@@ -16,34 +22,12 @@ import threading
 
 from .. import settings
 from .._runtime import bounded_put, env_raw
-from ..device import facts as _device_facts
-from ..errors import UnsupportedError, expect
+from ..errors import UnsupportedError
 
 
 def direct_launch_enabled() -> bool:
     """False when TILEQ_DIRECT_LAUNCH=0: every launch goes through ``JITFunction.run``."""
     return env_raw("TILEQ_DIRECT_LAUNCH") is None or settings.current().direct_launch
-
-
-def pdl_enabled(device, interpreted: bool) -> bool:
-    """Whether tileq's PDL-aware kernels launch on ``device`` with programmatic dependent launch
-    (the CUDA launch attribute ProgrammaticStreamSerialization, Triton's ``launch_pdl``): such a
-    kernel may start while the kernel before it on the stream still runs, prefetches what no
-    kernel writes and waits (``griddepcontrol.wait``) before its first read of anything else and
-    its first write. TILEQ_PDL unset: on for sm_90+ GPUs; 0: off; 1: on, refused before sm_90.
-    Never under the interpreter (it has no grid dependencies) nor on CPU tensors."""
-    if interpreted or getattr(device, "type", None) != "cuda":
-        return False
-    switch = settings.current().pdl
-    if switch is False:
-        return False
-    arch = _device_facts(device).arch
-    if arch.capability < (9, 0):
-        if switch:
-            raise UnsupportedError(expect("TILEQ_PDL", f"unset or 0 on {arch.name} (programmatic "
-                                          "dependent launch needs sm_90 or newer)", "1"))
-        return False
-    return True
 
 
 # Compiled-kernel handles for direct launches, keyed by (static id, JITFunction, device, pointer
@@ -90,12 +74,6 @@ def raw_stream():
 
 # ----------------------------------------------------------------------------- traced launches
 
-# While ``torch.compile`` traces a tileq op's body into its graph (``ops.py``), KernelCall does not
-# launch: in "record" mode it notes whether each launch could be traced (a plain ``@triton.jit``
-# kernel without launch options torch cannot pass), in "trace" mode it becomes torch's
-# triton_kernel_wrapper node (``wrap_triton``), which inductor launches from its generated code.
-_LAUNCH = "launch"
-_MODES = (_LAUNCH, "record", "trace")
 # Launch options torch's user-kernel path cannot pass (it moves num_warps and num_stages into the
 # launch config; anything else would reach the kernel as an argument); launch_pdl is taken off
 # (``without_pdl``).
@@ -103,73 +81,39 @@ _UNTRACED_OPTIONS = ("maxnreg",)
 
 
 class _Mode(threading.local):
-    mode = _LAUNCH
-    seen: list | None = None
+    tracing = False
 
 
 _MODE = _Mode()
 
 
 def tracing() -> bool:
-    """Whether launches are being recorded or traced into a torch.compile graph (no data
-    pointers may be read and nothing launches: workspaces are fresh tensors of the trace)."""
-    return _MODE.mode != _LAUNCH
-
-
-def recording() -> bool:
-    """Whether launches are only being recorded: ``ops``' dry run on the tracer's tensors before
-    it traces the same call. A launcher's own torch work with side effects (an in-place update of
-    an argument, as the q/k kernel's cache length) must not run then: the tracer records it, and
-    the graph would hold it twice (the second time before the launch that reads the tensor)."""
-    return _MODE.mode == "record"
+    """Whether launches are being traced into a torch.compile graph (no data pointers may be read
+    and nothing launches: workspaces are fresh tensors of the trace)."""
+    return _MODE.tracing
 
 
 @contextlib.contextmanager
-def launch_mode(mode: str):
-    """Within: KernelCall records ('record': yields a list with, per launch, True where it can be
-    traced, else why not) or traces ('trace') instead of launching."""
-    if mode not in _MODES:
-        raise ValueError(f"launch mode: expected one of {_MODES}, got {mode!r}")
-    saved = _MODE.mode, _MODE.seen
-    _MODE.mode, _MODE.seen = mode, []
+def traced_launches():
+    """Within: every KernelCall becomes torch's triton-kernel node (``wrap_triton``), which
+    inductor launches from its generated code, instead of launching."""
+    saved = _MODE.tracing
+    _MODE.tracing = True
     try:
-        yield _MODE.seen
+        yield
     finally:
-        _MODE.mode, _MODE.seen = saved
+        _MODE.tracing = saved
 
 
-def without_pdl(name: str, kwargs: dict) -> tuple[str, dict]:
-    """The same launch without programmatic dependent launch, as a traced launch runs: torch
-    cannot pass the launch attribute, and the kernels' PDL code (L2 prefetches, griddepcontrol) is
-    inline assembly that torch's analysis of which arguments a kernel writes cannot read (it would
-    then copy every input, weights included, before each launch). A kernel's PDL code is its
-    ``PDL`` constexpr, or a ``*_pdl_kernel`` beside its ``*_kernel``."""
+def without_pdl(kwargs: dict) -> dict:
+    """The same launch's keywords without programmatic dependent launch, as a traced launch runs:
+    torch cannot pass the launch attribute, and the kernels' PDL code (L2 prefetches,
+    griddepcontrol; their ``PDL`` constexpr) is inline assembly that torch's analysis of which
+    arguments a kernel writes cannot read (it would then copy every input, weights included,
+    before each launch)."""
     if "launch_pdl" not in kwargs:
-        return name, kwargs
-    kwargs = {k: v for k, v in kwargs.items() if k != "launch_pdl"}
-    if "PDL" in kwargs:
-        kwargs["PDL"] = False
-    return name.replace("_pdl_kernel", "_kernel"), kwargs
-
-
-def untraceable(name: str, why: str) -> None:
-    """A launcher that cannot be traced (TMA descriptors hold data pointers: the Gluon kernels),
-    or should not be (a split summed with fresh tile counters, ``buffers.tile_counters``), says so
-    here instead of launching: recorded with ``why``, or refused while tracing."""
-    if _MODE.mode == "record":
-        _MODE.seen.append(f"{name}: {why}")
-        return
-    raise UnsupportedError(f"{name}: this launch cannot be traced into a torch.compile graph ({why})")
-
-
-def untraced_output(name: str, why: str, out, shape: tuple, dtype, device):
-    """What an untraceable GEMM launcher returns while launches are recorded or traced: it says so
-    (``untraceable``) and hands back its output (``out``, else a fresh tensor of the trace), so
-    the op around it keeps its shape."""
-    import torch
-
-    untraceable(name, why)
-    return out if out is not None else torch.empty(shape, dtype=dtype, device=device)
+        return kwargs
+    return {k: (False if k == "PDL" else v) for k, v in kwargs.items() if k != "launch_pdl"}
 
 
 def untraceable_because(fn, kwargs: dict) -> str | None:
@@ -281,6 +225,12 @@ class KernelCall:
 
     __slots__ = ("module", "name", "grid", "ints", "kwargs", "sid")
 
+    @property
+    def untraced(self) -> str | None:
+        """Why torch's ``wrap_triton`` cannot carry this launch (``untraceable_because``), or None."""
+        why = untraceable_because(getattr(self.module, self.name), self.kwargs)
+        return None if why is None else f"{self.name}: {why}"
+
     def __init__(self, module, name: str, grid: tuple, ints: tuple, kwargs: dict, ptr_dtypes: tuple):
         self.module, self.name, self.grid, self.ints, self.kwargs = module, name, grid, ints, kwargs
         # Everything JITFunction.run specializes on except pointer alignment: pointer dtypes (the
@@ -294,7 +244,7 @@ class KernelCall:
 
     def __call__(self, ptrs: tuple, direct: bool) -> None:
         fn = getattr(self.module, self.name)
-        if _MODE.mode != _LAUNCH:
+        if _MODE.tracing:
             self._traced(fn, ptrs)
             return
         if direct:
@@ -306,19 +256,12 @@ class KernelCall:
 
     def _traced(self, fn, ptrs: tuple) -> None:
         why = untraceable_because(fn, self.kwargs)
-        if why is not None:
-            untraceable(self.name, why)
-            return
-        if _MODE.mode == "record":
-            _MODE.seen.append(True)
-            return
+        if why is not None:  # (its launcher said so: ``untraced``; the caller did not ask)
+            raise UnsupportedError(f"{self.name}: this launch cannot be traced into a torch.compile graph ({why})")
         from torch.library import wrap_triton
 
         _cache_kernel_analysis()
-        name, kwargs = without_pdl(self.name, self.kwargs)
-        if name != self.name:
-            fn = getattr(self.module, name)
-        wrap_triton(fn)[self.grid](*ptrs, *self.ints, **kwargs)
+        wrap_triton(fn)[self.grid](*ptrs, *self.ints, **without_pdl(self.kwargs))
 
     def _direct(self, fn, ptrs: tuple, t: dict) -> None:
         knobs = t["knobs"]

@@ -7,11 +7,9 @@ promoted inside the K loop, and the epilogue follows the epilogue order of docs/
 
 With SPLIT_K > 1 each program reduces a strided share of the K tiles and writes its fp32 partial
 (already scaled: every stage after the sum is linear except bias, which split 0 adds) to a
-workspace [SPLIT_K, M, N]; ``_splitk_reduce_kernel`` sums the splits in a fixed order, so the
-result is bit-identical run to run. With FIXUP the kernel sums them itself (no second launch):
-each program counts itself in on its tile's counter once its partial is stored, and the last of
-the tile's SPLIT_K programs sums the partials in split order (the reduction kernel's order: the
-same bits), stores the tile to ``out_ptr`` and puts the counter back to zero.
+workspace [SPLIT_K, M, N], summed in split order (bit-identical run to run, ``split_k.py``): by
+the reduction kernel afterwards, or with FIXUP by the kernel itself (no second launch): the last
+of a tile's SPLIT_K programs sums the partials and stores the tile to ``out_ptr``.
 
 Modes are constexpr strings, never integers:
   A_TYPE / B_TYPE: storage type 'i8' 'fp8' 'bf8' 'i4' 'bf16' 'fp16'
@@ -28,6 +26,8 @@ import triton
 import triton.language as tl
 
 from .pdl import prefetch_tile, wait_upstream
+from .split_k import store_split_partial
+from .tiles import grouped_tile
 
 
 @triton.jit
@@ -125,20 +125,6 @@ def _mask_t(k_ok, cols_ok, EVEN_K: tl.constexpr):
     else:
         mask = k_ok[:, None] & cols_ok[None, :]
     return mask
-
-
-@triton.jit
-def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Grouped order of output tiles: GROUP_M consecutive row tiles share each column tile while
-    it sits in L2. The Gluon kernels (kernels/gluon/ws_gemm.py, int4p/prefill_kernel.py) call it
-    too."""
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = tile_id // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
-    pid_n = (tile_id % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
 
 
 @triton.jit
@@ -394,57 +380,11 @@ def _gemm_kernel(
     else:
         # Workspace [SPLIT_K, M, N] fp32, contiguous; ldc is N here (FIXUP: the output's).
         slab = rm64[:, None] * N + rn[None, :]
-        tl.store(c_ptr + pid_k.to(tl.int64) * M * N + slab, y, mask=c_mask)
-        if FIXUP:
-            # Every thread's partial is stored before one thread counts the program in (a CTA
-            # barrier, then a gpu-scope release); the count's acquire and Triton's broadcast of it
-            # (a barrier) order the last program's loads after the other programs' stores.
-            tl.debug_barrier()
-            tile = tl.program_id(0)
-            arrived = tl.atomic_add(sem_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                total = tl.zeros((BM, BN), dtype=tl.float32)
-                for i in tl.static_range(SPLIT_K):  # (L2 only: other SMs wrote them)
-                    total += tl.load(c_ptr + i * M * N + slab, mask=c_mask, other=0.0, cache_modifier=".cg")
-                if SWAPPED:
-                    o_ptrs = out_ptr + rn64[None, :] * ldc + rm[:, None]
-                else:
-                    o_ptrs = out_ptr + rm64[:, None] * ldc + rn[None, :]
-                tl.store(o_ptrs, total.to(out_ptr.dtype.element_ty), mask=c_mask)
-                tl.atomic_xchg(sem_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next call
-
-
-@triton.jit
-def _splitk_reduce_kernel(w_ptr, c_ptr, total, N, ldc, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-                          SWAPPED: tl.constexpr):
-    """Sum the SPLIT_K fp32 partials in a fixed order (deterministic) and cast to the output.
-
-    The workspace is [SPLIT_K, rows, N] in the kernel's orientation; SWAPPED writes it transposed.
-    """
-    _splitk_reduce(w_ptr, c_ptr, total, N, ldc, SPLIT_K, BLOCK, SWAPPED)
-
-
-@triton.jit
-def _splitk_reduce_pdl_kernel(w_ptr, c_ptr, total, N, ldc, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-                              SWAPPED: tl.constexpr):
-    """``_splitk_reduce_kernel`` launched with programmatic dependent launch: it waits for the
-    GEMM that wrote the partials before reading them."""
-    wait_upstream()
-    _splitk_reduce(w_ptr, c_ptr, total, N, ldc, SPLIT_K, BLOCK, SWAPPED)
-
-
-@triton.jit
-def _splitk_reduce(w_ptr, c_ptr, total, N, ldc, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-                   SWAPPED: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < total
-    s = tl.zeros((BLOCK,), dtype=tl.float32)
-    for i in tl.static_range(SPLIT_K):
-        s += tl.load(w_ptr + i * total + offs, mask=ok, other=0.0)
-    row = offs // N
-    col = offs % N
-    if SWAPPED:
-        tl.store(c_ptr + col * ldc + row, s.to(c_ptr.dtype.element_ty), mask=ok)
-    else:
-        tl.store(c_ptr + row * ldc + col, s.to(c_ptr.dtype.element_ty), mask=ok)
+        if SWAPPED:  # (FIXUP: the output C^T's tile, transposed)
+            o_major = rn64[None, :]
+            o_minor = rm[:, None]
+        else:
+            o_major = rm64[:, None]
+            o_minor = rn[None, :]
+        store_split_partial(y, c_ptr, pid_k, M, N, slab, c_mask, SPLIT_K, FIXUP, sem_ptr, tl.program_id(0), out_ptr,
+                            o_major, o_minor, ldc)

@@ -14,12 +14,12 @@ from ..dtypes import OperandType, PackedInt4
 from ..problem import Problem, ProblemSpec, ScaleKind, ScaleLayout
 from . import buffers
 from .config import TileConfig
-from .direct import KernelCall, direct_launch_enabled, pdl_enabled, tracing
-from .gluon.launch import GluonLaunch
-from .gemm_kernel import _gemm_kernel, _splitk_reduce_kernel, _splitk_reduce_pdl_kernel  # noqa: F401 (on _THIS)
+from .direct import KernelCall, direct_launch_enabled, tracing
+from .gluon.launch import GluonLaunch, reads_with_tma
+from .gemm_kernel import _gemm_kernel  # noqa: F401 (on _THIS)
 from .select import i4_words_path, triton_kernel  # noqa: F401 (i4_words_path re-exported)
+from .split_k import flat_reduce_call
 
-REDUCE_BLOCK = 1024
 _THIS = sys.modules[__name__]  # KernelCall looks the kernels up here at call time (tests stub them)
 
 
@@ -144,6 +144,21 @@ def launch_gemm(problem: Problem, plan) -> torch.Tensor:
     )
 
 
+def output_tiles(spec: ProblemSpec, cfg: TileConfig) -> int:
+    """The portable kernel's output tiles (its grid's first axis): a split it sums itself counts
+    on one tile counter each."""
+    km, kn = (spec.n, spec.m) if triton_kernel(spec, cfg).swapped else (spec.m, spec.n)
+    return _cdiv(km, cfg.block_m) * _cdiv(kn, cfg.block_n)
+
+
+def launch_statement(plan, lda: int, ldb: int) -> tuple[str | None, int]:
+    """(``untraced``, ``counters``) of the launch ``make_launch`` makes for ``plan`` on operands
+    of leading dimensions ``lda`` and ``ldb``, without making it (``direct``'s statements)."""
+    if plan.route.impl == "gluon" and reads_with_tma(lda, ldb):
+        return GluonLaunch.untraced, GluonLaunch.counters
+    return None, output_tiles(plan.spec, plan.config) if plan.route.in_kernel_sum else 0
+
+
 def make_launch(problem: Problem, plan):
     """The launch of a plan for tensors of these shapes, strides and dtypes: the Gluon kernel's
     when the plan chose it and TMA can read A and B (16-byte aligned rows), else the Triton
@@ -182,7 +197,7 @@ class GemmLaunch:
         sb_cols, sb_g = _scale_strides(spec.b_scale_kind, sb, 1)
         ld_acc = problem.acc.stride(0) if problem.acc is not None else 0
         unit_n = not (spec.b_scale_kind is ScaleKind.GROUP and sb.shape[1] > 1 and sb.stride(1) != 1)
-        pdl = pdl_enabled(problem.device, plan.interpreted)
+        pdl = plan.pdl
         fixup = plan.route.in_kernel_sum
         consts = specialization(spec, cfg, plan.interpreted, b_scale_unit_n=unit_n, pdl=pdl, fixup=fixup)
         # The int4 word path also needs an even storage address: a pointer property, so it is
@@ -208,7 +223,7 @@ class GemmLaunch:
         # Straight through the compiled kernel's launcher only on a GPU: the interpreter has no
         # compiled kernels and keeps the ordinary JIT launch.
         self.direct = problem.device.type == "cuda" and not plan.interpreted
-        grid = (_cdiv(km, cfg.block_m) * _cdiv(kn, cfg.block_n), cfg.split_k)
+        grid = (output_tiles(spec, cfg), cfg.split_k)
         ints = (km, kn, k, klda, kldb, ldc, ld_acc) + strides
         options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if pdl:
@@ -228,7 +243,14 @@ class GemmLaunch:
                                           dtypes)
         self.reduce = None
         if cfg.split_k > 1 and not fixed:
-            self.reduce = splitk_reduce_call(km, kn, ldc, cfg.split_k, spec.out_dtype, swapped, pdl=pdl)
+            self.reduce = flat_reduce_call(km, kn, ldc, cfg.split_k, spec.out_dtype, swapped, pdl=pdl)
+
+    @property
+    def untraced(self) -> str | None:
+        """Why a traced launch cannot carry it, or None (``direct``'s statement): its kernels' own
+        reasons (traced, an int4 operand takes the byte path: its address is unknown)."""
+        main = self.main_bytes or self.main
+        return main.untraced or (self.reduce.untraced if self.reduce is not None else None)
 
     def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
         if out is None:
@@ -266,19 +288,4 @@ def _dtype(t):
 def _cdiv(a: int, b: int) -> int:
     # triton.cdiv is a constexpr_function in Triton 3.6: 2-3 us a call from host code.
     return -(-a // b)
-
-
-def splitk_reduce_call(rows: int, cols: int, ldc: int, split: int, out_dtype: torch.dtype,
-                       swapped: bool, *, pdl: bool = False) -> KernelCall:
-    """The launch of ``_splitk_reduce_kernel`` over a [split, rows, cols] fp32 workspace (a
-    kernel's orientation) into an output of row stride ``ldc`` (``swapped``: stored transposed);
-    ``pdl``: launched with programmatic dependent launch (it waits for the GEMM's partials)."""
-    total = rows * cols
-    kwargs = dict(SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWAPPED=swapped, num_warps=4)
-    if pdl:
-        kwargs["launch_pdl"] = True
-    name = "_splitk_reduce_pdl_kernel" if pdl else "_splitk_reduce_kernel"
-    return KernelCall(_THIS, name, (_cdiv(total, REDUCE_BLOCK),), (total, cols, ldc), kwargs,
-                      (torch.float32, out_dtype))
-
 

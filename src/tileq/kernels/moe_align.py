@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ..errors import ShapeError, UnsupportedError, expect
 from .act_quant_kernel import _round_to, _to_f32
-from .direct import KernelCall, direct_launch_enabled, pdl_enabled
+from .direct import KernelCall, direct_launch_enabled
 from .pdl import wait_upstream
 
 _THIS = sys.modules[__name__]  # KernelCall looks the kernels up here at call time
@@ -58,10 +58,8 @@ def _pow2_ceil(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _pdl_kwargs(device, interpreted: bool) -> dict:
-    if pdl_enabled(device, interpreted):
-        return {"PDL": True, "launch_pdl": True}
-    return {"PDL": False}
+def _pdl_kwargs(pdl: bool) -> dict:
+    return {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -143,7 +141,7 @@ class MoeAlignLaunch:
 
     def __init__(self, *, t: int, topk: int, e: int, c: int, k_dim: int, device, ids_dtype, ids_strides,
                  w_dtype, w_strides, x_dtype, x_stride: int, xs_shape=None, xs_strides=None,
-                 interpreted: bool):
+                 interpreted: bool, pdl: bool):
         s = t * topk
         if s > MAX_SLOTS:
             raise UnsupportedError(expect("topk_ids", f"at most {MAX_SLOTS} slots T*k for the one-launch "
@@ -160,7 +158,7 @@ class MoeAlignLaunch:
         row_dtype = torch.uint8 if x_dtype in _FLOAT8 else x_dtype
         consts = dict(TOPK=topk, S_POW2=_pow2_ceil(max(s, 1)), BLOCK_K=min(_pow2_ceil(max(k_dim, 1)), ROW_CHUNK),
                       BLOCK_G=_pow2_ceil(max(g, 1)), HAS_SCALES=has_scales, INTERPRETED=interpreted,
-                      num_warps=4, num_stages=1, **_pdl_kwargs(device, interpreted))
+                      num_warps=4, num_stages=1, **_pdl_kwargs(pdl))
         xs_m, xs_g = (xs_strides[0], xs_strides[1] if g and len(xs_strides) == 2 else 0) if has_scales else (0, 0)
         ints = (s, e, c, k_dim, g, ids_strides[0], ids_strides[1], w_strides[0], w_strides[1], x_stride, xs_m, xs_g)
         self.ptr_dtypes = (ids_dtype, w_dtype, row_dtype, torch.float32 if has_scales else None, row_dtype,
@@ -189,12 +187,12 @@ class MoeCombineLaunch:
     __slots__ = ("call", "device", "direct", "out_dtype", "out_shape", "ptr_dtypes")
 
     def __init__(self, *, t: int, topk: int, rows: int, h: int, y_stride: int, y_dtype, out_dtype, device,
-                 interpreted: bool):
+                 interpreted: bool, pdl: bool):
         if y_dtype not in _OUT_TYPES or out_dtype not in _OUT_TYPES:
             raise UnsupportedError(expect("y, out_dtype", f"dtypes in {tuple(_OUT_TYPES)}", (y_dtype, out_dtype)))
         block = min(_pow2_ceil(max(h, 1)), COMBINE_BLOCK)
         consts = dict(TOPK=topk, BLOCK_H=block, OUT_TYPE=_OUT_TYPES[out_dtype], INTERPRETED=interpreted,
-                      num_warps=4, num_stages=1, **_pdl_kwargs(device, interpreted))
+                      num_warps=4, num_stages=1, **_pdl_kwargs(pdl))
         self.out_shape, self.out_dtype, self.device = (t, h), out_dtype, device
         ints = (rows, h, y_stride, h)
         self.ptr_dtypes = (y_dtype, torch.int32, out_dtype)

@@ -1,6 +1,6 @@
 """Programmatic dependent launch (PDL, sm_90+): the device side of tileq's PDL-aware kernels.
 
-A kernel launched with PDL (``direct.pdl_enabled``) may start while the kernel before it on the
+A kernel launched with PDL (``dispatch.pdl.pdl_enabled``) may start while the kernel before it on the
 stream is still running. Until ``wait_upstream`` returns it must neither read anything an earlier
 kernel may write nor write anything an earlier kernel may still read (scratch buffers are reused
 from layer to layer). What it may do before: address arithmetic and L2 prefetches

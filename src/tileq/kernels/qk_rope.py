@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .act_quant import rms_normalize_ref
 from .act_quant_kernel import _rms_scaled, _round_to, _to_f32
-from .direct import KernelCall, direct_launch_enabled, pdl_enabled, recording
+from .direct import KernelCall, direct_launch_enabled
 from .pdl import wait_upstream
 
 _THIS = sys.modules[__name__]  # KernelCall looks the kernel up here at call time
@@ -142,11 +142,11 @@ class QkNormRopeLaunch:
 
     def __init__(self, *, batch: int, tokens: int, q_heads: int, kv_heads: int, head_dim: int,
                  x_strides: tuple, cs_strides: tuple, dtype, device, norm: bool, eps: float,
-                 interpreted: bool, cache_len: int = 0):
+                 interpreted: bool, pdl: bool, cache_len: int = 0):
         self.q_shape = (batch, tokens, q_heads, head_dim)
         self.k_shape = (batch, tokens, kv_heads, head_dim)
         self.dtype, self.device, self.cached = dtype, device, cache_len > 0
-        pdl = dict(PDL=True, launch_pdl=True) if pdl_enabled(device, interpreted) else dict(PDL=False)
+        pdl = dict(PDL=True, launch_pdl=True) if pdl else dict(PDL=False)
         # One warp per 128 values: a head is a row of D (64-256) values.
         consts = dict(D=head_dim, NORM=norm, CACHE=self.cached, X_TYPE=_X_TYPES[dtype], INTERPRETED=interpreted,
                       num_warps=max(1, head_dim // 128), num_stages=1, **pdl)
@@ -167,8 +167,7 @@ class QkNormRopeLaunch:
         if self.cached:
             keys, values, length = cache
             self.call((qkv, q_weight, k_weight, cos, sin, q, None, keys, values, length), direct)
-            if not recording():  # (a dry run's increment would be traced into the graph: direct.recording)
-                length.add_(self.q_shape[1])  # after the kernel read it (same stream)
+            length.add_(self.q_shape[1])  # after the kernel read it (same stream)
             return q.transpose(1, 2), keys, values
         k = torch.empty(self.k_shape, dtype=self.dtype, device=self.device)
         self.call((qkv, q_weight, k_weight, cos, sin, q, k, None, None, None), direct)

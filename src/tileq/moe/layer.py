@@ -40,7 +40,7 @@ from ..api_grouped import grouped_linear
 from ..api_moe import choose_form, masked_form_launches
 from ..dtypes import PackedInt4
 from ..errors import DTypeError, ShapeError, UnsupportedError, expect
-from ..ops import tileq_op
+from ..ops import plain_trace, tileq_op
 from .align import align, check_topk
 from .routing import Routing, route
 from .spec import ExpertsSpec, spec_of_key
@@ -182,7 +182,12 @@ def _scatter(src: Tensor, dest: Tensor, rows: tuple) -> Tensor:
     return buf.view(src.dtype).view(*rows, *src.shape[1:])
 
 
-@tileq_op("fused_moe")
+def _fused_moe_trace(*args):
+    """The plain traced call, its executor the op's ``backend`` argument's ('' the default)."""
+    return plain_trace(fused_moe_op.impl, *args, backend=args[-1] or None)
+
+
+@tileq_op("fused_moe", trace=_fused_moe_trace, checks=True)
 def fused_moe_op(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up_proj: Tensor,
                  gate_up_proj_scale: Tensor, down_proj: Tensor, down_proj_scale: Tensor, spec: str, form: str,
                  backend: str) -> Tensor:

@@ -29,8 +29,8 @@ from ..dtypes import PackedInt4
 from ..prepacked import PrepackedInt4, prepack_int4, unprepack_int4
 from ..errors import DTypeError, ShapeError, TileqError, UnsupportedError, expect
 from ..api import linear, linear_call
-from ..kernels.buffers import layer_tile_counters
 from ..quant import quantize_weight
+from ..tracing import layer_tile_counters
 from .configs import QuantConfig, weight_scale_shape
 from ..quant_linear import (LayerRunner, LayerSpec, keeps_launches, learn, quant_linear_forward, runner_key,
                             weight_operand)

@@ -69,7 +69,7 @@ class GluonConfig:
     overlap: bool = False
     # The tiles of the last, partial wave of the persistent grid (every tile when they are fewer
     # than the SMs) split over K in this many ranges, each an item of its own, their fp32
-    # partials summed in order by split_reduce.py: the last wave then keeps every SM busy.
+    # partials summed in order by kernels/split_k.py: the last wave then keeps every SM busy.
     # 128-column tiles at most, no overlap (``split_schedule``).
     split_k: int = 1
     # Group-scaled fp8: the main loop unrolled by two, a register set of scales per parity

@@ -1,30 +1,27 @@
 """Launch the sm_90 Gluon prefill kernel (``ws_gemm.py``) for a plan; compile it ahead of time.
 
 The plan chooses this family (``kernels/select.py``: sm_90, a tested Triton version, 8-bit rcr
-prefill, the schemes it serves, switched on); TMA adds conditions that only tensors can answer:
+prefill, the schemes it serves, switched on) and the config of each output path
+(``GemmRoute.gluon_launch``); TMA adds conditions that only tensors can answer:
 - A's and B's rows must be 16-byte aligned (``lda``, ``ldb`` multiples of 16 fp8 elements): a
   call signature without them gets the portable kernel's launch instead (``usable``);
 - their base addresses must be 16-byte aligned: checked on every call; a call that fails runs
   the Triton kernel (``fallback``), which computes the same function;
 - the output is written by TMA stores when its rows and base address are 16-byte aligned, by
   masked stores otherwise (e.g. N = 577 in bf16).
-An acc_in is read with masked loads through its pointer and leading dimension (any alignment);
-``launch_config`` narrows what a launch runs for masked stores, split-K and acc_in.
+An acc_in is read with masked loads through its pointer and leading dimension (any alignment).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from ...device import num_sms
 from ...dtypes import OperandType
 from ...problem import Problem, ScaleKind
-from ..direct import KernelCall, TableKernel, direct_launch_enabled, tracing, untraced_output
+from ..direct import KernelCall, TableKernel, direct_launch_enabled
 from ..buffers import split_buffers
-from . import split_reduce
-from .config import GluonConfig, kernel_spec, launch_config, mma_accumulates, split_schedule
+from ..split_k import tiles_reduce_call
+from .config import GluonConfig, kernel_spec, mma_accumulates, split_schedule
 
 _GL = {}
 _KERNEL = TableKernel(_GL, "kernel", __name__)  # the kernel, once _gl() has imported it
@@ -97,10 +94,18 @@ def rows_aligned(leading_dim: int, elem_bytes: int) -> bool:
     return (leading_dim * elem_bytes) % 16 == 0
 
 
+def reads_with_tma(lda: int, ldb: int) -> bool:
+    """Whether TMA can read 8-bit A and B of these leading dimensions (rows of 16-byte multiples)."""
+    return rows_aligned(lda, 1) and rows_aligned(ldb, 1)
+
+
 class GluonLaunch:
     """A plan's Gluon launch for tensors of fixed shapes, strides and dtypes (what ``GemmLaunch``
     is for the Triton kernel; ``tileq.gemm`` keeps one per call signature). Each call builds the
     three TMA descriptors (they hold data pointers) and launches through ``KernelCall``."""
+
+    untraced = "_ws_gemm_kernel: TMA descriptors hold data pointers"  # (``direct``'s statements)
+    counters = 0
 
     __slots__ = ("spec", "m", "n", "k", "lda", "ldb", "ldc", "out_dtype", "device", "cfg", "ints",
                  "c_rows_ok", "fallback", "direct", "_variants")
@@ -132,10 +137,10 @@ class GluonLaunch:
             sa_m, sa_g, sb_g, sb_n = sb_n, sb_g, 0, sa_m
         self.ints = (km, kn, spec.k, self.ldc, ld_acc, sa_m, sa_g, sb_g, sb_n)
         self.fallback = fallback
-        # Per output path (TMA store or masked stores): the config and its KernelCall (grid,
+        # Per output path (TMA store or masked stores): the plan's config and its KernelCall (grid,
         # integer arguments, constexprs); the shared layouts are made on first use (they need
         # Triton).
-        sms = num_sms(problem.device)
+        sms = plan.facts.num_sms
         self.direct = problem.device.type == "cuda"
         # Everything a launch specializes on besides the constexprs: operand and output dtypes,
         # which optional pointers are present.
@@ -143,10 +148,8 @@ class GluonLaunch:
                      problem.b_scale is not None, spec.has_bias, problem.acc is not None)
         self._variants = {}
         for tma_store in (True, False):
-            vcfg = launch_config(cfg, spec, tma_store)
+            vcfg = plan.route.gluon_launch(spec, sms, tma_store)
             programs, n_full, n_split = split_schedule(km, kn, vcfg, sms)
-            if not n_split:  # (the tiles fill whole waves: nothing to split)
-                vcfg = replace(vcfg, split_k=1)
             consts = dict(constexprs(spec, vcfg, tma_store), **options(vcfg))
             call = KernelCall(_KERNEL, "_ws_gemm_kernel", (programs,), self.ints, consts,
                               ptr_types + (tma_store, vcfg.split_k))
@@ -154,13 +157,8 @@ class GluonLaunch:
             if vcfg.split_k > 1:
                 # The split tiles' fp32 partials: [n_split * split_k, BM, BN] blocks, summed in order.
                 ws_numel = n_split * vcfg.split_k * vcfg.block_m * vcfg.block_n
-                reduce = KernelCall(split_reduce, "_split_tiles_reduce_kernel",
-                                    (n_split, vcfg.block_m // split_reduce.BLOCK_R),
-                                    (km, kn, self.ldc, n_full),
-                                    dict(SPLIT_K=vcfg.split_k, BM=vcfg.block_m, BN=vcfg.block_n,
-                                         GROUP_M=vcfg.group_m, BLOCK_R=split_reduce.BLOCK_R,
-                                         TRANS_C=vcfg.swap_ab, num_warps=4),
-                                    (torch.float32, spec.out_dtype))
+                reduce = tiles_reduce_call(n_split, km, kn, self.ldc, n_full, vcfg.split_k, vcfg.block_m,
+                                           vcfg.block_n, vcfg.group_m, spec.out_dtype, vcfg.swap_ab)
             self._variants[tma_store] = [vcfg, call, None, reduce, ws_numel]
 
     def variant(self, tma_store: bool):
@@ -174,12 +172,9 @@ class GluonLaunch:
     @property
     def usable(self) -> bool:
         """A's and B's rows are 16-byte aligned (8-bit: leading dimensions multiples of 16)."""
-        return rows_aligned(self.lda, 1) and rows_aligned(self.ldb, 1)
+        return reads_with_tma(self.lda, self.ldb)
 
     def __call__(self, a, b, sa, sb, bias, acc, out) -> torch.Tensor:
-        if tracing():
-            return untraced_output("_ws_gemm_kernel", "TMA descriptors hold data pointers", out, (self.m, self.n),
-                                   self.out_dtype, self.device)
         if (a.data_ptr() | b.data_ptr()) & 15:
             return self.fallback(a, b, sa, sb, bias, acc, out)
         if out is None:

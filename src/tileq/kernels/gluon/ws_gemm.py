@@ -31,7 +31,7 @@ DeepGEMM and CUTLASS, the promotion of one warpgroup overlaps the wgmma of the o
   and the Gluon Hopper tutorial's main loops;
 - group-scaled fp8: the main loop unrolled by two, each parity's scales loaded two K steps ahead;
 - the tiles of the last, partial wave optionally split over K (SPLIT_K): fp32 partials in a
-  workspace, summed in order by ``split_reduce.py``;
+  workspace, summed in order by ``kernels/split_k.py``'s reduction ('tiles' layout);
 - epilogue per consumer, in the epilogue order of docs/schemes.md section 1: acc_in, row scale, column scale, bias, cast;
   stored with a TMA store from shared memory (its wait deferred to the next tile's epilogue) or,
   when the output's rows are not 16-byte aligned, with masked stores.
@@ -59,7 +59,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..gemm_kernel import grouped_tile  # (a triton.jit function: Gluon code calls it as it is)
+from ..tiles import grouped_tile  # (a triton.jit function: Gluon code calls it as it is)
 
 # Rows of the tile one consumer warpgroup owns: the height of one wgmma.
 HALF_M = gl.constexpr(64)
@@ -381,7 +381,7 @@ def _consumer(a_bufs, b_bufs, ready_bars, empty_bars, c_bufs, c_desc,
     With SPLIT_K > 1 the tiles of the last, partial wave (all tiles when they are fewer than the
     programs) are split: an item is such a tile and one of SPLIT_K ranges of its K tiles, and the
     epilogue writes its fp32 partial (scaled; the bias from the first split) into its [BM, BN]
-    block of the workspace ``ws_ptr``; ``split_reduce.py`` sums each tile's blocks in order.
+    block of the workspace ``ws_ptr``; ``split_k.py``'s reduction sums each tile's blocks in order.
 
     acc_in (HAS_ACC) is added to the accumulator before the scales: the fp32 accumulator of
     promoted fp8 and int8's int32 wgmma accumulator start from it, fp8 fast_accum's gets it in

@@ -213,6 +213,7 @@ class DequantLaunch:
     then * x_scale rows, + bias, cast (the epilogue order of docs/schemes.md section 1)."""
 
     name = "dequant+cublas"
+    untraced, counters = None, 0  # (``direct``'s statements: a plain kernel and torch's product)
 
     def __init__(self, n, k, w_kind, x_kind, sw_strides, group_k, out_dtype, x_dtype):
         self.n, self.k, self.w_kind, self.x_kind = n, k, w_kind, x_kind

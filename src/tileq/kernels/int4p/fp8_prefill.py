@@ -23,7 +23,7 @@ import torch
 from ..._runtime import bounded_put
 from ...problem import build_problem
 from ...reference import gemm_ref
-from ..launch import make_launch
+from ..launch import launch_statement, make_launch
 from .dequant import dequantize_prepacked
 
 _LAUNCHES_PER_CALL = 16  # kept launches of the inner GEMM per launcher (one per tensor signature)
@@ -45,6 +45,9 @@ class Fp8PrefillLaunch:
         self.group_k, self.out_dtype, self.x_dtype = group_k, out_dtype, x_dtype
         self.plan = plan
         self.scheme = plan.spec.scheme.value  # bquant for group scales, rowcol for the others
+        # ``direct``'s statements: the inner GEMM's launch, whose A (x) and B (the values) both
+        # have rows of K elements
+        self.untraced, self.counters = launch_statement(plan, k, k)
         # The inner GEMM's launch per signature of its tensors (as tileq.linear keeps one per call
         # signature): shapes, strides and dtypes, the bias's presence, the output's.
         self._launches: dict[tuple, object] = {}

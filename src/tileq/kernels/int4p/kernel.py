@@ -11,20 +11,18 @@ two by two into the 128-wide operands. Weight scales, per group (group_k a multi
 per channel, are applied to each 128-wide partial sum (promotion); the rest follows the epilogue
 order of docs/schemes.md section 1: ``acc -> * x_scale (tokens) -> (* a per-tensor w_scale) -> + bias -> cast``.
 
-SPLIT_K > 1 writes fp32 partials [SPLIT_K, N, M] into ``ws_ptr``: ``gemm_kernel._splitk_reduce_kernel``
-(SWAPPED) sums them in a fixed order afterwards, or with FIXUP the kernel does: each program
-counts itself in on its tile's counter (``sem_ptr``, zero between calls) once its partial is
-stored, and the last of the tile's SPLIT_K programs sums the partials in slab order (the
-reduction kernel's order: bit for bit the same result), stores the tile and puts the counter
-back to zero. That saves the second launch (a few microseconds of a decode call). Under the
-interpreter the conversion runs as plain shifts and masks on the same words (Triton's interpreter
-has no inline PTX), element for element the same.
+SPLIT_K > 1 writes fp32 partials [SPLIT_K, N, M] into ``ws_ptr``, summed in split order
+(``split_k.py``): by the reduction kernel afterwards (transposed into C), or with FIXUP by the
+kernel itself, the tile counters in ``sem_ptr``: one launch. Under the interpreter the conversion
+runs as plain shifts and masks on the same words (Triton's interpreter has no inline PTX),
+element for element the same.
 """
 
 import triton
 import triton.language as tl
 
 from ..pdl import prefetch_l2, wait_upstream
+from ..split_k import count_in, release, store_split_partial
 
 # Two words (c even, c + 1) -> eight registers of two 16-bit values each: slice q (0..3) from
 # word c, slice 4 + q from word c + 1; (w >> 4q) & 0x000F000F puts nibbles k and k + 1 in the
@@ -277,25 +275,13 @@ def _i4p_kernel(
         y = _scaled(acc, sx_ptr, sw_ptr, bias_ptr, rn, rt, n_ok, t_ok, stride_sx, SPLIT_K == 1 or pid_k == 0,
                     X_SCALE, W_SCALE, HAS_BIAS)
         mask = n_ok[:, None] & t_ok[None, :]
-        c_ptrs = c_ptr + rt.to(tl.int64)[None, :] * ldc + rn64[:, None]
         if SPLIT_K == 1:
-            tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty), mask=mask)
+            tl.store(c_ptr + rt.to(tl.int64)[None, :] * ldc + rn64[:, None], y.to(c_ptr.dtype.element_ty), mask=mask)
         else:
-            # Workspace [SPLIT_K, N, M] fp32 (the kernel's orientation).
+            # Workspace [SPLIT_K, N, M] fp32 (the kernel's orientation); C is [M, N].
             slab = rn64[:, None] * M + rt[None, :]
-            tl.store(ws_ptr + pid_k.to(tl.int64) * N * M + slab, y, mask=mask)
-            if FIXUP:
-                # Every thread's partial is stored before one thread counts the program in (a CTA
-                # barrier, then a gpu-scope release); the count's acquire and Triton's broadcast of
-                # it (a barrier) order the last program's loads after the other programs' stores.
-                tl.debug_barrier()
-                arrived = tl.atomic_add(sem_ptr + pid, 1, sem="acq_rel", scope="gpu")
-                if arrived == SPLIT_K - 1:
-                    total = tl.zeros((BN, BM), dtype=tl.float32)
-                    for i in tl.static_range(SPLIT_K):  # (L2 only: other SMs wrote them)
-                        total += tl.load(ws_ptr + i * N * M + slab, mask=mask, other=0.0, cache_modifier=".cg")
-                    tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
-                    tl.atomic_xchg(sem_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next call
+            store_split_partial(y, ws_ptr, pid_k, N, M, slab, mask, SPLIT_K, FIXUP, sem_ptr, pid, c_ptr,
+                                rt.to(tl.int64)[None, :], rn64[:, None], ldc)
 
 
 @triton.jit
@@ -345,9 +331,7 @@ def _streamk(w_ptr, x_ptr, c_ptr, sw_ptr, sx_ptr, bias_ptr, ws_ptr, sem_ptr, M, 
             own = tl.arange(0, BN)[:, None] * BM + tl.arange(0, BM)[None, :]  # a slot's [BN, BM] values
             slot = 2 * pid + (u0 < t * kb).to(tl.int32)
             tl.store(ws_ptr + slot.to(tl.int64) * (BN * BM) + own, y)
-            # As the split's in-kernel sum (above): the partial stored by every thread, then counted.
-            tl.debug_barrier()
-            arrived = tl.atomic_add(sem_ptr + t, 1, sem="acq_rel", scope="gpu")
+            arrived = count_in(sem_ptr, t)  # (the split's protocol, split_k.py)
             first = _first_program(t * kb, units, programs)
             last = _first_program(t * kb + kb - 1, units, programs)
             if arrived == last - first:
@@ -356,4 +340,4 @@ def _streamk(w_ptr, x_ptr, c_ptr, sw_ptr, sx_ptr, bias_ptr, ws_ptr, sem_ptr, M, 
                     q_slot = 2 * q + (q * units // programs < t * kb).to(tl.int32)
                     total += tl.load(ws_ptr + q_slot.to(tl.int64) * (BN * BM) + own, cache_modifier=".cg")
                 tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
-                tl.atomic_xchg(sem_ptr + t, 0, sem="relaxed", scope="gpu")  # ready for the next call
+                release(sem_ptr, t)

@@ -8,9 +8,9 @@ import torch
 
 from ..._runtime import interpreter_active
 from ...prepacked import BLOCK_K
-from ..direct import KernelCall, direct_launch_enabled, pdl_enabled
+from ..direct import KernelCall, direct_launch_enabled
 from ..buffers import split_buffers
-from ..launch import splitk_reduce_call
+from ..split_k import flat_reduce_call
 from . import kernel as _kernel_module
 from .config import DTYPE_OF, Int4pConfig, kernel_ct, kernel_name
 
@@ -51,10 +51,11 @@ def compile_options(cfg: Int4pConfig) -> dict:
 
 class Int4pLaunch:
     """One call signature bound to its kernel launch (and split-K reduction) for the plan's config
-    ``cfg``; ``num_sms``: the device's SMs (a stream-K config runs ``cfg.per_sm`` programs on each)."""
+    ``cfg``; ``num_sms``: the device's SMs (a stream-K config runs ``cfg.per_sm`` programs on each);
+    ``pdl``: launched with programmatic dependent launch (the plan's ``pdl``)."""
 
     def __init__(self, m, n, k, x_type, out_dtype, w_scale_kind, sw_strides, x_scale_kind, sx_stride,
-                 group_k, has_bias, device, cfg: Int4pConfig, cast_x: bool = False, *, num_sms: int):
+                 group_k, has_bias, device, cfg: Int4pConfig, cast_x: bool = False, *, num_sms: int, pdl: bool):
         # cast_x: the call's activations (fp8) are cast to x_type (bf16) before the kernel.
         self.m, self.n, self.out_dtype, self.device, self.cfg = m, n, out_dtype, device, cfg
         self.cast_to = DTYPE_OF[x_type] if cast_x else None
@@ -72,7 +73,6 @@ class Int4pLaunch:
                       FIXUP=cfg.in_kernel_sum, STREAMK=cfg.streamk, num_warps=cfg.warps, num_stages=cfg.stages)
         if cfg.maxnreg and not self.interpreted:
             consts["maxnreg"] = cfg.maxnreg
-        pdl = pdl_enabled(device, self.interpreted)
         if pdl:
             consts.update(PDL=True, launch_pdl=True)
         self.name = kernel_name(x_type, w_scale_kind, cfg)
@@ -90,7 +90,13 @@ class Int4pLaunch:
                                 torch.float32 if self.partials else None, torch.int32 if self.counters else None))
         self.reduce = None
         if cfg.split_k > 1 and not cfg.in_kernel_sum:
-            self.reduce = splitk_reduce_call(n, m, n, cfg.split_k, out_dtype, swapped=True, pdl=pdl)
+            self.reduce = flat_reduce_call(n, m, n, cfg.split_k, out_dtype, transposed=True, pdl=pdl)
+
+    @property
+    def untraced(self) -> str | None:
+        """Why a traced launch cannot carry it, or None (``direct``'s statement): its kernels' own
+        reasons (a given config's register cap: ``launch option maxnreg``)."""
+        return self.main.untraced or (self.reduce.untraced if self.reduce is not None else None)
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
         if out is None:

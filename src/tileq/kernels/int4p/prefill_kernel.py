@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..gemm_kernel import grouped_tile
+from ..tiles import grouped_tile
 
 HALF_W = gl.constexpr(64)  # weight rows per consumer warpgroup: the height of one wgmma
 BLOCK_W = gl.constexpr(128)  # weight rows per tile (two consumers)
@@ -327,7 +327,7 @@ def _epilogue(acc, rows, row_ok, off_t, off_w, ks, kb0, kb1, k_blocks, c_bufs, c
         y = y + gl.load(bias_ptr + rows, mask=row_ok & (kb0 == 0), other=0.0)[:, None]
     if SPLIT > 1:
         # Slab ks of the [SPLIT, M, N] workspace (c_ptr), summed in order by
-        # gemm_kernel._splitk_reduce_kernel; an empty K range writes its zeros (and bias).
+        # split_k.py's reduction; an empty K range writes its zeros (and bias).
         _store_partial(y, c_ptr, ks, rows, row_ok, off_t, M, N, cols_l, BT)
     elif STREAM_K:
         if (kb0 > 0) | (kb1 < k_blocks):

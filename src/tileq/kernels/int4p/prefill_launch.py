@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..direct import KernelCall, TableKernel, direct_launch_enabled, tracing, untraced_output
+from ..direct import KernelCall, TableKernel, direct_launch_enabled
 from ..buffers import split_buffers
-from ..launch import splitk_reduce_call
+from ..split_k import flat_reduce_call
 from .config import SCHEME_OF_W_SCALE
 from .streamk import schedule as streamk_schedule
 
@@ -113,6 +113,9 @@ class GluonPrefillLaunch:
     plan's token tile ``tokens``, split over K (``split``) or stream-K (``streamk``) on
     ``num_sms`` SMs, the fp8 build (``fused``) or the 16-bit one, the overlap (``overlap``)."""
 
+    untraced = "_i4p_prefill_kernel: TMA descriptors hold data pointers"  # (``direct``'s statements)
+    counters = 0
+
     def __init__(self, m, n, k, x_dtype, out_dtype, w_kind, sw_strides, group_k, has_bias, device, fallback, *,
                  tokens: int, num_sms: int, overlap: bool, split: int = 1, x_kind: str = "none",
                  sx_stride: int = 0, fused: bool = False, streamk: bool = False):
@@ -148,23 +151,21 @@ class GluonPrefillLaunch:
                       for tma in ((True, False) if split == 1 and self.tokens <= TMA_STORE_MAX_TOKENS else (False,))}
         self.reduce = None
         if split > 1:
-            self.reduce = splitk_reduce_call(m, n, n, split, out_dtype, swapped=False)
-        self.fixup = None  # stream-K's fix-up of the tiles several programs share
+            self.reduce = flat_reduce_call(m, n, n, split, out_dtype, transposed=False)
+        self.shared_sum = None  # stream-K: the sum of the tiles several programs share
         if streamk and self.streamk.shared:
             from . import streamk as sk
 
             sch = self.streamk
-            self.fixup = KernelCall(sk, "_fixup_kernel", (sch.programs - 1, -(-self.tokens // sk.FIXUP_TOKENS)),
-                                    (m, n, n, sch.per, sch.k_blocks, sch.dp, sch.units, -(-m // self.tokens),
-                                     -(-n // 128)),
-                                    dict(BT=self.tokens, GROUP_M=GROUP_M, BLOCK_T=sk.FIXUP_TOKENS, SLABS=sch.slabs,
-                                         num_warps=4), (torch.float32, out_dtype))
+            self.shared_sum = KernelCall(sk, "_sum_shared_tiles_kernel",
+                                         (sch.programs - 1, -(-self.tokens // sk.SUM_TOKENS)),
+                                         (m, n, n, sch.per, sch.k_blocks, sch.dp, sch.units, -(-m // self.tokens),
+                                          -(-n // 128)),
+                                         dict(BT=self.tokens, GROUP_M=GROUP_M, BLOCK_T=sk.SUM_TOKENS,
+                                              SLABS=sch.slabs, num_warps=4), (torch.float32, out_dtype))
         self.layouts = None
 
     def __call__(self, x2, wdata, sx, sw, bias, out=None) -> torch.Tensor:
-        if tracing():
-            return untraced_output("_i4p_prefill_kernel", "TMA descriptors hold data pointers", out,
-                                   (self.m, self.n), self.out_dtype, self.device)
         if self.cast_to is not None:
             x2 = x2.to(self.cast_to)  # (a new tensor: 16-byte aligned, rows of stride K)
         if (x2.data_ptr() | wdata.data_ptr()) & 15:
@@ -194,8 +195,8 @@ class GluonPrefillLaunch:
             numel = self.streamk.slabs * self.m * self.n  # (slabs written only where tiles are shared)
             ws = split_buffers(self.device, numel, direct)[0]
         self.calls[tma_store]((w_desc, x_desc, c_desc, out, sw, bias, sx, ws), direct)
-        if self.fixup is not None:
-            self.fixup((ws, out), direct)
+        if self.shared_sum is not None:
+            self.shared_sum((ws, out), direct)
         return out
 
 

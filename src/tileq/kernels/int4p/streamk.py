@@ -13,10 +13,12 @@ tiles wide. Here (the hybrid of data-parallel tiles and stream-K) one program ru
 A tile one program covers whole is finished by it (epilogue and store as usual); a tile shared by
 several programs gets an fp32 partial from each (its scales applied, the bias in the one holding
 K block 0) in slab r of a [slabs, M, N] workspace, r the program's rank among the tile's programs,
-and ``_fixup_kernel`` sums those slabs in rank order (deterministic: no atomics) and casts. A
-program writes at most two partial tiles (where its units start and where they end), so the
-partials' traffic is bounded by twice the number of programs, not by the output's size (a split
-over K writes every tile once per range).
+and ``_sum_shared_tiles_kernel`` sums those slabs in rank order (deterministic: no atomics) and
+casts. A program writes at most two partial tiles (where its units start and where they end), so
+the partials' traffic is bounded by twice the number of programs, not by the output's size (a
+split over K writes every tile once per range). That sum is not the split-K reduction
+(``kernels/split_k.py``): only the shared tiles have partials, each as many as the programs its
+units span (one to ``slabs``), and the schedule, not a grid of split tiles, says which.
 
 ``schedule`` and ``segments`` are the kernel's walk (``prefill_kernel._walk`` / ``_item``) in
 Python: the launcher sizes the workspace with them, the tests check the layout with them.
@@ -29,10 +31,10 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from ..gemm_kernel import grouped_tile
+from ..tiles import grouped_tile
 
 BLOCK_K = 512  # K per unit: one of the kernel's K blocks
-FIXUP_TOKENS = 32  # token rows per fix-up program
+SUM_TOKENS = 32  # token rows per program of the shared tiles' sum
 
 
 @dataclass(frozen=True)
@@ -90,11 +92,11 @@ def segments(program: int, s: Schedule) -> list[tuple[int, int, int, int]]:
 
 
 @triton.jit
-def _fixup_kernel(ws_ptr, c_ptr, M, N, ldc, per, k_blocks, dp, units, num_pid_m, num_pid_n, BT: tl.constexpr,
-                  GROUP_M: tl.constexpr, BLOCK_T: tl.constexpr, SLABS: tl.constexpr):
+def _sum_shared_tiles_kernel(ws_ptr, c_ptr, M, N, ldc, per, k_blocks, dp, units, num_pid_m, num_pid_n,
+                             BT: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_T: tl.constexpr, SLABS: tl.constexpr):
     """Programs (c - 1, j) finish token rows [j * BLOCK_T, (j + 1) * BLOCK_T) of the tile in which
     program c's stream-K units start, when they start inside it and c is the second program of
-    that tile (one fix-up per shared tile): the sum of its slabs 0 .. count - 1 in order (all
+    that tile (one sum per shared tile): the sum of its slabs 0 .. count - 1 in order (all
     loaded at once, SLABS the most any tile has), cast, into C [M, N] (row stride ldc)."""
     c = tl.program_id(0) + 1
     u = c * per
