@@ -316,7 +316,7 @@ def test_experts_refusal_reasons():
     assert "activation GELU" in hf_moe.experts_refusal(mod)
     skipped = []
     assert hf_moe.quantize_experts_(model, tnn.A8W8Config(), skipped=skipped) == [("model.layers.1.mlp.experts",
-                                                                                     hf_moe._what(model.model.layers[1].mlp.experts))]
+                                                                                     hf_moe.describe(model.model.layers[1].mlp.experts))]
     assert skipped == [("model.layers.0.mlp.experts", "activation GELU (tileq's experts compute SiLU)")]
 
 

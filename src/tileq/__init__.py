@@ -29,6 +29,15 @@ extensions.add("tileq.integrations.hf_moe", _import_hf_moe)
 extensions.add("tileq.distributed", _import_distributed)
 
 
+def _register_hf_quantizer() -> None:
+    from .formats import hf_quantizer  # noqa: F401 - registers "tileq" with transformers' quantizers
+
+
+# transformers finds quantization methods by name when from_pretrained runs: "tileq" is registered
+# as soon as both are imported, in either order, without tileq importing transformers.
+extensions.when_imported("transformers.quantizers.auto", _register_hf_quantizer)
+
+
 def _import_api() -> None:
     """The public API below, imported on first use of any of its names (PEP 562's ``__getattr__``):
     ``import tileq.cli`` (``tileq --help``) then costs no torch, Triton or kernel import. Everything

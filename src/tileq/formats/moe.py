@@ -272,7 +272,9 @@ def _adopt(new: QuantExperts, tensors: dict, name: str) -> None:
         new._buffers[local] = t.contiguous()
 
 
-def _load_tileq(reader, name, mod, entry, *, device, dtype):
+def empty_experts(mod, entry: dict, name: str, *, dtype) -> QuantExperts:
+    """An unfilled QuantExperts (buffers on meta) of tileq-format entry ``entry``, standing for
+    ``mod``; the entry is checked against the model's shape."""
     from ..integrations.hf_moe import empty_like
     from ..nn import config_from_name
 
@@ -287,6 +289,12 @@ def _load_tileq(reader, name, mod, entry, *, device, dtype):
         bad = next(k for k in sorted(set(want) | set(entry)) if entry.get(k) != want.get(k))
         raise UnsupportedError(expect(f"{where}.{bad}", f"{want.get(bad)!r} for {config.describe()} experts "
                                       f"of the model's shape", repr(entry.get(bad))))
+    return new
+
+
+def _load_tileq(reader, name, mod, entry, *, device, dtype):
+    new = empty_experts(mod, entry, name, dtype=dtype)
+    config = new.quant_config
     allowed = {local for local, _, _ in new._layout()}
     for key in reader.children(name):
         if key[len(name) + 1:] not in allowed:

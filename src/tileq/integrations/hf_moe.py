@@ -31,7 +31,7 @@ from ..errors import UnsupportedError, expect
 from . import compat
 from ..moe.experts import QuantExperts, experts_refusal
 from ..nn.configs import QuantConfig
-from ..nn.quantize import ModuleKind, register_module_kind
+from ..nn.quantize import ModuleKind, register_module_kind, skip_reason
 
 IMPLEMENTATION = "tileq"
 _CLASSES: dict = {}
@@ -115,7 +115,8 @@ def empty_like(mod: nn.Module, config: QuantConfig, *, dtype) -> QuantExperts:
     return _stand_in(QuantExperts(e, h, i2 // 2, config=config, dtype=dtype, device="meta"), mod)
 
 
-def _what(new: QuantExperts) -> str:
+def describe(new: QuantExperts) -> str:
+    """What a conversion did, for quantize_'s summary."""
     via = "transformers' experts interface ('tileq')" if hasattr(new, "_tileq_original") else "its own forward"
     return (f"{new.num_experts} experts {new.hidden_dim}->{new.intermediate_dim}->{new.hidden_dim} quantized "
             f"{new.quant_config.name}, run by tileq.moe.fused_moe through {via}")
@@ -134,13 +135,7 @@ def quantize_experts_(model: nn.Module, config: QuantConfig,
     done, configs = [], []
     targets = [(n, m) for n, m in model.named_modules() if n and _unconverted(m)]
     for name, mod in targets:
-        why = None
-        if name in config.skip_modules or name.rsplit(".", 1)[-1] in config.skip_modules:
-            why = "in config.skip_modules"
-        elif filter_fn is not None and not filter_fn(mod, name):
-            why = "filter_fn returned False"
-        else:
-            why = experts_refusal(mod)
+        why = skip_reason(name, mod, config, filter_fn) or experts_refusal(mod)
         if why is None:
             try:
                 new = convert(mod, config)
@@ -151,13 +146,20 @@ def quantize_experts_(model: nn.Module, config: QuantConfig,
                 skipped.append((name, why))
             continue
         model.set_submodule(name, new)
-        done.append((name, _what(new)))
+        done.append((name, describe(new)))
         cfg = getattr(new, "config", None)
         if hasattr(new, "_tileq_original") and cfg is not None and all(cfg is not c for c in configs):
             configs.append(cfg)
     for cfg in configs:
         cfg._experts_implementation = IMPLEMENTATION
     return done
+
+
+def use_tileq_experts(new: QuantExperts) -> None:
+    """Point the model config a converted experts module dispatches through at "tileq"."""
+    cfg = getattr(new, "config", None)
+    if hasattr(new, "_tileq_original") and cfg is not None:
+        cfg._experts_implementation = IMPLEMENTATION
 
 
 register_module_kind(ModuleKind(matches=_unconverted, convert=quantize_experts_))

@@ -95,9 +95,7 @@ class QuantExperts(nn.Module):
         dtype = gate_up_proj.dtype if gate_up_proj.dtype in _DTYPES else torch.bfloat16
         mod = cls(e, h, i2 // 2, config=config, dtype=dtype, device=gate_up_proj.device)
         for name, w in (("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
-            qs, ss = zip(*(mod._quantize(w[x].detach()) for x in range(e)))
-            mod._buffers[name] = torch.stack(qs)
-            mod._buffers[name + "_scale"] = torch.stack(ss)
+            mod._buffers[name], mod._buffers[name + "_scale"] = mod.quantize_stacked(w)
         return mod
 
     @classmethod
@@ -109,6 +107,12 @@ class QuantExperts(nn.Module):
         if why is not None:
             raise UnsupportedError(expect("module", "a transformers experts module tileq can run", why))
         return cls.from_weights(module.gate_up_proj, module.down_proj, config)
+
+    def quantize_stacked(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, scales) of E stacked nn.Linear weights [E, N, K] quantized with this module's
+        config, expert by expert, in the layout of its buffers."""
+        qs, ss = zip(*(self._quantize(w[x].detach()) for x in range(w.shape[0])))
+        return torch.stack(qs), torch.stack(ss)
 
     def _quantize(self, w: torch.Tensor):
         c = self.quant_config

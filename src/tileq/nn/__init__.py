@@ -8,6 +8,7 @@ from .configs import (
     W4A8Config,
     W4A16Config,
     W8A16Config,
+    config_from_dict,
     config_from_name,
 )
 from .linear import QuantLinear
@@ -21,6 +22,7 @@ __all__ = [
     "W8A16Config",
     "W4A16Config",
     "W4A8Config",
+    "config_from_dict",
     "config_from_name",
     "QuantLinear",
     "quantize_",

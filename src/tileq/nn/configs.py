@@ -8,6 +8,7 @@ means one scale per output channel (the whole K is one group).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -33,11 +34,22 @@ class QuantConfig:
     weight_dtype = "int8"  # 'int8' | 'fp8' | 'int4'
     weight_granularity = "col"  # 'col' (per output channel) | 'group'
 
+    # What transformers reads off a ``quantization_config`` to find its quantizer
+    # (``from_pretrained(..., quantization_config=tileq.A8W8Config())``: formats/hf_quantizer.py).
+    quant_method = "tileq"
+
     def __post_init__(self):
         skip = self.skip_modules
         if isinstance(skip, str) or not all(isinstance(s, str) for s in skip):
             raise UnsupportedError(expect("skip_modules", "a tuple of module names", repr(skip)))
         object.__setattr__(self, "skip_modules", tuple(skip))
+
+    def to_dict(self) -> dict:
+        """The JSON form (``config_from_dict`` reads it back): what transformers writes into
+        config.json for a model being quantized on load."""
+        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "skip_modules"}
+        return {"quant_method": self.quant_method, "config": self.name, "options": options,
+                "skip_modules": list(self.skip_modules)}
 
     @property
     def scheme(self) -> str:
@@ -196,6 +208,21 @@ def config_from_name(name: str, **kwargs) -> QuantConfig:
         if cname.lower() == key:
             return cls(**kwargs)
     raise UnsupportedError(expect("config", f"one of {', '.join(CONFIGS)}", repr(name)))
+
+
+def config_from_dict(d: dict) -> QuantConfig:
+    """The config ``QuantConfig.to_dict`` described."""
+    if not isinstance(d, dict) or "config" not in d:
+        raise UnsupportedError(expect("quantization config", "an object with a 'config' name (QuantConfig.to_dict)",
+                                      repr(d)))
+    options = d.get("options") or {}
+    if not isinstance(options, dict):
+        raise UnsupportedError(expect("quantization config 'options'", "an object", repr(options)))
+    skip = tuple(d.get("skip_modules", DEFAULT_SKIP))
+    try:
+        return config_from_name(d["config"], skip_modules=skip, **options)
+    except TypeError as e:  # an option the config does not take
+        raise UnsupportedError(f"quantization config {d['config']!r}: {e}") from None
 
 
 def weight_scale_shape(config: QuantConfig, out_features: int, in_features: int) -> tuple:

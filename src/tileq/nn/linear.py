@@ -92,14 +92,22 @@ class QuantLinear(nn.Module):
         weight is then rounded with GPTQ (``tileq.nn.gptq``) instead of to nearest."""
         if not isinstance(linear, nn.Linear):
             raise UnsupportedError(expect("linear", "a torch.nn.Linear", type(linear).__name__))
-        w = linear.weight.detach()
+        bias = linear.bias.detach() if linear.bias is not None else None
+        return cls.from_weight(linear.weight.detach(), bias, config, hessian=hessian, where="linear.weight")
+
+    @classmethod
+    def from_weight(cls, w: torch.Tensor, bias: torch.Tensor | None, config: QuantConfig, *,
+                    hessian: torch.Tensor | None = None, where: str = "weight") -> "QuantLinear":
+        """``from_linear`` on an nn.Linear weight [N, K] and bias [N] (or None) given as tensors (a
+        checkpoint loader quantizing each weight as it is read)."""
         if w.device.type == "meta":
-            raise UnsupportedError(expect("linear.weight", "a weight with data", "a meta tensor"))
+            raise UnsupportedError(expect(where, "a weight with data", "a meta tensor"))
         if not w.dtype.is_floating_point:
-            raise DTypeError(expect("linear.weight", "a floating-point weight", w.dtype))
+            raise DTypeError(expect(where, "a floating-point weight", w.dtype))
+        if w.dim() != 2:
+            raise ShapeError(expect(where, "a 2-D weight [out_features, in_features]", tuple(w.shape)))
         dtype = w.dtype if w.dtype in _OUT_DTYPES and w.dtype.itemsize >= 2 else torch.bfloat16
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, config=config,
-                    dtype=dtype, device=w.device)
+        layer = cls(w.shape[1], w.shape[0], bias is not None, config=config, dtype=dtype, device=w.device)
         c = config
         granularity = c.weight_granularity
         if hessian is not None:
@@ -115,8 +123,8 @@ class QuantLinear(nn.Module):
                                      group_n=c.group_n, clip_search=c.weight_dtype == "int4")
         layer._adopt("weight", qw.data if isinstance(qw, PackedInt4) else qw, "weight")
         layer.weight_scale.copy_(sw.reshape(layer.weight_scale.shape))
-        if linear.bias is not None:
-            layer.bias.copy_(linear.bias.detach().float())
+        if bias is not None:
+            layer.bias.copy_(bias.float())
         return layer
 
     @classmethod

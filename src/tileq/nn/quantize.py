@@ -71,9 +71,16 @@ class QuantizeSummary:
         return "\n".join(lines)
 
 
-def _skipped_by_name(name: str, skip: tuple) -> bool:
-    last = name.rsplit(".", 1)[-1]
-    return name in skip or last in skip
+def skip_reason(name: str, module: nn.Module, config: QuantConfig,
+                filter_fn: Callable[[nn.Module, str], bool] | None = None) -> str | None:
+    """Why the caller asked to leave module ``name`` unquantized (``config.skip_modules``, by its
+    full or last name; ``filter_fn``), None if it did not: ``quantize_``, its experts conversion and
+    the quantize-on-load path decide alike."""
+    if name in config.skip_modules or name.rsplit(".", 1)[-1] in config.skip_modules:
+        return "in config.skip_modules"
+    if filter_fn is not None and not filter_fn(module, name):
+        return "filter_fn returned False"
+    return None
 
 
 def quantize_(model: nn.Module, config: QuantConfig,
@@ -120,11 +127,9 @@ def quantize_(model: nn.Module, config: QuantConfig,
                                                "tileq.QuantLinear.from_linear"))
     chosen = []
     for name, mod in targets:
-        if _skipped_by_name(name, config.skip_modules):
-            summary.skipped.append((name, "in config.skip_modules"))
-            continue
-        if filter_fn is not None and not filter_fn(mod, name):
-            summary.skipped.append((name, "filter_fn returned False"))
+        why = skip_reason(name, mod, config, filter_fn)
+        if why is not None:
+            summary.skipped.append((name, why))
             continue
         chosen.append((name, mod))
     hessians = _hessians(model, dict(chosen), calibration) if calibration is not None else {}
