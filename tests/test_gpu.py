@@ -273,6 +273,7 @@ def test_decode_split_sums_in_the_kernel(family, m, n, k, split, monkeypatch):
     replays in a CUDA graph on new data (its tile counters back at zero after every call)."""
     from dataclasses import replace
 
+    from tileq.dispatch import gemm as gemm_mod
     from tileq.dispatch import plan as plan_mod
     from tileq.kernels import buffers
     from tileq.problem import build_problem
@@ -292,7 +293,7 @@ def test_decode_split_sums_in_the_kernel(family, m, n, k, split, monkeypatch):
 
     fixed = run(plan)
     with monkeypatch.context() as mp:
-        mp.setattr(plan_mod, "sums_in_kernel", lambda pipeline, cfg: False)
+        mp.setattr(gemm_mod, "sums_in_kernel", lambda pipeline, cfg: False)
         two_launches = run(plan_mod.with_config(base, cfg))
     torch.cuda.synchronize()
     assert torch.equal(fixed, two_launches)
