@@ -4,7 +4,7 @@
 #                          [bench-llm-decode] [bench-llm-prefill[-a|-b]] [overhead] [demo]
 #                          [tests-model] [tests-inline] [layerbench] [e2e] [e2e-opaque] [e2e-static] [e2e-small] [tests-gluon] [bench-gluon]
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
-#                          [e2e-moe] [moebench] [census] [tests-qk] [qk-compile] [pack]
+#                          [e2e-moe] [moebench] [loadbench] [census] [tests-qk] [qk-compile] [pack]
 #                          [tests-gpu-1] [tests-gpu-2] [tests-gpu-3] [tests-perf]
 # Every GPU test (every test tests/conftest.py deselects on a CPU) in four steps, one a call (times:
 # estimates from earlier runs of the same files on an H200):
@@ -25,6 +25,7 @@
 #              GLUON_CASES, GLUON_ARGS (bench-gluon), INT4_CASES, INT4_ARGS (bench-int4),
 #              E2E_ARGS (extra arguments of tileq e2e), LAYER_ARGS (of tileq layerbench),
 #              OVERHEAD_ARGS (of tileq overhead), CENSUS_ARGS (of scripts/launch_census.py), MOE_E2E_ARGS (of tileq e2e --model qwen3-moe), MOE_ARGS (of tileq moebench),
+#              LOAD_ARGS (of tileq loadbench: --model, --layers 8,40, --configs, --repeats, ...),
 #              CKPT_CONFIGS (e2e-checkpoint's configs, default A8W8,W4A16), CKPT_LAYERS (default 4),
 #              CKPT_ARGS (extra arguments of tileq e2e --make-checkpoint), CKPT_E2E_ARGS (of its tileq e2e runs),
 #              QK_LAYERS, QK_ARGS (of qk-compile's tileq e2e run), BASELINE_SRC, COMPARE_CASES, COMPARE_ARGS (compare-*),
@@ -266,6 +267,16 @@ for step in "${steps[@]}"; do
       $PY -m tileq e2e --model qwen3-moe --out "$OUT/e2e_moe" ${MOE_E2E_ARGS:-} 2>&1 | tee "$OUT/e2e_moe.log" | tail -30 ;;
     moebench)
       $PY -m tileq moebench --out "$OUT/moe" ${MOE_ARGS:-} 2>&1 | tail -40 | tee "$OUT/moebench.log" ;;
+    loadbench)
+      # tileq loadbench: peak GPU memory and time of bf16 from_pretrained, + quantize_, and quantize-on-load
+      # (each load in a fresh process). Its bf16 checkpoints (random weights; 40 layers of qwen3-14b: 29.5 GB)
+      # go under /tmp, never $OUT (not copied back), each removed once measured.
+      ck=/tmp/tileq-loadbench
+      rm -rf "$ck"
+      $PY -m tileq loadbench --out "$OUT/load" --workdir "$ck" ${LOAD_ARGS:-} 2>&1 | tee "$OUT/loadbench.log" | tail -30
+      lrc=${PIPESTATUS[0]}
+      rm -rf "$ck"
+      (exit "$lrc") ;;
     pack)
       # The device tool brings back at most 8 files, 2 folders down: everything else under $OUT goes
       # into one archive ($OUT/all.tgz); the logs' last lines stay readable in the call's output.

@@ -71,13 +71,13 @@ def test_help_of_every_subcommand_imports_nothing_heavy():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split(maxsplit=1) == ["14", "[]\n"], proc.stdout
+    assert proc.stdout.split(maxsplit=1) == ["15", "[]\n"], proc.stdout
 
 
 def test_every_option_of_every_subcommand_has_help():
     subs = _subcommands(build_parser())
     assert set(subs) == {"list", "build", "explain", "selftest", "tune", "demo", "bench", "replay", "overhead",
-                         "e2e", "layerbench", "sass", "moebench", "tpbench"}
+                         "e2e", "layerbench", "sass", "moebench", "tpbench", "loadbench"}
     missing = [f"{name} {a.option_strings[-1] if a.option_strings else a.dest}"
                for name, p in subs.items() for a in p._actions
                if not isinstance(a, argparse._HelpAction) and not (a.help or "").strip()]
@@ -97,7 +97,7 @@ def test_every_option_of_every_subcommand_has_help():
 def test_value_lists_spelled_out_for_the_parsers_are_the_librarys():
     """tileq.commands and tileq.bench.cli name these values without importing their modules."""
     from tileq.bench import cli as bench_cli
-    from tileq.bench import e2e, layers, replay, timing
+    from tileq.bench import e2e, layers, load, replay, timing
     from tileq.catalog.names import PIPELINES
     from tileq.device import ARCHS
     from tileq.nn.configs import CONFIGS
@@ -116,6 +116,9 @@ def test_value_lists_spelled_out_for_the_parsers_are_the_librarys():
     assert bench_cli.E2E_MODES == e2e.MODES
     assert bench_cli.E2E_PEERS == tuple(e2e.TORCHAO_PEERS)
     assert bench_cli.LAYERBENCH_CONFIGS == layers.CONFIGS
+    assert bench_cli.E2E_MODELS == tuple(e2e.MODELS)
+    assert bench_cli.LOADBENCH_CONFIGS == load.DEFAULT_CONFIGS
+    assert bench_cli.LOADBENCH_TARGETS == (load.PEAK_TARGET, load.TIME_TARGET)
     assert bench_cli.REPLAY_RULES == tuple(replay.RULES)
     assert bench_cli.REPLAY_TOLERANCE == replay.TOLERANCE
 
@@ -160,6 +163,9 @@ def test_value_lists_spelled_out_for_the_parsers_are_the_librarys():
     (["layerbench", "--m", "16,x"], "--m"),
     (["layerbench", "--runs", "0"], "--runs"),
     (["layerbench", "--configs", "A8W8,W3A3"], "--configs"),
+    (["loadbench", "--layers", "8,0"], "--layers"),
+    (["loadbench", "--configs", "A8W8,W3A3"], "--configs"),
+    (["loadbench", "--repeats", "0"], "--repeats"),
     (["sass", "rowcol_i8xi8_rcr_prefill", "0"], "m"),
     (["sass", "rowcol_i8xi8_rcr_prefill", "16", "64", "0", "m64n16k256_w4_s4"], "k"),
     (["sass", "--prepacked", "bf16", "16", "--warps", "6"], "--warps"),

@@ -1,5 +1,5 @@
 """The ``tileq`` command: list, build, explain, selftest, tune, demo, bench, replay, overhead, e2e,
-layerbench, moebench, sass.
+layerbench, moebench, tpbench, loadbench, sass.
 
 Every parser is defined in a module that imports no torch, Triton or kernel module (tileq.commands,
 tileq.bench.cli, tileq.demo, tileq.sass), so ``tileq --help`` and ``tileq COMMAND --help`` answer at
@@ -60,6 +60,12 @@ def _moebench(args) -> int:
     return run(args)
 
 
+def _loadbench(args) -> int:
+    from .bench.load import run
+
+    return run(args)
+
+
 class _Version(argparse.Action):
     def __init__(self, option_strings, dest, **kw):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
@@ -90,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_layerbench(sub).set_defaults(func=_layerbench)
     bench_cli.add_moebench(sub).set_defaults(func=_moebench)
     bench_cli.add_tpbench(sub).set_defaults(func=_tpbench)
+    bench_cli.add_loadbench(sub).set_defaults(func=_loadbench)
     sass.register_cli(sub)
     return parser
 

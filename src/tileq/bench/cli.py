@@ -1,5 +1,6 @@
 """``tileq bench``: run a suite, write results.csv / report.md / plots, optionally compare; and
-the options of the other benchmark commands (replay, overhead, e2e, layerbench, moebench).
+the options of the other benchmark commands (replay, overhead, e2e, layerbench, moebench,
+loadbench).
 
 Exit status: 0 when every tileq result (the plan's, and those of --impls / --gluon-tilings /
 --int4-variants) passed
@@ -283,6 +284,49 @@ def add_layerbench(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+LOADBENCH_CONFIGS = ("A8W8", "W4A16", "FP8Block")  # tileq.bench.load.DEFAULT_CONFIGS
+LOADBENCH_TARGETS = (1.15, 1.5)  # tileq.bench.load.PEAK_TARGET, TIME_TARGET
+
+
+def add_loadbench(subparsers) -> argparse.ArgumentParser:
+    """``tileq loadbench``'s options (its code: tileq.bench.load)."""
+    p = subparsers.add_parser(
+        "loadbench", help="peak memory and time of loading a bf16 checkpoint quantized: bf16, bf16 + quantize_, "
+        "quantize-on-load",
+        description="Writes a bf16 safetensors checkpoint of a Qwen3-14B- or Qwen3-30B-A3B-shaped model (random "
+        "weights) and loads it three ways, each in a fresh Python process: from_pretrained in bf16; the same, then "
+        "tileq.quantize_; from_pretrained(quantization_config=config) (quantized as it is read). Reports the load "
+        "time (median of --repeats), the peak device memory (CUDA only) and the loaded model's bytes, marking the "
+        f"targets: on-load peak / resident <= {LOADBENCH_TARGETS[0]}, on-load time / bf16 time <= "
+        f"{LOADBENCH_TARGETS[1]}. Writes results.csv and report.md into --out.")
+    p.add_argument("--model", choices=E2E_MODELS, default="qwen3-14b",
+                   help="qwen3-14b (dense, default) or qwen3-moe (Qwen3-30B-A3B-shaped: 128 experts, top-8)")
+    p.add_argument("--layers", type=positive_ints, default=[8],
+                   help="comma list of decoder layer counts, one checkpoint each (default: 8; the real models "
+                   "have 40 and 48: a 40-layer qwen3-14b checkpoint is 29.5 GB)")
+    p.add_argument("--configs", type=names_from(NN_CONFIGS, "configs"), default=list(LOADBENCH_CONFIGS),
+                   help=f"comma list of tileq configs from {','.join(NN_CONFIGS)} (default: "
+                   f"{','.join(LOADBENCH_CONFIGS)})")
+    p.add_argument("--device", default=None,
+                   help="where the model is loaded (device_map): cuda, cuda:N or cpu (default: cuda if there is a "
+                   "GPU, else cpu: times only, no peak)")
+    p.add_argument("--repeats", type=positive_int, default=2,
+                   help="loads per mode and config, each in a fresh process; the median time is reported (default: 2)")
+    p.add_argument("--workdir", default=None,
+                   help="folder for the checkpoints (default: a temporary folder, removed at the end); a finished "
+                   "checkpoint of the same shape found there is reused")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the checkpoints this run writes (and the temporary --workdir), for a later run")
+    p.add_argument("--make-checkpoint", default=None, metavar="DIR",
+                   help="instead of measuring: write the checkpoint of each --layers into DIR/<model>-<N>layers")
+    p.add_argument("--small", action="store_true", help="tileq e2e's 1/8-width model (quick checks and tests)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights (default: 0)")
+    p.add_argument("--out", default=os.environ.get("OUT", "tileq-out") + "/load",
+                   help="folder for results.csv and report.md (default: $OUT/load, else tileq-out/load)")
+    p.set_defaults(loadbench_parser=p)
+    return p
+
+
 MOEBENCH_MODELS = ("qwen3-30b-a3b", "deepseek-v3")  # tileq.bench.moe.MODELS
 MOEBENCH_TOKENS = (1, 16, 128, 1024, 4096)  # tileq.bench.moe.TOKENS
 MOEBENCH_ROUTINGS = ("uniform", "skewed")  # tileq.bench.moe.ROUTINGS
@@ -340,8 +384,10 @@ def command_line(args, name: str) -> str:
         flag = action.option_strings[-1]
         if value is True:
             words.append(flag)
-        elif isinstance(value, list):
+        elif isinstance(value, list) and isinstance(action, argparse._AppendAction):
             words += [w for v in value for w in (flag, shlex.quote(str(v)))]
+        elif isinstance(value, list):  # one comma list (positive_ints, names_from)
+            words += [flag, shlex.quote(",".join(map(str, value)))]
         else:
             words += [flag, shlex.quote(str(value))]
     return " ".join(words)
