@@ -44,8 +44,10 @@ def test_loadbench_end_to_end_on_cpu(tmp_path, capsys):
     assert on_load["resident_bytes"] == after["resident_bytes"]
     assert int(on_load["resident_bytes"]) < int(bf16["resident_bytes"])
     assert on_load["quantized_modules"] == after["quantized_modules"] == "7"  # 4 attention + 3 MLP linears
-    assert float(on_load["time_over_bf16"]) == pytest.approx(float(on_load["load_s"]) / float(bf16["load_s"]),
-                                                              rel=1e-3)
+    # the CSV holds 4 decimals: the ratio of the rounded times differs from the written ratio by their rounding
+    t_on, t_bf = float(on_load["load_s"]), float(bf16["load_s"])
+    slack = t_on / t_bf * (5e-5 / t_on + 5e-5 / t_bf) + 5e-5
+    assert float(on_load["time_over_bf16"]) == pytest.approx(t_on / t_bf, abs=slack)
     # the checkpoint this run wrote is gone (disk room), the workdir it was asked for stays
     assert work.is_dir() and not any(work.iterdir())
     md = (out / "report.md").read_text()
