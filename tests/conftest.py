@@ -26,6 +26,10 @@ def pytest_configure(config):
         "markers", "transformers: drives transformers' models or internals (the model layer): ./dev/test runs these "
         "a second time with the newest transformers pyproject.toml allows (TILEQ_ENV=latest)")
     config.addinivalue_line(
+        "markers", "one_release: a transformers-marked test whose subject does not change with the transformers "
+        "release (kernels through the interpreter, quantization math; the same path runs on the reference backend "
+        "in tests that do run on both): the newest-release run leaves it out (dev/test)")
+    config.addinivalue_line(
         "markers", "perf: a GPU test that times kernels or host calls (scripts/gpu_run.sh tests-perf runs "
         "these with one worker; the parallel GPU steps leave them out)")
 

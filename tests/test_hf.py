@@ -146,6 +146,7 @@ def _embed(model, batch):
     return torch.nn.functional.normalize(e, dim=-1)
 
 
+@pytest.mark.one_release
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_minilm_embeddings_stay_close(name, minilm):
     """Real pretrained weights (not random): embeddings of the quantized model against the fp32 model."""
@@ -160,6 +161,7 @@ def test_minilm_embeddings_stay_close(name, minilm):
     assert cos.mean().item() >= MINILM_MIN[name], (name, cos.tolist())
 
 
+@pytest.mark.one_release
 @pytest.mark.parametrize("name", ["W4A16", "W4A8"])
 def test_minilm_int4_with_gptq_calibration(name, minilm):
     """int4 with GPTQ (quantize_(..., calibration=...)) on 48 sentences, evaluated on 8 others."""

@@ -159,6 +159,7 @@ def test_fused_logits_and_generate(family, config):
     assert_same_greedy(fused, model, x[:1], cache_implementation="static")   # StaticCache
 
 
+@pytest.mark.one_release
 def test_fused_through_triton_kernels(monkeypatch):
     # The GEMMs and add_rmsnorm_quantize through the Triton kernels (the interpreter on CPU): the
     # merged GEMM's columns and the fused norm + quantization against the separate ones.
@@ -473,6 +474,7 @@ def test_moe_fused_compile_fullgraph():
     assert {"tileq.rmsnorm_quantize.default", "tileq.fused_moe.default", "tileq.linear.default"} <= _tileq_ops(seen)
 
 
+@pytest.mark.one_release
 def test_moe_fused_through_triton_kernels(monkeypatch):
     # The fused norm + quantization, the merged q/k/v GEMM and fused_moe's kernels (the
     # interpreter on CPU) against the unfused model through the same kernels.
@@ -483,6 +485,7 @@ def test_moe_fused_through_triton_kernels(monkeypatch):
     assert_logits_close(logits(fused, x), logits(model, x))
 
 
+@pytest.mark.one_release
 @pytest.mark.parametrize("config", ["A8W8", "FP8Block", "W8A16"])
 def test_eager_fused_decode_steps_skip_validation(config, monkeypatch):
     """After warm-up, an eager decode step of a fused model launches from kept launches only:

@@ -15,7 +15,7 @@ from tileq.bench import e2e, load
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.transformers
+pytestmark = [pytest.mark.transformers, pytest.mark.one_release]  # the loader is tested on both: test_hf_quantizer.py
 
 
 def _rows(path) -> list[dict]:
