@@ -59,6 +59,43 @@ def test_report_table(monkeypatch):
     assert "| bf16 | 40.00 | 1.00 | - | - | 60.00 | 1.00 | 10.00 | 1.00 | 55.00 |" in md
 
 
+def test_share_of_bound_in_the_rows_and_the_report(monkeypatch):
+    """Each TPOT row gets the step's bytes (bound.step_bytes at its batch), its bound at the run's
+    bandwidth and the share bound / TPOT; the report prints them per config beside bf16's."""
+    from tileq.bench import bound
+
+    model = _tiny_model(1, torch.device("cpu"), 0)
+    args = argparse.Namespace(layers=1, small=False, prompt=8, tokens=4, eager_tokens=4, fuse=False, batches=[1, 4],
+                              configs=["bf16", "A8W8"], modes=["eager", "graph"],
+                              bandwidth=(2e12, "how it was measured"))
+    assert e2e.bound_context(args) == 8 + e2e.cache_steps(4, 4, ["eager", "graph"]) // 2
+    base = dict(config="bf16", layers=1, setup="bf16")
+    rows = e2e.with_bound([dict(base, metric="ttft_eager_ms", batch=1, value=3.0),
+                           dict(base, metric="tpot_graph_ms", batch=1, value=0.004),
+                           dict(base, metric="tpot_graph_ms", batch=4, value=0.005)], model, base, args)
+    want = {b: bound.step_bytes(model, batch=b, context_len=e2e.bound_context(args)) for b in (1, 4)}
+    assert "step_bytes" not in rows[0]
+    assert rows[1]["step_bytes"] == want[1]["total"] and rows[1]["bound_ms"] == pytest.approx(want[1]["total"] / 2e9)
+    assert rows[2]["share_of_bound"] == pytest.approx(want[4]["total"] / 2e9 / 0.005)
+    assert {(r["metric"], r["batch"]): r["value"] for r in rows[3:]} == {
+        (f"step_bytes_{p}", b): v for b in (1, 4) for p, v in want[b].items()}
+
+    quant = [dict(r, config="A8W8") for r in rows]
+    for r in quant:
+        if "share_of_bound" in r:
+            r["value"] *= 0.5
+            r["share_of_bound"] *= 2
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "no GPU")
+    md = e2e.report(rows + quant, args)
+    assert "2.00 TB/s, bf16 GEMV bandwidth: how it was measured" in md
+    table = md.split("Decode step against its byte bound")[1]
+    assert "| config | step GB b1 | bound ms b1 | share eager b1 | share graph b1 | step GB b4 |" in table
+    share1, share4 = rows[1]["share_of_bound"], rows[2]["share_of_bound"]
+    assert (f"| A8W8 | {want[1]['total'] / 1e9:.2f} (w {want[1]['weights'] / 1e9:.2f} + KV 0.00) | "
+            f"{rows[1]['bound_ms']:.3f} | - | {2 * share1:.0%} ({share1:.0%}) |") in table
+    assert f"| {share4:.0%} |" in table.splitlines()[4]  # bf16's own row, no brackets
+
+
 def test_cache_holds_every_step():
     """The static cache of one measure_tpot call is sized for every step the modes take."""
     assert e2e.cache_steps(128, 32, ["eager"]) == e2e.WARM_STEPS + 32
@@ -354,7 +391,8 @@ def test_gate_before_timing_on_cpu(tmp_path, monkeypatch, capsys):
 
     def fake_time(model, label, args, prompts, base, agree, setup_s):
         timed.append(label)
-        return [dict(base, metric="ttft_eager_ms", batch=1, value=1.0, **agree)]
+        return [dict(base, metric="ttft_eager_ms", batch=1, value=1.0, **agree),
+                dict(base, metric="tpot_eager_ms", batch=1, value=2.0)]
 
     monkeypatch.setattr(e2e, "build_model", _tiny_model)
     monkeypatch.setattr(e2e, "quantize_model", quantize)
@@ -379,7 +417,14 @@ def test_gate_before_timing_on_cpu(tmp_path, monkeypatch, capsys):
     assert "2x the deviation from bf16 of A8W8@TILEQ_BACKEND=triton" in peer["gate_bound"]
     assert "no reference backend" in peer["gate_note"]
 
+    with open(tmp_path / "e2e.csv") as f:  # the byte bound: step bytes counted, no bandwidth on a CPU
+        tpots = {r["config"]: r for r in csv.DictReader(f) if r["metric"] == "tpot_eager_ms"}
+    assert set(tpots) == {"bf16", "A8W8@TILEQ_BACKEND=triton", "torchao.A8W8"}
+    assert all(float(r["step_bytes"]) > 0 and r["bound_ms"] == r["share_of_bound"] == "" for r in tpots.values())
+    assert float(tpots["A8W8@TILEQ_BACKEND=triton"]["step_bytes"]) < float(tpots["bf16"]["step_bytes"])
+
     md = (tmp_path / "e2e.md").read_text()
+    assert "n/a: needs a GPU" in md and "| bf16 | 0.0" in md.split("Decode step against its byte bound")[1]
     assert next(line for line in md.splitlines() if line.startswith("| bf16 | 1.00 | 1.00 |")).endswith("| baseline |")
     row = next(line for line in md.splitlines() if line.startswith("| W8A16 | - | - |"))
     assert row.endswith("| FAILED |")  # in the timing table, untimed

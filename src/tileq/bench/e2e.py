@@ -16,6 +16,12 @@ logits against its own reference backend (the same model object with TILEQ_BACKE
 (no tileq reference), against bf16's; a config that fails is reported as FAILED and not timed, and the run
 exits 1 at the end.
 
+Each TPOT is set against the step's byte bound (``with_bound``): the bytes one decode step must read
+(``bound.step_bytes``: weights and scales once, the experts a step touches on average, the KV cache,
+the embedding rows) over the bandwidth bf16 cuBLAS reaches on decode GEMVs of the bf16 model's own
+linear shapes, measured once per run (``measure_bandwidth``); share of bound = bound / TPOT, in the
+CSV's ``step_bytes``, ``bound_ms``, ``share_of_bound`` columns of each TPOT row and a table of the report.
+
 ``--profile-host`` (a diagnostic) adds, per config, the same kernel breakdown of one compiled
 prefill and cProfile reports of compiled and eager decode steps and compiled prefills, one text
 file each in OUT/host_profile/ (``profile_host``, ``write_host_profile``).
@@ -48,6 +54,7 @@ from .. import settings
 from ..errors import UnsupportedError, expect
 from ..integrations import compat
 from ..nn.configs import CONFIGS
+from . import bound
 
 QWEN3_14B = dict(hidden_size=5120, intermediate_size=17408, num_attention_heads=40,
                  num_key_value_heads=8, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6,
@@ -798,6 +805,9 @@ def run_config(label: str, args, prompts: dict, ref_logits, passed: dict | None 
     if label != name:
         how += f"; with {', '.join(label.split('@')[1:])}"
     base = dict(config=label, layers=args.layers, setup=how)
+    if label == "bf16":  # once per run, on the baseline's own shapes: every config's bound divides by it
+        args.bandwidth = measure_bandwidth(model, dev)
+        print(f"[e2e] byte bound: {_bandwidth_words(args.bandwidth)}", flush=True)
     logits = first_logits(model, prompts[1])
     checkpoint = getattr(args, "checkpoint", None)
     agree = {}
@@ -808,6 +818,8 @@ def run_config(label: str, args, prompts: dict, ref_logits, passed: dict | None 
                      top1_match=float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean()))
     gate, rows = None, []
     if label == "bf16":
+        if args.bandwidth[0] is not None:
+            rows.append(dict(base, metric="gemv_bandwidth_tbps", batch=0, value=args.bandwidth[0] / 1e12))
         if not torch.isfinite(logits).all():
             raise RuntimeError(f"{label}: non-finite logits on the first step")
     else:
@@ -816,7 +828,7 @@ def run_config(label: str, args, prompts: dict, ref_logits, passed: dict | None 
         rows.append(gate_row(base, gate, agree))
         print(f"[e2e] {label}: {gate.describe()}", flush=True)
     if gate is None or gate.passed:
-        rows += time_config(model, label, args, prompts, base, agree, setup_s)
+        rows += with_bound(time_config(model, label, args, prompts, base, agree, setup_s), model, base, args)
     del model
     gc.collect()
     _empty_cache()
@@ -871,6 +883,59 @@ def time_config(model, label: str, args, prompts: dict, base: dict, agree: dict,
     return rows
 
 
+# ----------------------------------------------------------------------------- the byte bound
+
+
+def measure_bandwidth(model, dev) -> tuple[float | None, str]:
+    """(bytes per second, how it was measured) of bf16 cuBLAS decode GEMVs on ``model``'s own linear
+    shapes (``bound.gemv_bandwidth``), measured once per run on the bf16 baseline; (None, why) without
+    a GPU or where the measurement fails (the bound cells stay empty)."""
+    shapes = bound.linear_shapes(model)
+    try:
+        bw = bound.gemv_bandwidth(shapes, dev)
+    except Exception as e:  # noqa: BLE001 - the bound is an aid to reading the timings: say why it is missing
+        return None, f"n/a: not measured ({type(e).__name__}: {e})"
+    return (None, "n/a: needs a GPU") if bw is None else (bw, bound.bandwidth_method(shapes))
+
+
+def _bandwidth_words(bandwidth) -> str:
+    bw, how = bandwidth
+    return how if bw is None else f"{bw / 1e12:.2f} TB/s, bf16 GEMV bandwidth: {how}"
+
+
+def bound_context(args) -> int:
+    """The cached positions a step's KV-cache bytes count: the prompt plus half the decode steps one
+    batch's ``measure_tpot`` takes (the middle of its steps)."""
+    return args.prompt + cache_steps(args.tokens, args.eager_tokens, args.modes) // 2
+
+
+TPOT_METRICS = {f"tpot_{m}_ms" for m in MODES}
+
+
+def with_bound(rows: list[dict], model, base: dict, args) -> list[dict]:
+    """A config's timed ``rows`` with each TPOT row's ``step_bytes`` (``bound.step_bytes``' total at
+    its batch, ``bound_context`` positions), ``bound_ms`` (those bytes at ``args.bandwidth``) and
+    ``share_of_bound`` (bound_ms / TPOT; both empty without a bandwidth), then per batch the step's
+    bytes by part (``step_bytes_<part>`` rows)."""
+    bw = getattr(args, "bandwidth", (None, ""))[0]
+    steps, out = {}, []
+    try:
+        for b in sorted({r["batch"] for r in rows if r["metric"] in TPOT_METRICS}):
+            steps[b] = bound.step_bytes(model, batch=b, context_len=bound_context(args))
+    except Exception as e:  # noqa: BLE001 - the bound is an aid to reading the timings: say why it is missing
+        print(f"  [{base['config']}] step bytes not counted: {type(e).__name__}: {e}")
+        return rows
+    for r in rows:
+        if r["metric"] in TPOT_METRICS:
+            r = dict(r, step_bytes=steps[r["batch"]]["total"])
+            if bw:
+                r["bound_ms"] = r["step_bytes"] / bw * 1e3
+                r["share_of_bound"] = r["bound_ms"] / r["value"]
+        out.append(r)
+    return out + [dict(base, metric=f"step_bytes_{part}", batch=b, value=v)
+                  for b, parts in steps.items() for part, v in parts.items()]
+
+
 def _file_name(label: str) -> str:
     """A config label as a file name ('A8W8:fused@TILEQ_X=1' -> 'A8W8-fused-TILEQ_X-1'): letters,
     digits and ``_.+-`` only, names any copying tool takes as they are."""
@@ -906,8 +971,9 @@ def _host_diagnostics(name: str, model, prompt, compiled, base: dict, folder: Pa
     return rows
 
 
-FIELDS = ["config", "layers", "metric", "batch", "value", "logits_rel_err", "logits_cos", "top1_match",
-          "gate_baseline", "gate_cos", "gate_rel_err", "gate_bound", "gate", "gate_note", "setup"]
+FIELDS = ["config", "layers", "metric", "batch", "value", "step_bytes", "bound_ms", "share_of_bound", "logits_rel_err",
+          "logits_cos", "top1_match", "gate_baseline", "gate_cos", "gate_rel_err", "gate_bound", "gate", "gate_note",
+          "setup"]
 
 
 def write_outputs(rows: list[dict], out: Path, args, plots: bool = True) -> str:
@@ -927,11 +993,13 @@ def write_outputs(rows: list[dict], out: Path, args, plots: bool = True) -> str:
     return md
 
 
+def _row(rows, config, metric, batch) -> dict | None:
+    return next((r for r in rows if r["config"] == config and r["metric"] == metric and r["batch"] == batch), None)
+
+
 def _value(rows, config, metric, batch):
-    for r in rows:
-        if r["config"] == config and r["metric"] == metric and r["batch"] == batch:
-            return r["value"]
-    return None
+    r = _row(rows, config, metric, batch)
+    return None if r is None else r["value"]
 
 
 def _ratio_cells(rows, config, metric, batch) -> list[str]:
@@ -972,6 +1040,7 @@ def report(rows: list[dict], args) -> str:
         f"{' --fuse' if args.fuse else ''}{' --profile-host' if getattr(args, 'profile_host', False) else ''}"
         f"{'' if getattr(args, 'compile_ttft', True) else ' --no-compile-ttft'}`",
         f"- {_gate_words()}",
+        *_bound_words(rows, args),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -996,6 +1065,7 @@ def report(rows: list[dict], args) -> str:
         gate = _gate_of(rows, c)
         cells.append(gate["gate"] if gate else "baseline" if c == "bf16" else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _bound_table(rows, configs, args, modes)
     gated = [(c, g) for c in configs if (g := _gate_of(rows, c))]
     if gated:
         lines += ["", "Gate (before timing; rel = max |logits - baseline's| / max |baseline's|):", "",
@@ -1022,6 +1092,50 @@ def report(rows: list[dict], args) -> str:
     setups = {r["config"]: r["setup"] for r in rows}
     lines += ["", "Setup per config:", ""] + [f"- {c}: {s}" for c, s in setups.items()]
     return "\n".join(lines) + "\n"
+
+
+def _bound_words(rows, args) -> list[str]:
+    """The report header's line on the byte bound (where a run counted step bytes or measured the
+    bandwidth)."""
+    bandwidth = getattr(args, "bandwidth", None)
+    if bandwidth is None and not any("step_bytes" in r for r in rows):
+        return []
+    return [f"- byte bound of a decode step: the bytes it must read (bench/bound.py: every weight, scale and "
+            f"norm once, a tied lm_head once, the batch's embedding rows, of each experts module the expected "
+            f"distinct experts of batch x top-k uniform draws, the KV cache at {bound_context(args)} positions: "
+            f"the prompt and half the decode steps of a batch's measurement) / the bandwidth bf16 cuBLAS reaches on "
+            f"decode GEMVs in this run: {_bandwidth_words(bandwidth or (None, 'not measured'))}; share of bound = "
+            "bound / TPOT (1.00: the step streams its bytes at that bandwidth)"]
+
+
+def _bound_table(rows, configs, args, modes) -> list[str]:
+    """The decode steps against their byte bound, per batch: step GB (by part), bound ms, and per
+    mode the share of bound, bf16's beside each config's."""
+    if not any("step_bytes" in r for r in rows):
+        return []
+    head = ["config"]
+    for b in args.batches:
+        head += [f"step GB b{b}", f"bound ms b{b}", *(f"share {m} b{b}" for m in modes)]
+    lines = ["", "Decode step against its byte bound (header; share = bound ms / TPOT, bf16's in brackets):", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in configs:
+        if not any(_value(rows, c, f"step_bytes_{p}", b) is not None for p in bound.PARTS for b in args.batches):
+            continue
+        cells = [c]
+        for b in args.batches:
+            parts = {p: _value(rows, c, f"step_bytes_{p}", b) or 0.0 for p in (*bound.PARTS, "total")}
+            words = " + ".join(f"{name} {parts[p] / 1e9:.2f}" for p, name in
+                               (("weights", "w"), ("experts", "experts"), ("kv_cache", "KV")) if parts[p])
+            timed = [r for m in modes if (r := _row(rows, c, f"tpot_{m}_ms", b))]
+            cells += [f"{parts['total'] / 1e9:.2f} ({words})" if parts["total"] else "-",
+                      _fmt(next((r["bound_ms"] for r in timed if "bound_ms" in r), None), 3)]
+            for m in modes:
+                share = (_row(rows, c, f"tpot_{m}_ms", b) or {}).get("share_of_bound")
+                ref = (_row(rows, "bf16", f"tpot_{m}_ms", b) or {}).get("share_of_bound")
+                cells.append("-" if share is None else f"{share:.0%}" + (
+                    f" ({ref:.0%})" if ref is not None and c != "bf16" else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def _fmt(v, digits=2) -> str:

@@ -16,7 +16,10 @@ down, routing weights, combine) from the same hidden states and routing:
 Everything else is timed as CUDA-graph replays with the L2 flushed (bench/timing.py). Each result
 is checked against the bf16 one first (relative Frobenius error, reported). The touched expert
 weight bytes (the experts the routing hits, gate_up + down + scales) over the time give TB/s,
-the number that matters at small token counts where the weights dominate the traffic.
+the number that matters at small token counts where the weights dominate the traffic; against the
+bandwidth bf16 cuBLAS reaches on decode GEMVs of one expert's shapes, measured once per run
+(bench/bound.py), they give each row's share of its byte bound (``with_bound``: bound = touched bytes /
+that bandwidth, share = bound / time; the router is not part of the timed function, nor of its bytes).
 
 Routing: 'uniform' (every expert equally likely) or 'skewed' (expert e drawn with probability
 ~ 1 / (e + 1)^1.2, so a few experts take most tokens).
@@ -32,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UnsupportedError, expect
+from . import bound
 
 
 @dataclass(frozen=True)
@@ -236,8 +240,22 @@ def measure_model(model: str, shape: MoeShape, tokens, routings, configs, baseli
     return rows
 
 
-FIELDS = ["model", "tokens", "routing", "impl", "us", "vs_bf16", "experts_hit", "touched_gb", "tbps", "rel_err",
-          "note"]
+def bound_shapes(models) -> list[tuple[int, int]]:
+    """One expert's GEMV weight shapes (N, K) of each of ``models``: gate_up [2I, H] and down [H, I]."""
+    return [shape for s in (MODELS[m] for m in models) for shape in ((2 * s.inter, s.hidden), (s.hidden, s.inter))]
+
+
+def with_bound(rows, bandwidth: float | None) -> None:
+    """Each timed row's ``bound_us`` (its touched expert bytes at ``bandwidth``, bytes per second) and
+    ``share_of_bound`` (bound_us / us), in place; nothing without a bandwidth."""
+    for row in rows:
+        if bandwidth and "us" in row:
+            row["bound_us"] = row["touched_gb"] * 1e9 / bandwidth * 1e6
+            row["share_of_bound"] = row["bound_us"] / row["us"]
+
+
+FIELDS = ["model", "tokens", "routing", "impl", "us", "vs_bf16", "experts_hit", "touched_gb", "tbps", "bound_us",
+          "share_of_bound", "rel_err", "note"]
 
 
 def write(rows, out: Path, header: list[str]) -> str:
@@ -250,12 +268,13 @@ def write(rows, out: Path, header: list[str]) -> str:
     def num(v, fmt):
         return "" if v is None else format(v, fmt)
 
-    lines = header + ["", "| model | tokens | routing | impl | us | x bf16 | experts hit | TB/s touched | rel err | note |",
-                      "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = header + ["", "| model | tokens | routing | impl | us | x bf16 | experts hit | TB/s touched (share of "
+                      "bound) | rel err | note |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        share = "" if r.get("share_of_bound") is None else f" ({r['share_of_bound']:.0%})"
         lines.append(f"| {r['model']} | {r['tokens']} | {r['routing']} | {r['impl']} | {num(r.get('us'), '.1f')} | "
-                     f"{num(r.get('vs_bf16'), '.2f')} | {r.get('experts_hit', '')} | {num(r.get('tbps'), '.2f')} | "
-                     f"{num(r.get('rel_err'), '.4f')} | {r.get('note', '')} |")
+                     f"{num(r.get('vs_bf16'), '.2f')} | {r.get('experts_hit', '')} | "
+                     f"{num(r.get('tbps'), '.2f')}{share} | {num(r.get('rel_err'), '.4f')} | {r.get('note', '')} |")
     md = "\n".join(lines) + "\n"
     (out / "moe.md").write_text(md)
     return md
@@ -304,14 +323,20 @@ def run(args) -> int:
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
     t0 = time.time()
+    shapes = bound_shapes(args.models)
+    bandwidth = bound.gemv_bandwidth(shapes, dev)  # once per run: every row's byte bound divides by it
     for model in args.models:
         rows += measure_model(model, MODELS[model], args.tokens, args.routings, args.configs, args.baselines,
                               timer, eager_timer, dev, gen, args.forms)
         torch.cuda.empty_cache()
+    with_bound(rows, bandwidth)
     title = (f"# tileq moebench ({time.strftime('%Y-%m-%d')}, {torch.cuda.get_device_name()}, torch "
              f"{torch.__version__}, {time.time() - t0:.0f} s)")
     header = [title, "", timer.describe(),
-              f"eager loop: {eager_timer.describe()}"]
+              f"eager loop: {eager_timer.describe()}",
+              f"share of bound: (the touched expert bytes / {bandwidth / 1e12:.2f} TB/s, the bf16 GEMV bandwidth: "
+              f"{bound.bandwidth_method(shapes)}) / the time; the router is not timed here (tileq e2e --model "
+              "qwen3-moe: a whole step's share)"]
     md = write(rows, Path(args.out), header)
     print(md)
     failed = [r for r in rows if str(r.get("note", "")).startswith("FAILED")]
