@@ -520,15 +520,24 @@ def test_eager_fused_decode_steps_skip_validation(config, monkeypatch):
     assert slow == []
 
 
+def _qk_kernel_interpreted(monkeypatch):
+    """The fused attention's q/k preparation through its Triton kernel (interpreted), everything
+    else on the backend the test runs (the reference: fast on a CPU)."""
+    import tileq.integrations.hf as hf
+
+    real = hf.qk_norm_rope
+    monkeypatch.setattr(hf, "qk_norm_rope", lambda *a, **k: real(*a, **{**k, "backend": "triton"}))
+
+
 @pytest.mark.parametrize("family,config", [("qwen3", "A8W8"), ("llama", "W8A16")])
 def test_eager_fused_attention_prepares_q_and_k_in_one_launch(family, config, monkeypatch):
     """Eager fused layers (the Triton executor, interpreted) prepare q and k with tileq's one
     kernel (Qwen3: per-head norms + rotary embedding; Llama: the rotation alone), once per layer,
     and their logits stay close to the unfused model's; TILEQ_QK_ROPE=0 gives transformers'
-    operations back."""
+    operations back. The GEMMs run on the reference backend (the q/k kernel is the subject)."""
     from tileq.kernels import direct
 
-    monkeypatch.setenv("TILEQ_BACKEND", "triton")
+    _qk_kernel_interpreted(monkeypatch)
     model = tiny(family, tnn.config_from_name(config))
     fused, _ = fused_copy(model)
     x = ids(batch=2, seq=5)
@@ -551,10 +560,11 @@ def test_eager_fused_decode_writes_the_static_cache_itself(family, monkeypatch):
     """Eager decode steps of a fused model over a StaticCache (the Triton executor, interpreted):
     after the prefill (whose update makes the cache's tensors), each layer's k and v go into the
     cache from the q/k kernel, StaticLayer.update is not called, and the logits, the cache's
-    contents and its length follow the unfused model's over the same steps."""
+    contents and its length follow the unfused model's over the same steps. The GEMMs run on the
+    reference backend (the q/k kernel writing the cache is the subject)."""
     from transformers.cache_utils import StaticLayer
 
-    monkeypatch.setenv("TILEQ_BACKEND", "triton")
+    _qk_kernel_interpreted(monkeypatch)
     model = tiny(family, tnn.config_from_name("A8W8"))
     fused, _ = fused_copy(model)
     updates = []
