@@ -13,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tileq  # noqa: E402
+from model_checks import assert_same_model, bits, ids  # noqa: E402
 from tileq import nn as tnn  # noqa: E402
 from tileq.errors import UnsupportedError  # noqa: E402
 from tileq.formats import hf_quantizer  # noqa: E402
@@ -57,23 +58,6 @@ def checkpoints(tmp_path_factory):
     return out
 
 
-def _ids():
-    return torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1))
-
-
-def _bits(t):
-    return t.view(torch.uint8) if t.dtype.itemsize == 1 and t.dtype != torch.uint8 else t
-
-
-def _assert_same_model(a, b):
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys(), set(sa) ^ set(sb)
-    for k in sa:
-        assert sa[k].dtype == sb[k].dtype and torch.equal(_bits(sa[k]), _bits(sb[k])), k
-    with torch.no_grad():
-        assert torch.equal(a(_ids()).logits, b(_ids()).logits)
-
-
 def _load(path, **kw):
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, **kw)
 
@@ -85,7 +69,7 @@ def test_on_load_equals_quantize_bit_for_bit(checkpoints, family, name):
     want = _load(checkpoints[family])
     summary = tileq.quantize_(want, config)
     got = _load(checkpoints[family], quantization_config=config)
-    _assert_same_model(want, got)
+    assert_same_model(want, got)
     assert got.tileq_summary.converted == summary.converted
     assert got.tileq_summary.skipped == summary.skipped
     assert [n for n, _ in got.tileq_summary.experts] == [n for n, _ in summary.experts]
@@ -104,15 +88,15 @@ def test_save_pretrained_round_trip_through_both_loaders(checkpoints, tmp_path, 
     assert qc["quant_method"] == "tileq" and qc["format_version"] == 1 and "layers" in qc
     auto = _load(tmp_path)
     assert not any(type(m) is torch.nn.Linear for n, m in auto.named_modules() if n.endswith("q_proj"))
-    _assert_same_model(got, auto)
-    _assert_same_model(got, tileq.from_pretrained(tmp_path))
+    assert_same_model(got, auto)
+    assert_same_model(got, tileq.from_pretrained(tmp_path))
 
 
 def test_tileq_written_checkpoint_loads_through_automodel(tmp_path):
     model = _model("qwen3", torch.bfloat16)  # not .to(bf16): that rounds the RoPE tables a load recomputes
     tileq.quantize_(model, tnn.W4A16Config(group_size=96))  # no compressed-tensors form: tileq's format
     assert tileq.save_pretrained(model, tmp_path) == "tileq"
-    _assert_same_model(model, _load(tmp_path))
+    assert_same_model(model, _load(tmp_path))
 
 
 def test_skip_modules_filter_and_unservable_layers_are_listed(checkpoints):
@@ -124,7 +108,7 @@ def test_skip_modules_filter_and_unservable_layers_are_listed(checkpoints):
     assert got.model.layers[0].self_attn.o_proj.weight.dtype == torch.bfloat16
     want = _load(checkpoints["qwen3"])
     tileq.quantize_(want, config)
-    _assert_same_model(want, got)
+    assert_same_model(want, got)
 
 
 def test_int4_layer_it_cannot_serve_is_kept_and_named(tmp_path):
@@ -218,7 +202,7 @@ def test_on_load_to_the_gpu_equals_quantize(checkpoints, family, name, monkeypat
     sa, sb = want.state_dict(), got.state_dict()
     assert sa.keys() == sb.keys()
     for k in sa:
-        assert sb[k].device.type == "cuda" and torch.equal(_bits(sa[k]), _bits(sb[k])), k
-    ids = _ids().cuda()
+        assert sb[k].device.type == "cuda" and torch.equal(bits(sa[k]), bits(sb[k])), k
+    ids = ids().cuda()
     with torch.no_grad():
         torch.testing.assert_close(got(ids).logits, want(ids).logits, rtol=0, atol=0)

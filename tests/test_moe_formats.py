@@ -13,6 +13,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 import tileq  # noqa: E402
+from model_checks import assert_same_model, bits, ids  # noqa: E402
 from tileq import nn as tnn  # noqa: E402
 from tileq.errors import ScaleError, ShapeError, UnsupportedError  # noqa: E402
 from tileq.moe import QuantExperts  # noqa: E402
@@ -40,23 +41,6 @@ def _model(family, hidden=128, moe_i=128):
         cls = transformers.MixtralForCausalLM
     # bf16 from the start: .to(bf16) would also round the RoPE tables, which a loaded model recomputes
     return cls._from_config(cfg, dtype=torch.bfloat16).eval()
-
-
-def _ids():
-    return torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1))
-
-
-def _bits(t):
-    return t.view(torch.uint8) if t.dtype.itemsize == 1 and t.dtype != torch.uint8 else t
-
-
-def _assert_same_model(a, b):
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys(), set(sa) ^ set(sb)
-    for k in sa:
-        assert sa[k].dtype == sb[k].dtype and torch.equal(_bits(sa[k]), _bits(sb[k])), k
-    with torch.no_grad():
-        assert torch.equal(a(_ids()).logits, b(_ids()).logits)
 
 
 def _keys(path):
@@ -88,7 +72,7 @@ def test_round_trip_compressed_tensors(tmp_path, family, name):
     back = tileq.from_pretrained(tmp_path)
     assert isinstance(back.get_submodule("model.layers.0.mlp.experts"), QuantExperts)
     assert back.config._experts_implementation == "tileq"
-    _assert_same_model(model, back)
+    assert_same_model(model, back)
 
 
 @pytest.mark.parametrize("config", [tnn.FP8RowConfig(), tnn.W8A16Config()], ids=lambda c: c.name)
@@ -96,7 +80,7 @@ def test_round_trip_other_configs(tmp_path, config):
     model = _model("qwen3_moe")
     tnn.quantize_(model, config)
     assert tileq.save_pretrained(model, tmp_path) == "compressed-tensors"
-    _assert_same_model(model, tileq.from_pretrained(tmp_path))
+    assert_same_model(model, tileq.from_pretrained(tmp_path))
 
 
 def test_round_trip_tileq_format(tmp_path):
@@ -107,7 +91,7 @@ def test_round_trip_tileq_format(tmp_path):
     assert "model.layers.0.block_sparse_moe.experts.gate_up_proj_scale" in keys
     qc = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
     assert qc["layers"]["model.layers.0.mlp.experts"]["experts"]["num_experts"] == 4
-    _assert_same_model(model, tileq.from_pretrained(tmp_path))
+    assert_same_model(model, tileq.from_pretrained(tmp_path))
 
 
 def test_fp8_block_straddling_gate_and_up_is_saved_in_tileq_format(tmp_path):
@@ -116,7 +100,7 @@ def test_fp8_block_straddling_gate_and_up_is_saved_in_tileq_format(tmp_path):
     with pytest.raises(UnsupportedError, match="straddle gate and up"):
         tileq.save_pretrained(model, tmp_path / "ct", format="compressed-tensors")
     assert tileq.save_pretrained(model, tmp_path / "tq") == "tileq"
-    _assert_same_model(model, tileq.from_pretrained(tmp_path / "tq"))
+    assert_same_model(model, tileq.from_pretrained(tmp_path / "tq"))
 
 
 def test_unquantized_experts_stay_3d(tmp_path):
@@ -125,7 +109,7 @@ def test_unquantized_experts_stay_3d(tmp_path):
     tileq.save_pretrained(model, tmp_path)
     back = tileq.from_pretrained(tmp_path)
     assert not isinstance(back.get_submodule("model.layers.0.mlp.experts"), QuantExperts)
-    _assert_same_model(model, back)
+    assert_same_model(model, back)
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -245,9 +229,9 @@ def test_deepseek_fp8_experts_load_exactly(tmp_path):
     b = "model.layers.1.mlp.experts"
     for e in range(4):
         (qg, sg), (qu, su), (qd, sd) = (deq[f"{b}.{e}.{p}"] for p in ("gate_proj", "up_proj", "down_proj"))
-        assert torch.equal(_bits(ex.gate_up_proj[e]), _bits(torch.cat([qg, qu])))
+        assert torch.equal(bits(ex.gate_up_proj[e]), bits(torch.cat([qg, qu])))
         assert torch.equal(ex.gate_up_proj_scale[e], torch.cat([sg, su]))  # [2I/128, ceil(H/128)] = [2, 2]
-        assert torch.equal(_bits(ex.down_proj[e]), _bits(qd)) and torch.equal(ex.down_proj_scale[e], sd)
+        assert torch.equal(bits(ex.down_proj[e]), bits(qd)) and torch.equal(ex.down_proj_scale[e], sd)
     # The experts compute the dequantized weights' function (up to 1x128 fp8 activations).
     g = torch.Generator().manual_seed(3)
     hidden = torch.randn(6, 192, generator=g).bfloat16()
@@ -312,4 +296,4 @@ def test_e2e_qwen3_moe_model():
     assert isinstance(model.model.layers[0].mlp.experts, QuantExperts)
     assert model.config._experts_implementation == "tileq"
     with torch.no_grad():
-        assert torch.isfinite(model(_ids()).logits).all()
+        assert torch.isfinite(model(ids()).logits).all()
