@@ -203,6 +203,6 @@ def test_on_load_to_the_gpu_equals_quantize(checkpoints, family, name, monkeypat
     assert sa.keys() == sb.keys()
     for k in sa:
         assert sb[k].device.type == "cuda" and torch.equal(bits(sa[k]), bits(sb[k])), k
-    ids = ids().cuda()
+    tokens = ids().cuda()
     with torch.no_grad():
-        torch.testing.assert_close(got(ids).logits, want(ids).logits, rtol=0, atol=0)
+        torch.testing.assert_close(got(tokens).logits, want(tokens).logits, rtol=0, atol=0)
