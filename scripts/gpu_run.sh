@@ -5,13 +5,14 @@
 #                          [tests-model] [tests-inline] [layerbench] [e2e] [e2e-opaque] [e2e-static] [e2e-small] [tests-gluon] [bench-gluon]
 #                          [compare-SUITE] [tests-int4p] [bench-int4] [tests-formats] [e2e-checkpoint]
 #                          [e2e-moe] [moebench] [loadbench] [census] [tests-qk] [qk-compile] [pack]
-#                          [tests-gpu-1] [tests-gpu-2] [tests-gpu-3] [tests-perf]
+#                          [tests-gpu-1] [tests-gpu-2] [tests-gpu-3] [tests-gpu-all] [tests-perf]
 # Every GPU test (every test tests/conftest.py deselects on a CPU) in four steps, one a call (times:
 # estimates from earlier runs of the same files on an H200):
 #   tests-gpu-1  test_gluon.py                   -m "gpu and not perf", 8 workers   about 3 min
 #   tests-gpu-2  test_gpu.py, test_int4p.py      likewise                           about 2-3 min
 #   tests-gpu-3  every other test file           likewise, .whl/ as tests-formats   about 3-4 min
 #   tests-perf   the tests that time themselves  -m perf, one worker (timings need the GPU alone)
+#   tests-gpu-all  tests-gpu-1, -2 and -3 in one pytest (.whl/ as tests-gpu-3)      about 8 min at 14 workers
 # (test_kernels.py is no GPU test: the CPU suite runs it in the interpreter, the tests step on the GPU.)
 # Each writes $OUT/junit-<step>.xml (stamped with the GPU, versions, commit), the log's tail
 # ($OUT/tests_gpu_1.log, ...) and $OUT/gpu-tests/{summary.md,tests.csv} over every junit-*.xml in $OUT;
@@ -96,6 +97,11 @@ for step in "${steps[@]}"; do
   case "$step" in
     tests)
       $PY -m pytest -q -rs -p no:cacheprovider -n 12 tests/test_gpu.py tests/test_kernels.py ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tail -40 | tee "$OUT/tests.log" ;;
+    tests-gpu-all)
+      # tests-gpu-1, -2 and -3 in one pytest: the workers a long file's tail would leave idle take
+      # the other files' tests (one call instead of three where device time is short).
+      formats_site
+      PYTHONPATH=$site gpu_tests "$step" "${TEST_WORKERS:-8}" "gpu and not perf" tests/ ;;
     tests-gpu-1)
       gpu_tests "$step" "${TEST_WORKERS:-8}" "gpu and not perf" tests/test_gluon.py ;;
     tests-gpu-2)
