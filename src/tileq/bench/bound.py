@@ -121,10 +121,14 @@ def linear_shapes(model: nn.Module) -> list[tuple[int, int]]:
     return list(dict.fromkeys((m.out_features, m.in_features) for m in model.modules() if isinstance(m, nn.Linear)))
 
 
+def _distinct(shapes) -> list[tuple[int, int]]:
+    return list(dict.fromkeys((int(n), int(k)) for n, k in shapes))
+
+
 def bandwidth_shapes(shapes, element_size: int = 2, min_bytes: float = MIN_WEIGHT_BYTES) -> list[tuple[int, int]]:
     """The distinct shapes ``gemv_bandwidth`` times: those of ``min_bytes`` of weight or more; where
     none is, each widened along N by the whole multiple of its rows that reaches ``min_bytes``."""
-    shapes = list(dict.fromkeys((int(n), int(k)) for n, k in shapes))
+    shapes = _distinct(shapes)
     large = [(n, k) for n, k in shapes if n * k * element_size >= min_bytes]
     if large:
         return large
@@ -134,7 +138,7 @@ def bandwidth_shapes(shapes, element_size: int = 2, min_bytes: float = MIN_WEIGH
 def bandwidth_method(shapes, dtype=torch.bfloat16, min_bytes: float = MIN_WEIGHT_BYTES) -> str:
     """How ``gemv_bandwidth(shapes)`` measures, in words (a report's header)."""
     timed = bandwidth_shapes(shapes, dtype.itemsize, min_bytes)
-    given = set(dict.fromkeys((int(n), int(k)) for n, k in shapes))
+    given = set(_distinct(shapes))
     which = (f"{len(timed)} of its {len(given)} weight shapes of >= {min_bytes / 1e6:.0f} MB"
              if set(timed) <= given else
              f"its {len(given)} weight shapes, none of {min_bytes / 1e6:.0f} MB, each widened along N to it")
